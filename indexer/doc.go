@@ -1,0 +1,13 @@
+// Package indexer owns block hashing and the prefix index: which blocks each
+// (worker, dp rank) holds, and how many leading blocks of a prompt each one
+// already caches.
+//
+// Tree is a single-threaded, path-compressed radix tree over prefixd's own
+// local block hashes (XXH3-64 of the block's tokens), with a per-rank lookup
+// from the engine's opaque block hashes for parent resolution and removal.
+// Index wraps one Tree per (model, routing group) partition and makes it safe
+// for concurrent appliers and matchers.
+//
+// The package does no I/O: it imports nothing from ZMQ, etcd, net/http or
+// Prometheus (TestNoIOImports enforces this).
+package indexer

@@ -1,0 +1,419 @@
+package indexer
+
+import (
+	"encoding/json"
+	"fmt"
+)
+
+// Snapshot is a copy of one tree as events: every rank's blocks as stores,
+// parents before children, with each rank's watermark (the last batch seq
+// applied) taken together with the state it describes. Restoring it and
+// then applying each rank's batches from its watermark+1 gives the state of
+// an uninterrupted stream.
+type Snapshot struct {
+	BlockSize  int
+	Ranks      []RankWatermark
+	Events     []DumpEvent
+	Structural []DumpNode // edges no rank holds that lead to held blocks
+}
+
+// RankWatermark is a rank's last applied batch seq (if any).
+type RankWatermark struct {
+	Rank   Rank
+	Seq    uint64
+	HasSeq bool
+}
+
+// DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
+// share their fastest tier. Node, ParentNode and Offset place it exactly;
+// readers that only know Dynamo's format resolve ParentHash instead.
+type DumpEvent struct {
+	Rank       Rank
+	Tier       Tier
+	ParentHash uint64
+	HasParent  bool
+	Blocks     []DumpBlock
+	Node       uint32 // dump-local edge id
+	ParentNode uint32 // 0 = root
+	Offset     uint32 // position of Blocks[0] on the edge
+}
+
+// DumpBlock is one block of a DumpEvent with its copy count in every tier.
+type DumpBlock struct {
+	Hash       uint64 // engine hash
+	TokensHash uint64 // local hash
+	Counts     [NumTiers]uint32
+}
+
+// DumpNode is an edge held by no rank.
+type DumpNode struct {
+	Node, ParentNode uint32
+	Hashes           []uint64
+}
+
+// Dump returns a snapshot of t. Events are ordered breadth first, so every
+// event's parent edge comes before it.
+func (t *Tree) Dump() *Snapshot {
+	s := &Snapshot{BlockSize: t.blockSize}
+	for r, rid := range t.rankIDs {
+		st := &t.ranks[rid]
+		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq})
+	}
+	queue := []uint32{}
+	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
+		queue = append(queue, c)
+	}
+	for len(queue) > 0 {
+		id := queue[0]
+		queue = queue[1:]
+		n := &t.nodes[id]
+		for c := n.first; c != 0; c = t.nodes[c].next {
+			queue = append(queue, c)
+		}
+		if len(n.hold) == 0 {
+			s.Structural = append(s.Structural, DumpNode{Node: id, ParentNode: n.parent, Hashes: append([]uint64(nil), n.hashes...)})
+			continue
+		}
+		L := len(n.hashes)
+		for h := range n.hold {
+			hd := &n.hold[h]
+			rank := t.ranks[hd.rid].rank
+			var ev *DumpEvent
+			for j := 0; j < L; j++ {
+				var b DumpBlock
+				b.Hash, b.TokensHash = n.ext[h*L+j], n.hashes[j]
+				best := Tier(NumTiers)
+				for tier := Tier(NumTiers - 1); ; tier-- {
+					b.Counts[tier] = t.tierCount(id, h, uint32(j), tier)
+					if b.Counts[tier] > 0 {
+						best = tier
+					}
+					if tier == 0 {
+						break
+					}
+				}
+				if ev == nil || ev.Tier != best {
+					e := DumpEvent{Rank: rank, Tier: best, Node: id, ParentNode: n.parent, Offset: uint32(j)}
+					if j == 0 {
+						e.ParentHash, e.HasParent = hd.pext, hd.hasP
+					} else {
+						e.ParentHash, e.HasParent = n.ext[h*L+j-1], true
+					}
+					s.Events = append(s.Events, e)
+					ev = &s.Events[len(s.Events)-1]
+				}
+				ev.Blocks = append(ev.Blocks, b)
+			}
+		}
+	}
+	return s
+}
+
+// Restore builds a tree from a snapshot made by Dump. It checks the
+// snapshot's consistency and returns an error rather than a tree that
+// differs from the one dumped.
+func Restore(s *Snapshot) (*Tree, error) {
+	if s.BlockSize <= 0 {
+		return nil, fmt.Errorf("restore: block size %d", s.BlockSize)
+	}
+	type edge struct {
+		parent uint32
+		hashes []uint64
+		set    []bool
+	}
+	edges := map[uint32]*edge{}
+	order := []uint32{}
+	getEdge := func(id, parent uint32) (*edge, error) {
+		if id == 0 {
+			return nil, fmt.Errorf("restore: event on the root")
+		}
+		e, ok := edges[id]
+		if !ok {
+			e = &edge{parent: parent}
+			edges[id] = e
+			order = append(order, id)
+		} else if e.parent != parent {
+			return nil, fmt.Errorf("restore: node %d has parents %d and %d", id, e.parent, parent)
+		}
+		return e, nil
+	}
+	total := 0
+	for _, d := range s.Structural {
+		total += len(d.Hashes)
+	}
+	for i := range s.Events {
+		total += len(s.Events[i].Blocks)
+	}
+	place := func(e *edge, pos int, h uint64) error {
+		if pos >= total {
+			return fmt.Errorf("restore: position %d beyond the %d blocks dumped", pos, total)
+		}
+		for len(e.hashes) <= pos {
+			e.hashes = append(e.hashes, 0)
+			e.set = append(e.set, false)
+		}
+		if e.set[pos] && e.hashes[pos] != h {
+			return fmt.Errorf("restore: conflicting tokens hashes at position %d", pos)
+		}
+		e.hashes[pos], e.set[pos] = h, true
+		return nil
+	}
+	for _, d := range s.Structural {
+		e, err := getEdge(d.Node, d.ParentNode)
+		if err != nil {
+			return nil, err
+		}
+		for j, h := range d.Hashes {
+			if err := place(e, j, h); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for i := range s.Events {
+		ev := &s.Events[i]
+		e, err := getEdge(ev.Node, ev.ParentNode)
+		if err != nil {
+			return nil, err
+		}
+		for j, b := range ev.Blocks {
+			if err := place(e, int(ev.Offset)+j, b.TokensHash); err != nil {
+				return nil, fmt.Errorf("node %d: %w", ev.Node, err)
+			}
+		}
+	}
+	t := NewTree(s.BlockSize)
+	ids := map[uint32]uint32{0: 0}
+	var create func(id uint32, depth int) (uint32, error)
+	create = func(id uint32, depth int) (uint32, error) {
+		if nid, ok := ids[id]; ok {
+			return nid, nil
+		}
+		e, ok := edges[id]
+		if !ok {
+			return 0, fmt.Errorf("restore: unknown parent node %d", id)
+		}
+		if depth > len(edges) {
+			return 0, fmt.Errorf("restore: node %d is its own ancestor", id)
+		}
+		for j, ok := range e.set {
+			if !ok {
+				return 0, fmt.Errorf("restore: node %d has no block at position %d", id, j)
+			}
+		}
+		if len(e.hashes) == 0 {
+			return 0, fmt.Errorf("restore: node %d is empty", id)
+		}
+		p, err := create(e.parent, depth+1)
+		if err != nil {
+			return 0, err
+		}
+		if _, dup := t.children[childKey{p, e.hashes[0]}]; dup {
+			return 0, fmt.Errorf("restore: node %d duplicates a sibling", id)
+		}
+		nid := t.allocNode(p, e.hashes)
+		ids[id] = nid
+		return nid, nil
+	}
+	for _, id := range order {
+		if _, err := create(id, 0); err != nil {
+			return nil, err
+		}
+	}
+	for _, w := range s.Ranks {
+		rid := t.rankID(w.Rank)
+		t.ranks[rid].seq, t.ranks[rid].hasSeq = w.Seq, w.HasSeq
+	}
+	for i := range s.Events {
+		ev := &s.Events[i]
+		nid := ids[ev.Node]
+		rid := t.rankID(ev.Rank)
+		h := t.holderIndex(nid, rid)
+		if h < 0 {
+			h = t.addHolder(nid, rid, 0, false)
+		}
+		if ev.Offset == 0 {
+			t.nodes[nid].hold[h].pext, t.nodes[nid].hold[h].hasP = ev.ParentHash, ev.HasParent
+		}
+		lk := t.ranks[rid].lookup
+		L := len(t.nodes[nid].hashes)
+		for j, b := range ev.Blocks {
+			pos := int(ev.Offset) + j
+			if _, dup := lk[b.Hash]; dup {
+				return nil, fmt.Errorf("restore: rank %v holds hash %#x twice", ev.Rank, b.Hash)
+			}
+			lk[b.Hash] = loc{nid, uint32(pos)}
+			n := &t.nodes[nid]
+			n.ext[h*L+pos] = b.Hash
+			for tier, c := range b.Counts {
+				if c > 0xff {
+					t.overflow[ovKey{rid, Tier(tier), b.Hash}] = c - 0xff
+					c = 0xff
+				}
+				n.cnt[h*L+pos] |= c << (8 * tier)
+			}
+			if n.cnt[h*L+pos] == 0 {
+				return nil, fmt.Errorf("restore: rank %v block %#x has no copies", ev.Rank, b.Hash)
+			}
+		}
+	}
+	for id := 1; id < len(t.nodes); id++ {
+		n := &t.nodes[id]
+		for h := range n.hold {
+			for j, x := range n.ext[h*len(n.hashes) : (h+1)*len(n.hashes)] {
+				if l, ok := t.ranks[n.hold[h].rid].lookup[x]; !ok || l != (loc{uint32(id), uint32(j)}) {
+					return nil, fmt.Errorf("restore: rank %v does not hold all of node %d", t.ranks[n.hold[h].rid].rank, id)
+				}
+			}
+			t.fixRuns(uint32(id), h)
+		}
+	}
+	return t, nil
+}
+
+// ---- JSON: Dynamo's /dump partition shape, with prefixd's extra fields ----
+
+type jsonSnapshot struct {
+	BlockSize  int             `json:"block_size"`
+	Events     []jsonEvent     `json:"events"`
+	Watermarks []jsonWatermark `json:"watermarks"`
+	Structural []jsonNode      `json:"structural_nodes,omitempty"`
+}
+
+type jsonWatermark struct {
+	WorkerID uint64  `json:"worker_id"`
+	DPRank   uint32  `json:"dp_rank"`
+	Seq      *uint64 `json:"last_event_id"`
+}
+
+type jsonNode struct {
+	Node       uint32   `json:"node"`
+	ParentNode uint32   `json:"parent_node"`
+	Hashes     []uint64 `json:"tokens_hashes"`
+}
+
+type jsonEvent struct {
+	WorkerID    uint64      `json:"worker_id"`
+	StorageTier string      `json:"storage_tier"`
+	Event       jsonKvEvent `json:"event"`
+	Node        uint32      `json:"node"`
+	ParentNode  uint32      `json:"parent_node"`
+	Offset      uint32      `json:"offset"`
+}
+
+type jsonKvEvent struct {
+	EventID uint64     `json:"event_id"`
+	DPRank  uint32     `json:"dp_rank"`
+	Data    jsonKvData `json:"data"`
+}
+
+type jsonKvData struct {
+	Stored *jsonStored `json:"stored"`
+}
+
+type jsonStored struct {
+	ParentHash    *uint64     `json:"parent_hash"`
+	StartPosition *uint32     `json:"start_position"`
+	Blocks        []jsonBlock `json:"blocks"`
+}
+
+type jsonBlock struct {
+	BlockHash   uint64            `json:"block_hash"`
+	TokensHash  uint64            `json:"tokens_hash"`
+	MMExtraInfo *struct{}         `json:"mm_extra_info"`
+	Counts      map[string]uint32 `json:"counts,omitempty"`
+}
+
+// MarshalJSON writes the snapshot as one partition of Dynamo's /dump
+// response ({"block_size", "events": [RouterEvent…]}) with synthetic event
+// ids, plus prefixd's fields: per-rank watermarks, node placement and
+// per-tier copy counts.
+func (s *Snapshot) MarshalJSON() ([]byte, error) {
+	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
+	for _, w := range s.Ranks {
+		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank}
+		if w.HasSeq {
+			seq := w.Seq
+			jw.Seq = &seq
+		}
+		js.Watermarks = append(js.Watermarks, jw)
+	}
+	for _, d := range s.Structural {
+		js.Structural = append(js.Structural, jsonNode{Node: d.Node, ParentNode: d.ParentNode, Hashes: d.Hashes})
+	}
+	for i, ev := range s.Events {
+		st := &jsonStored{Blocks: make([]jsonBlock, len(ev.Blocks))}
+		if ev.HasParent {
+			p := ev.ParentHash
+			st.ParentHash = &p
+		}
+		for j, b := range ev.Blocks {
+			jb := jsonBlock{BlockHash: b.Hash, TokensHash: b.TokensHash}
+			var single [NumTiers]uint32
+			single[ev.Tier] = 1
+			if b.Counts != single {
+				jb.Counts = map[string]uint32{}
+				for tier, c := range b.Counts {
+					if c > 0 {
+						jb.Counts[Tier(tier).String()] = c
+					}
+				}
+			}
+			st.Blocks[j] = jb
+		}
+		js.Events = append(js.Events, jsonEvent{
+			WorkerID: ev.Rank.WorkerID, StorageTier: ev.Tier.String(),
+			Event: jsonKvEvent{EventID: uint64(i), DPRank: ev.Rank.DPRank, Data: jsonKvData{Stored: st}},
+			Node:  ev.Node, ParentNode: ev.ParentNode, Offset: ev.Offset,
+		})
+	}
+	return json.Marshal(js)
+}
+
+// UnmarshalJSON reads what MarshalJSON writes.
+func (s *Snapshot) UnmarshalJSON(data []byte) error {
+	var js jsonSnapshot
+	if err := json.Unmarshal(data, &js); err != nil {
+		return err
+	}
+	*s = Snapshot{BlockSize: js.BlockSize}
+	for _, w := range js.Watermarks {
+		rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}}
+		if w.Seq != nil {
+			rw.Seq, rw.HasSeq = *w.Seq, true
+		}
+		s.Ranks = append(s.Ranks, rw)
+	}
+	for _, n := range js.Structural {
+		s.Structural = append(s.Structural, DumpNode{Node: n.Node, ParentNode: n.ParentNode, Hashes: n.Hashes})
+	}
+	for i, je := range js.Events {
+		st := je.Event.Data.Stored
+		if st == nil {
+			return fmt.Errorf("event %d: not a stored event", i)
+		}
+		tier, ok := ParseTier(je.StorageTier)
+		if !ok {
+			return fmt.Errorf("event %d: unknown storage_tier %q", i, je.StorageTier)
+		}
+		ev := DumpEvent{Rank: Rank{je.WorkerID, je.Event.DPRank}, Tier: tier, Node: je.Node, ParentNode: je.ParentNode, Offset: je.Offset}
+		if st.ParentHash != nil {
+			ev.ParentHash, ev.HasParent = *st.ParentHash, true
+		}
+		for _, jb := range st.Blocks {
+			b := DumpBlock{Hash: jb.BlockHash, TokensHash: jb.TokensHash}
+			if jb.Counts == nil {
+				b.Counts[tier] = 1
+			}
+			for name, c := range jb.Counts {
+				t, ok := ParseTier(name)
+				if !ok {
+					return fmt.Errorf("event %d: unknown tier %q in counts", i, name)
+				}
+				b.Counts[t] = c
+			}
+			ev.Blocks = append(ev.Blocks, b)
+		}
+		s.Events = append(s.Events, ev)
+	}
+	return nil
+}
