@@ -1,0 +1,448 @@
+package indexer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// sim is a tiny engine stand-in for index tests: each rank stores chains of
+// blocks along a few shared documents and evicts its leaves, producing
+// batches of ops with per-rank engine hashes.
+type sim struct {
+	rng  *rand.Rand
+	bs   int
+	docs [][]uint32
+	held map[Rank]map[string]uint64 // path key → engine hash
+}
+
+func newSim(seed uint64, bs int) *sim {
+	s := &sim{rng: rand.New(rand.NewPCG(seed, 7)), bs: bs, held: map[Rank]map[string]uint64{}}
+	for d := 0; d < 6; d++ {
+		doc := make([]uint32, bs*(4+s.rng.IntN(20)))
+		for i := range doc {
+			doc[i] = uint32(s.rng.IntN(50))
+		}
+		if d > 0 && s.rng.IntN(2) == 0 { // share a prefix with an earlier document
+			copy(doc, s.docs[0][:min(len(doc), len(s.docs[0]))/2])
+		}
+		s.docs = append(s.docs, doc)
+	}
+	return s
+}
+
+func pathKey(tokens []uint32) string { return fmt.Sprint(tokens) }
+
+func extHash(r Rank, tokens []uint32) uint64 {
+	h := HashBlocks(nil, tokens, len(tokens), uint64(r.WorkerID)*1000+uint64(r.DPRank))
+	return h[0]
+}
+
+// batch returns the next batch of ops for rank r.
+func (s *sim) batch(r Rank) []Op {
+	held := s.held[r]
+	if held == nil {
+		held = map[string]uint64{}
+		s.held[r] = held
+	}
+	var ops []Op
+	for n := 1 + s.rng.IntN(3); n > 0; n-- {
+		doc := s.docs[s.rng.IntN(len(s.docs))]
+		blocks := len(doc) / s.bs
+		if s.rng.IntN(4) == 0 && len(held) > 0 {
+			// Evict: remove the deepest held block of a document.
+			for b := blocks; b > 0; b-- {
+				k := pathKey(doc[:b*s.bs])
+				if x, ok := held[k]; ok {
+					delete(held, k)
+					ops = append(ops, Op{Kind: OpRemove, Remove: Removed{Hashes: []uint64{x}}})
+					break
+				}
+			}
+			continue
+		}
+		// Store: continue from the longest held prefix.
+		start := 0
+		for start < blocks {
+			if _, ok := held[pathKey(doc[:(start+1)*s.bs])]; !ok {
+				break
+			}
+			start++
+		}
+		end := min(blocks, start+1+s.rng.IntN(6))
+		if start == end {
+			continue
+		}
+		st := Stored{BlockSize: s.bs, Seed: BaseSeed, Tokens: doc[start*s.bs : end*s.bs]}
+		if start > 0 {
+			st.Parent, st.HasParent = held[pathKey(doc[:start*s.bs])], true
+		}
+		for b := start; b < end; b++ {
+			x := extHash(r, doc[:(b+1)*s.bs])
+			st.Hashes = append(st.Hashes, x)
+			held[pathKey(doc[:(b+1)*s.bs])] = x
+		}
+		ops = append(ops, Op{Kind: OpStore, Store: st})
+	}
+	if s.rng.IntN(40) == 0 {
+		clear(held)
+		ops = append(ops, Op{Kind: OpClear})
+	}
+	return ops
+}
+
+type canonEntry struct {
+	path   string
+	counts [NumTiers]uint32
+}
+
+// canonical describes a tree independently of its node layout.
+func canonical(t *Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark) {
+	out := map[Rank]map[uint64]canonEntry{}
+	wm := map[Rank]RankWatermark{}
+	paths := map[uint32]string{0: ""}
+	var walk func(id uint32)
+	walk = func(id uint32) {
+		n := &t.nodes[id]
+		base := paths[n.parent]
+		L := len(n.hashes)
+		for j := range n.hashes {
+			p := base + fmt.Sprintf("/%x", n.hashes[j])
+			if j == L-1 {
+				paths[id] = p
+			}
+			for h := range n.hold {
+				r := t.ranks[n.hold[h].rid].rank
+				if out[r] == nil {
+					out[r] = map[uint64]canonEntry{}
+				}
+				var e canonEntry
+				e.path = p
+				for tier := Tier(0); tier < NumTiers; tier++ {
+					e.counts[tier] = t.tierCount(id, h, uint32(j), tier)
+				}
+				out[r][n.ext[h*L+j]] = e
+			}
+			base = p
+		}
+		for c := n.first; c != 0; c = t.nodes[c].next {
+			walk(c)
+		}
+	}
+	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
+		walk(c)
+	}
+	for r, rid := range t.rankIDs {
+		wm[r] = RankWatermark{Rank: r, Seq: t.ranks[rid].seq, HasSeq: t.ranks[rid].hasSeq}
+	}
+	return out, wm
+}
+
+func sameTree(t *testing.T, got, want *Tree) {
+	t.Helper()
+	g, gw := canonical(got)
+	w, ww := canonical(want)
+	if fmt.Sprint(g) != fmt.Sprint(w) {
+		t.Fatalf("trees differ:\n got  %v\n want %v", g, w)
+	}
+	if fmt.Sprint(gw) != fmt.Sprint(ww) {
+		t.Fatalf("watermarks differ: got %v want %v", gw, ww)
+	}
+	gs, ws := got.Stats(), want.Stats()
+	if gs.Entries != ws.Entries || gs.Blocks != ws.Blocks || gs.Nodes != ws.Nodes {
+		t.Fatalf("stats differ: got %+v want %+v", gs, ws)
+	}
+}
+
+type seqBatch struct {
+	rank Rank
+	seq  uint64
+	ops  []Op
+}
+
+func genStream(seed uint64, n int) []seqBatch {
+	s := newSim(seed, 4)
+	ranks := []Rank{{1, 0}, {1, 1}, {2, 0}, {3, 0}}
+	seqs := map[Rank]uint64{}
+	var out []seqBatch
+	for i := 0; i < n; i++ {
+		r := ranks[s.rng.IntN(len(ranks))]
+		out = append(out, seqBatch{r, seqs[r], s.batch(r)})
+		seqs[r]++
+	}
+	return out
+}
+
+var testKey = PartitionKey{"m", "default"}
+
+// TestSnapshotRestoreThenResume: a snapshot taken mid-stream, restored, and
+// fed each rank's batches after its watermark, equals the uninterrupted
+// index — also through the JSON form.
+func TestSnapshotRestoreThenResume(t *testing.T) {
+	for seed := uint64(1); seed <= 20; seed++ {
+		stream := genStream(seed, 300)
+		live := New(Options{})
+		if err := live.AddPartition(testKey, 4); err != nil {
+			t.Fatal(err)
+		}
+		cut := len(stream) / 2
+		var snap *Snapshot
+		for i, b := range stream {
+			if i == cut {
+				var err error
+				if snap, err = live.Snapshot(testKey); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := live.Apply(testKey, b.rank, b.seq, b.ops); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if len(snap.Events) == 0 || len(snap.Ranks) == 0 {
+			t.Fatalf("seed %d: empty snapshot mid-stream", seed)
+		}
+		raw, err := json.Marshal(snap)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var back Snapshot
+		if err := json.Unmarshal(raw, &back); err != nil {
+			t.Fatal(err)
+		}
+		restored := New(Options{})
+		if err := restored.Restore(testKey, &back); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		wm := map[Rank]RankWatermark{}
+		for _, w := range back.Ranks {
+			wm[w.Rank] = w
+		}
+		for _, b := range stream {
+			if w, ok := wm[b.rank]; ok && w.HasSeq && b.seq <= w.Seq {
+				continue
+			}
+			if _, err := restored.Apply(testKey, b.rank, b.seq, b.ops); err != nil {
+				t.Fatal(err)
+			}
+		}
+		sameTree(t, restored.parts[testKey].tree, live.parts[testKey].tree)
+	}
+}
+
+// TestSnapshotIsDynamoShaped checks the JSON field names Dynamo readers use.
+func TestSnapshotIsDynamoShaped(t *testing.T) {
+	tr := NewTree(4)
+	r := Rank{7, 0}
+	must(t, tr.Store(r, Stored{Hashes: []uint64{1 << 63, 5}, Tokens: make([]uint32, 8), BlockSize: 4, Seed: BaseSeed}))
+	raw, err := json.Marshal(tr.Dump())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		BlockSize int `json:"block_size"`
+		Events    []struct {
+			WorkerID    uint64 `json:"worker_id"`
+			StorageTier string `json:"storage_tier"`
+			Event       struct {
+				EventID uint64 `json:"event_id"`
+				DPRank  uint32 `json:"dp_rank"`
+				Data    struct {
+					Stored struct {
+						ParentHash *uint64 `json:"parent_hash"`
+						Blocks     []struct {
+							BlockHash  uint64 `json:"block_hash"`
+							TokensHash uint64 `json:"tokens_hash"`
+						} `json:"blocks"`
+					} `json:"stored"`
+				} `json:"data"`
+			} `json:"event"`
+		} `json:"events"`
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	if v.BlockSize != 4 || len(v.Events) != 1 || v.Events[0].WorkerID != 7 || v.Events[0].StorageTier != "device" {
+		t.Fatalf("unexpected dump %s", raw)
+	}
+	st := v.Events[0].Event.Data.Stored
+	if st.ParentHash != nil || len(st.Blocks) != 2 || st.Blocks[0].BlockHash != 1<<63 || st.Blocks[1].BlockHash != 5 {
+		t.Fatalf("unexpected stored event %s", raw)
+	}
+	if want := HashBlocks(nil, make([]uint32, 4), 4, BaseSeed)[0]; st.Blocks[0].TokensHash != want {
+		t.Fatalf("tokens_hash %d, want %d", st.Blocks[0].TokensHash, want)
+	}
+	if !strings.Contains(string(raw), `"block_hash":9223372036854775808`) {
+		t.Fatalf("hashes must be unsigned JSON integers: %s", raw)
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
+	tr := NewTree(4)
+	r := Rank{1, 0}
+	must(t, tr.Store(r, Stored{Hashes: []uint64{1, 2, 3}, Tokens: make([]uint32, 12), BlockSize: 4, Seed: BaseSeed}))
+	good := tr.Dump()
+	cases := map[string]func(s *Snapshot){
+		"no block size":   func(s *Snapshot) { s.BlockSize = 0 },
+		"hostile offset":  func(s *Snapshot) { s.Events[0].Offset = 1 << 31 },
+		"unknown parent":  func(s *Snapshot) { s.Events[0].ParentNode = 99 },
+		"duplicate hash":  func(s *Snapshot) { s.Events[0].Blocks[1].Hash = 1 },
+		"zero copies":     func(s *Snapshot) { s.Events[0].Blocks[0].Counts = [NumTiers]uint32{} },
+		"partial holding": func(s *Snapshot) { s.Events[0].Blocks = s.Events[0].Blocks[:2]; s.Structural = []DumpNode{{Node: s.Events[0].Node, Hashes: make([]uint64, 3)}} },
+	}
+	for name, mutate := range cases {
+		s := tr.Dump()
+		mutate(s)
+		if _, err := Restore(s); err == nil {
+			t.Errorf("%s: restore accepted an inconsistent snapshot", name)
+		}
+	}
+	if _, err := Restore(good); err != nil {
+		t.Fatalf("good snapshot: %v", err)
+	}
+}
+
+// TestMemoryCapKeepsSubset: with a cap, entries stay within it and every
+// rank's overlap is at most its uncapped overlap (index ⊆ engine truth).
+func TestMemoryCapKeepsSubset(t *testing.T) {
+	const maxEntries = 60
+	capped := New(Options{MaxEntries: maxEntries})
+	truth := New(Options{})
+	must(t, capped.AddPartition(testKey, 4))
+	must(t, truth.AddPartition(testKey, 4))
+	stream := genStream(42, 600)
+	s := newSim(42, 4)
+	var evicted, parentMissing uint64
+	for _, b := range stream {
+		res, err := capped.Apply(testKey, b.rank, b.seq, b.ops)
+		must(t, err)
+		evicted += res.Skipped[ReasonEvicted]
+		parentMissing += res.Skipped[ReasonParentNotFound]
+		if _, err := truth.Apply(testKey, b.rank, b.seq, b.ops); err != nil {
+			t.Fatal(err)
+		}
+		if e := capped.parts[testKey].tree.entries; e > maxEntries {
+			t.Fatalf("entries %d above cap %d", e, maxEntries)
+		}
+		for _, doc := range s.docs {
+			got, _ := capped.MatchTokens(testKey, doc, BaseSeed, nil)
+			want, _ := truth.MatchTokens(testKey, doc, BaseSeed, nil)
+			wantBy := map[Rank]Overlap{}
+			for _, o := range want {
+				wantBy[o.Rank] = o
+			}
+			for _, o := range got {
+				w := wantBy[o.Rank]
+				if o.Device > w.Device || o.Host > w.Host || o.Disk > w.Disk {
+					t.Fatalf("capped index claims more than the engine holds: %+v vs %+v", o, w)
+				}
+			}
+		}
+	}
+	if evicted == 0 || parentMissing == 0 {
+		t.Fatalf("cap never bit: evicted %d, stores with evicted parents %d", evicted, parentMissing)
+	}
+}
+
+// TestConcurrentApplyAndMatch runs appliers and matchers together under
+// the race detector and checks the final state equals a serial replay.
+func TestConcurrentApplyAndMatch(t *testing.T) {
+	stream := genStream(9, 2000)
+	byRank := map[Rank][]seqBatch{}
+	for _, b := range stream {
+		byRank[b.rank] = append(byRank[b.rank], b)
+	}
+	ix := New(Options{})
+	must(t, ix.AddPartition(testKey, 4))
+	s := newSim(9, 4)
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	for _, bs := range byRank {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, b := range bs {
+				if _, err := ix.Apply(testKey, b.rank, b.seq, b.ops); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		}()
+	}
+	var mg sync.WaitGroup
+	for m := 0; m < 2; m++ {
+		mg.Add(1)
+		go func() {
+			defer mg.Done()
+			var dst []Overlap
+			for i := 0; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				dst, _ = ix.MatchTokens(testKey, s.docs[i%len(s.docs)], BaseSeed, dst[:0])
+				for _, o := range dst {
+					if o.Device > o.Host || o.Host > o.Disk {
+						t.Errorf("tiers not cumulative: %+v", o)
+					}
+				}
+				_ = ix.Stats()
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	mg.Wait()
+	serial := NewTree(4)
+	// Per-rank order is what matters; ranks are independent owners.
+	for _, b := range stream {
+		for _, op := range b.ops {
+			_ = serial.Apply(b.rank, op)
+		}
+		serial.SetWatermark(b.rank, b.seq)
+	}
+	sameTree(t, ix.parts[testKey].tree, serial)
+}
+
+func TestIndexPartitions(t *testing.T) {
+	ix := New(Options{})
+	must(t, ix.AddPartition(testKey, 16))
+	must(t, ix.AddPartition(testKey, 16))
+	if err := ix.AddPartition(testKey, 32); !errors.Is(err, ErrBlockSizeConflict) {
+		t.Fatalf("block size conflict: %v", err)
+	}
+	if _, err := ix.Match(PartitionKey{"other", "default"}, []uint64{1}, nil); !errors.Is(err, ErrNoPartition) {
+		t.Fatalf("missing partition: %v", err)
+	}
+	other := PartitionKey{"m", "group-b"}
+	must(t, ix.AddPartition(other, 16))
+	toks := make([]uint32, 32)
+	for _, k := range []PartitionKey{testKey, other} {
+		if _, err := ix.Apply(k, Rank{1, 0}, 0, []Op{{Kind: OpStore, Store: Stored{Hashes: []uint64{1, 2}, Tokens: toks, BlockSize: 16, Seed: BaseSeed}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ix.RemoveWorker(1)
+	for _, st := range ix.Stats() {
+		if st.Entries != 0 || st.Nodes != 0 {
+			t.Fatalf("partition %v not empty after RemoveWorker: %+v", st.Key, st.TreeStats)
+		}
+	}
+	keys := ix.Partitions()
+	slices.SortFunc(keys, func(a, b PartitionKey) int { return strings.Compare(a.String(), b.String()) })
+	if len(keys) != 2 {
+		t.Fatalf("partitions %v", keys)
+	}
+}
