@@ -506,16 +506,20 @@ func (t *Tree) sameHolders(a, b uint32) bool {
 }
 
 // tryMerge merges id with its only child, and its parent with id, when
-// they have the same holders.
-func (t *Tree) tryMerge(id uint32) {
-	if id != 0 && t.nodes[id].live {
-		if t.nodes[id].nchild == 1 && t.sameHolders(id, t.nodes[id].first) {
-			t.merge(id, t.nodes[id].first)
-		}
-		if p := t.nodes[id].parent; p != 0 && t.nodes[p].nchild == 1 && t.sameHolders(p, id) {
-			t.merge(p, id)
-		}
+// they have the same holders, and returns the node that now holds id's
+// blocks.
+func (t *Tree) tryMerge(id uint32) uint32 {
+	if id == 0 || !t.nodes[id].live {
+		return id
 	}
+	if t.nodes[id].nchild == 1 && t.sameHolders(id, t.nodes[id].first) {
+		t.merge(id, t.nodes[id].first)
+	}
+	if p := t.nodes[id].parent; p != 0 && t.nodes[p].nchild == 1 && t.sameHolders(p, id) {
+		t.merge(p, id)
+		return p
+	}
+	return id
 }
 
 // merge appends child c's edge to id (its only child) and frees c.
@@ -557,14 +561,20 @@ func (t *Tree) merge(id, c uint32) {
 }
 
 // prune frees id and its ancestors while they hold nothing and have no
-// children, then merges what remains where possible.
+// children, then merges what remains where possible. A merge of two
+// holderless nodes can leave a holderless leaf, which is pruned in turn.
 func (t *Tree) prune(id uint32) {
-	for id != 0 && t.nodes[id].live && len(t.nodes[id].hold) == 0 && t.nodes[id].nchild == 0 {
-		p := t.nodes[id].parent
-		t.freeNode(id)
-		id = p
+	for {
+		for id != 0 && t.nodes[id].live && len(t.nodes[id].hold) == 0 && t.nodes[id].nchild == 0 {
+			p := t.nodes[id].parent
+			t.freeNode(id)
+			id = p
+		}
+		id = t.tryMerge(id)
+		if id == 0 || !t.nodes[id].live || len(t.nodes[id].hold) != 0 || t.nodes[id].nchild != 0 {
+			return
+		}
 	}
-	t.tryMerge(id)
 }
 
 // ---- events ----
