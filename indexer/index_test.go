@@ -294,12 +294,15 @@ func TestRestoreRejectsInconsistentSnapshots(t *testing.T) {
 	must(t, tr.Store(r, Stored{Hashes: []uint64{1, 2, 3}, Tokens: make([]uint32, 12), BlockSize: 4, Seed: BaseSeed}))
 	good := tr.Dump()
 	cases := map[string]func(s *Snapshot){
-		"no block size":   func(s *Snapshot) { s.BlockSize = 0 },
-		"hostile offset":  func(s *Snapshot) { s.Events[0].Offset = 1 << 31 },
-		"unknown parent":  func(s *Snapshot) { s.Events[0].ParentNode = 99 },
-		"duplicate hash":  func(s *Snapshot) { s.Events[0].Blocks[1].Hash = 1 },
-		"zero copies":     func(s *Snapshot) { s.Events[0].Blocks[0].Counts = [NumTiers]uint32{} },
-		"partial holding": func(s *Snapshot) { s.Events[0].Blocks = s.Events[0].Blocks[:2]; s.Structural = []DumpNode{{Node: s.Events[0].Node, Hashes: make([]uint64, 3)}} },
+		"no block size":  func(s *Snapshot) { s.BlockSize = 0 },
+		"hostile offset": func(s *Snapshot) { s.Events[0].Offset = 1 << 31 },
+		"unknown parent": func(s *Snapshot) { s.Events[0].ParentNode = 99 },
+		"duplicate hash": func(s *Snapshot) { s.Events[0].Blocks[1].Hash = 1 },
+		"zero copies":    func(s *Snapshot) { s.Events[0].Blocks[0].Counts = [NumTiers]uint32{} },
+		"partial holding": func(s *Snapshot) {
+			s.Events[0].Blocks = s.Events[0].Blocks[:2]
+			s.Structural = []DumpNode{{Node: s.Events[0].Node, Hashes: make([]uint64, 3)}}
+		},
 	}
 	for name, mutate := range cases {
 		s := tr.Dump()

@@ -91,18 +91,17 @@ type holder struct {
 // edge (in some tier); a store or remove that would break this splits the
 // node first.
 type node struct {
-	parent  uint32
-	nchild  uint32
-	first   uint32 // first child (0 = none), doubly linked through next/prev
-	next    uint32
-	prev    uint32
-	stamp   uint32   // LRU clock of the last store or match (atomic when matched)
-	hashes  []uint64 // local hashes along the edge; empty only at the root
-	hold    []holder // sorted by rid
-	ext     []uint64 // holder-major: ext[h*L+j] is holder h's engine hash of block j
-	cnt     []uint32 // holder-major tier counts, 8 bits per tier (see overflow)
-	live    bool
-	visited bool // scratch for eviction
+	parent uint32
+	nchild uint32
+	first  uint32 // first child (0 = none), doubly linked through next/prev
+	next   uint32
+	prev   uint32
+	stamp  uint32   // LRU clock of the last store or match (atomic when matched)
+	hashes []uint64 // local hashes along the edge; empty only at the root
+	hold   []holder // sorted by rid
+	ext    []uint64 // holder-major: ext[h*L+j] is holder h's engine hash of block j
+	cnt    []uint32 // holder-major tier counts, 8 bits per tier (see overflow)
+	live   bool
 }
 
 type rankState struct {

@@ -1,0 +1,68 @@
+# prefixd developer targets. Requires Go 1.26; `make test` is what CI runs.
+
+GO ?= go
+
+# Debian packages the tests need, installed by `make deps` only when missing
+# (scripts/test-deps.sh): python3-xxhash is the C reference XXH3 that the
+# block-hash tests compare against.
+TEST_APT_PACKAGES ?= python3-xxhash
+
+# Set VERSION to stamp `prefixd version` (otherwise it reports the module
+# version the toolchain records, or "dev").
+VERSION ?=
+LDFLAGS := $(if $(VERSION),-X main.version=$(VERSION))
+# Record the git revision in the binary even where GOFLAGS says
+# -buildvcs=false; set BUILDVCS=false to build outside a usable checkout.
+BUILDVCS ?= auto
+
+# Benchmarks: `make bench BENCH=Match BENCHTIME=2s`.
+BENCH ?= .
+BENCHTIME ?= 1s
+
+# Fuzzing: each entry is package:FuzzTarget; `make fuzz FUZZTIME=5m`.
+FUZZ_TARGETS ?= ./events:FuzzDecode
+FUZZTIME ?= 20s
+
+# Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
+STATICCHECK_VERSION := v0.8.2
+
+.PHONY: all build deps test bench lint fuzz demo clean
+
+all: build
+
+build:
+	$(GO) build -buildvcs=$(BUILDVCS) -ldflags "$(LDFLAGS)" -o bin/prefixd ./cmd/prefixd
+
+deps:
+	scripts/test-deps.sh $(TEST_APT_PACKAGES)
+
+test: deps
+	$(GO) vet ./...
+	$(GO) test -race -count=1 ./...
+
+bench:
+	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...
+
+lint:
+	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
+
+# go test fuzzes one target per invocation, so loop. A listed target that does
+# not exist is an error, not a silent pass.
+fuzz:
+	@set -e; for entry in $(FUZZ_TARGETS); do \
+		pkg=$${entry%%:*}; target=$${entry#*:}; \
+		if [ "$$pkg" = "$$entry" ] || [ -z "$$target" ]; then \
+			echo "fuzz: bad FUZZ_TARGETS entry '$$entry' (want package:FuzzTarget)" >&2; exit 2; \
+		fi; \
+		if ! $(GO) test -list="^$$target\$$" "$$pkg" | grep -qx "$$target"; then \
+			echo "fuzz: no fuzz target $$target in $$pkg" >&2; exit 1; \
+		fi; \
+		echo "fuzz: $$pkg $$target for $(FUZZTIME)"; \
+		$(GO) test -run='^$$' -fuzz="^$$target\$$" -fuzztime=$(FUZZTIME) "$$pkg"; \
+	done
+
+demo:
+	$(GO) run ./cmd/prefixd index-demo
+
+clean:
+	rm -rf bin

@@ -1,0 +1,151 @@
+// Package importcheck enforces the rule that prefixd's cores (indexer,
+// coordinator) do no I/O: their transitive imports must not reach ZMQ, etcd,
+// net/http, Prometheus or the net package. It is a test helper, imported only
+// from _test.go files.
+package importcheck
+
+import (
+	"bytes"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// Forbidden fails t if the package pkg (an import path, or a relative path
+// such as ".") transitively imports anything Offends reports. Each offender
+// is named with the shortest import chain that reaches it. Test-only imports
+// of pkg are not checked.
+//
+// It runs "go list -deps" with the go command found on PATH; "go test" puts
+// its own GOROOT/bin first on PATH, so that is the toolchain under test.
+func Forbidden(t testing.TB, pkg string) {
+	t.Helper()
+	goTool, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("find the go command: %v", err)
+	}
+	// One line per package: its import path, then its direct imports.
+	cmd := exec.Command(goTool, "list", "-deps", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, pkg)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list -deps %s: %v\n%s", pkg, err, stderr.Bytes())
+	}
+	graph, root := parse(out)
+	if root == "" {
+		t.Fatalf("go list -deps %s: no packages listed", pkg)
+	}
+	for _, o := range offenders(graph, root) {
+		t.Errorf("%s must not import %s", root, o)
+	}
+}
+
+// Offends reports whether path is a package the I/O-free cores must not
+// depend on: anything whose path contains "zmq", "go.etcd.io", "net/http" or
+// "github.com/prometheus", and the package "net" itself.
+func Offends(path string) bool {
+	return path == "net" ||
+		strings.Contains(path, "zmq") ||
+		strings.Contains(path, "go.etcd.io") ||
+		strings.Contains(path, "net/http") ||
+		strings.Contains(path, "github.com/prometheus")
+}
+
+// parse reads "go list -deps" output in the format Forbidden asks for. It
+// returns each package's direct imports and the named package, which go list
+// prints last (after all its dependencies).
+func parse(out []byte) (graph map[string][]string, root string) {
+	graph = make(map[string][]string)
+	for line := range strings.Lines(string(out)) {
+		fields := strings.Fields(line)
+		if len(fields) == 0 {
+			continue
+		}
+		graph[fields[0]] = fields[1:]
+		root = fields[0]
+	}
+	return graph, root
+}
+
+// offender is one forbidden dependency: the shortest import chain from the
+// checked package to it, and every forbidden package below it.
+type offender struct {
+	chain []string // root, ..., offender
+	below []string // sorted
+}
+
+func (o offender) String() string {
+	var b strings.Builder
+	b.WriteString(o.chain[len(o.chain)-1])
+	b.WriteString(" (via ")
+	b.WriteString(strings.Join(o.chain, " -> "))
+	b.WriteString(")")
+	if len(o.below) > 0 {
+		b.WriteString(", which also brings in ")
+		b.WriteString(strings.Join(o.below, ", "))
+	}
+	return b.String()
+}
+
+// offenders returns the forbidden packages first reached from root, that is
+// those not reached only through another forbidden package, sorted by path.
+// Forbidden packages that sit only beneath one of them are listed in its
+// below field, so every forbidden dependency is named.
+func offenders(graph map[string][]string, root string) []offender {
+	// Breadth-first from root, stopping at forbidden packages, so that each
+	// parent link gives a shortest chain.
+	parent := map[string]string{root: ""}
+	queue := []string{root}
+	var first []string
+	for len(queue) > 0 {
+		p := queue[0]
+		queue = queue[1:]
+		if p != root && Offends(p) {
+			first = append(first, p)
+			continue
+		}
+		for _, imp := range graph[p] {
+			if _, seen := parent[imp]; !seen {
+				parent[imp] = p
+				queue = append(queue, imp)
+			}
+		}
+	}
+	slices.Sort(first)
+
+	out := make([]offender, 0, len(first))
+	for _, p := range first {
+		var o offender
+		for q := p; q != ""; q = parent[q] {
+			o.chain = append(o.chain, q)
+		}
+		slices.Reverse(o.chain)
+		for q := range reachable(graph, p) {
+			if q != p && Offends(q) {
+				o.below = append(o.below, q)
+			}
+		}
+		slices.Sort(o.below)
+		out = append(out, o)
+	}
+	return out
+}
+
+// reachable returns every package reachable from p in graph, p included.
+func reachable(graph map[string][]string, p string) map[string]bool {
+	seen := map[string]bool{p: true}
+	stack := []string{p}
+	for len(stack) > 0 {
+		q := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		for _, imp := range graph[q] {
+			if !seen[imp] {
+				seen[imp] = true
+				stack = append(stack, imp)
+			}
+		}
+	}
+	return seen
+}

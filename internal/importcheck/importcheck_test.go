@@ -1,0 +1,95 @@
+package importcheck
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestOffends(t *testing.T) {
+	for path, want := range map[string]bool{
+		"net":                                   true,
+		"net/http":                              true,
+		"net/http/httptrace":                    true,
+		"github.com/go-zeromq/zmq4":             true,
+		"github.com/pebbe/zmq4":                 true,
+		"go.etcd.io/etcd/client/v3":             true,
+		"github.com/prometheus/client_golang":   true,
+		"net/netip":                             false,
+		"net/url":                               false,
+		"github.com/prefixd/prefixd/indexer":    false,
+		"github.com/zeebo/xxh3":                 false,
+		"github.com/prefixd/prefixd/netconfig":  false,
+		"github.com/prometheus-community/other": true, // substring rule, deliberately broad
+	} {
+		if got := Offends(path); got != want {
+			t.Errorf("Offends(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+func TestOffenders(t *testing.T) {
+	// a -> b -> net/http -> net
+	// a -> c -> net
+	// a -> d (clean)
+	out := []byte("net\n" +
+		"net/http net\n" +
+		"b net/http\n" +
+		"c net\n" +
+		"d\n" +
+		"a b c d\n")
+	graph, root := parse(out)
+	if root != "a" {
+		t.Fatalf("root = %q, want a", root)
+	}
+	var got []string
+	for _, o := range offenders(graph, root) {
+		got = append(got, o.String())
+	}
+	want := []string{
+		"net (via a -> c -> net)",
+		"net/http (via a -> b -> net/http), which also brings in net",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("offenders:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+
+	clean, root := parse([]byte("d\na d\n"))
+	if o := offenders(clean, root); len(o) != 0 {
+		t.Errorf("offenders of a clean graph = %v, want none", o)
+	}
+}
+
+// recorder is a testing.TB that records failures instead of failing.
+type recorder struct {
+	testing.TB
+	errors []string
+}
+
+func (r *recorder) Helper() {}
+func (r *recorder) Errorf(format string, args ...any) {
+	r.errors = append(r.errors, fmt.Sprintf(format, args...))
+}
+func (r *recorder) Fatalf(format string, args ...any) {
+	r.TB.Fatalf(format, args...)
+}
+
+// TestForbiddenRunsGoList checks the whole path through the go command: a
+// package that does import net/http is caught, and a pure one passes.
+func TestForbiddenRunsGoList(t *testing.T) {
+	r := &recorder{TB: t}
+	Forbidden(r, "net/http/httptest")
+	if len(r.errors) == 0 {
+		t.Fatal("Forbidden(net/http/httptest) reported nothing")
+	}
+	if !strings.Contains(strings.Join(r.errors, "\n"), "must not import net/http (via net/http/httptest -> net/http)") {
+		t.Errorf("Forbidden(net/http/httptest) did not name net/http with its chain:\n%s", strings.Join(r.errors, "\n"))
+	}
+
+	r = &recorder{TB: t}
+	Forbidden(r, "strings")
+	if len(r.errors) != 0 {
+		t.Errorf("Forbidden(strings) = %q, want no errors", r.errors)
+	}
+}
