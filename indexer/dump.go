@@ -241,7 +241,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 			if _, dup := lk[b.Hash]; dup {
 				return nil, fmt.Errorf("restore: rank %v holds hash %#x twice", ev.Rank, b.Hash)
 			}
-			lk[b.Hash] = loc{nid, uint32(pos)}
+			lk[b.Hash] = ref{nid, t.nodes[nid].depth + uint32(pos)}
 			n := &t.nodes[nid]
 			n.ext[h*L+pos] = b.Hash
 			for tier, c := range b.Counts {
@@ -260,7 +260,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 		n := &t.nodes[id]
 		for h := range n.hold {
 			for j, x := range n.ext[h*len(n.hashes) : (h+1)*len(n.hashes)] {
-				if l, ok := t.ranks[n.hold[h].rid].lookup[x]; !ok || l != (loc{uint32(id), uint32(j)}) {
+				if r, ok := t.ranks[n.hold[h].rid].lookup[x]; !ok || r != (ref{uint32(id), n.depth + uint32(j)}) {
 					return nil, fmt.Errorf("restore: rank %v does not hold all of node %d", t.ranks[n.hold[h].rid].rank, id)
 				}
 			}

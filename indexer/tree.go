@@ -65,8 +65,14 @@ type Overlap struct {
 	Disk   uint32
 }
 
-// loc is where a rank's block sits: node and position on its edge.
+// loc is where a block sits: node and position on its edge.
 type loc struct{ node, pos uint32 }
+
+// ref is what a rank's lookup stores for a block: its node and its depth
+// (blocks from the root). Depths do not change when edges split or merge,
+// so only the part of an edge that moves to another node id needs its refs
+// rewritten, and split and merge move the cheaper part.
+type ref struct{ node, depth uint32 }
 
 type childKey struct {
 	parent uint32
@@ -97,6 +103,7 @@ type node struct {
 	next   uint32
 	prev   uint32
 	stamp  uint32   // LRU clock of the last store or match (atomic when matched)
+	depth  uint32   // blocks from the root to this edge's first block
 	hashes []uint64 // local hashes along the edge; empty only at the root
 	hold   []holder // sorted by rid
 	ext    []uint64 // holder-major: ext[h*L+j] is holder h's engine hash of block j
@@ -106,7 +113,7 @@ type node struct {
 
 type rankState struct {
 	rank   Rank
-	lookup map[uint64]loc // engine hash → block
+	lookup map[uint64]ref // engine hash → block
 	seq    uint64
 	hasSeq bool
 }
@@ -210,10 +217,11 @@ func (t *Tree) Holds(r Rank, h uint64) (counts [NumTiers]uint32, ok bool) {
 	if !ok {
 		return counts, false
 	}
-	l, ok := t.ranks[rid].lookup[h]
+	r0, ok := t.ranks[rid].lookup[h]
 	if !ok {
 		return counts, false
 	}
+	l := t.locOf(r0)
 	hi := t.holderIndex(l.node, rid)
 	for tier := Tier(0); tier < NumTiers; tier++ {
 		counts[tier] = t.tierCount(l.node, hi, l.pos, tier)
@@ -247,7 +255,7 @@ func (t *Tree) rankID(r Rank) uint32 {
 		rid = uint32(len(t.ranks))
 		t.ranks = append(t.ranks, rankState{})
 	}
-	t.ranks[rid] = rankState{rank: r, lookup: make(map[uint64]loc)}
+	t.ranks[rid] = rankState{rank: r, lookup: make(map[uint64]ref)}
 	t.rankIDs[r] = rid
 	return rid
 }
@@ -263,7 +271,8 @@ func (t *Tree) allocNode(parent uint32, hashes []uint64) uint32 {
 		id = uint32(len(t.nodes))
 		t.nodes = append(t.nodes, node{})
 	}
-	t.nodes[id] = node{hashes: hashes, live: true, stamp: t.clock}
+	t.nodes[id] = node{hashes: hashes, live: true, stamp: t.clock,
+		depth: t.nodes[parent].depth + uint32(len(t.nodes[parent].hashes))}
 	t.link(parent, id)
 	t.nnodes++
 	t.blocks += len(hashes)
@@ -299,6 +308,53 @@ func (t *Tree) unlink(id uint32) {
 	p.nchild--
 	delete(t.children, childKey{n.parent, n.hashes[0]})
 	n.next, n.prev = 0, 0
+}
+
+func (t *Tree) locOf(r ref) loc { return loc{r.node, r.depth - t.nodes[r.node].depth} }
+
+// moveChildren makes from's children to's; to must have none.
+func (t *Tree) moveChildren(from, to uint32) {
+	f := &t.nodes[from]
+	for c := f.first; c != 0; c = t.nodes[c].next {
+		ch := &t.nodes[c]
+		delete(t.children, childKey{from, ch.hashes[0]})
+		t.children[childKey{to, ch.hashes[0]}] = c
+		ch.parent = to
+	}
+	tn := &t.nodes[to]
+	tn.first, tn.nchild = f.first, f.nchild
+	f.first, f.nchild = 0, 0
+}
+
+// replaceChild puts nw in old's place under old's parent; both edges must
+// start with the same local hash.
+func (t *Tree) replaceChild(old, nw uint32) {
+	o, n := &t.nodes[old], &t.nodes[nw]
+	p := o.parent
+	n.parent, n.prev, n.next = p, o.prev, o.next
+	if o.prev != 0 {
+		t.nodes[o.prev].next = nw
+	} else {
+		t.nodes[p].first = nw
+	}
+	if o.next != 0 {
+		t.nodes[o.next].prev = nw
+	}
+	t.children[childKey{p, o.hashes[0]}] = nw
+	o.prev, o.next = 0, 0
+}
+
+// rewriteRefs points every holder's lookup entry for id's blocks [from, to)
+// at id.
+func (t *Tree) rewriteRefs(id uint32, from, to int) {
+	n := &t.nodes[id]
+	L := len(n.hashes)
+	for h := range n.hold {
+		lk := t.ranks[n.hold[h].rid].lookup
+		for j := from; j < to; j++ {
+			lk[n.ext[h*L+j]] = ref{id, n.depth + uint32(j)}
+		}
+	}
 }
 
 // freeNode releases a node that has no holders and no children.
@@ -412,6 +468,38 @@ const (
 	maskHost   = 0xffff
 )
 
+// updateRun adjusts holder h's device and host runs after the counts of
+// block j (only) changed.
+func (t *Tree) updateRun(id uint32, h int, j uint32) {
+	n := &t.nodes[id]
+	L := len(n.hashes)
+	c := n.cnt[h*L : (h+1)*L]
+	hd := &n.hold[h]
+	hd.dev = runAfter(c, hd.dev, j, maskDevice)
+	hd.host = runAfter(c, hd.host, j, maskHost)
+}
+
+func runAfter(c []uint32, run, j, mask uint32) uint32 {
+	if c[j]&mask == 0 {
+		return min(run, j)
+	}
+	if j == run {
+		for int(run) < len(c) && c[run]&mask != 0 {
+			run++
+		}
+	}
+	return run
+}
+
+// runFrom counts the leading blocks of c held in a tier of mask.
+func runFrom(c []uint32, mask uint32) uint32 {
+	r := 0
+	for r < len(c) && c[r]&mask != 0 {
+		r++
+	}
+	return uint32(r)
+}
+
 // fixRuns recomputes the device and host runs of holder h of id.
 func (t *Tree) fixRuns(id uint32, h int) {
 	n := &t.nodes[id]
@@ -428,49 +516,63 @@ func (t *Tree) fixRuns(id uint32, h int) {
 	n.hold[h].dev, n.hold[h].host = uint32(d), uint32(hs)
 }
 
-// split cuts id's edge before position k (0 < k < L): id keeps [0, k) and a
-// new child takes [k, L) with id's children and holders. Returns the child.
-func (t *Tree) split(id uint32, k int) uint32 {
+// split cuts id's edge before position k (0 < k < L) into an upper node
+// [0, k) and its only child, the lower node [k, L), which keeps id's
+// children. One of them keeps id; the other, a new node, is whichever part
+// costs fewer lookup rewrites (plus child moves).
+func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 	L := len(t.nodes[id].hashes)
-	lowHashes := slices.Clone(t.nodes[id].hashes[k:])
-	// Allocate before taking pointers: allocNode may grow t.nodes.
-	low := t.allocNodeUnlinked(lowHashes)
-	n, m := &t.nodes[id], &t.nodes[low]
-	H := len(n.hold)
-	m.hold = make([]holder, H)
-	m.ext = make([]uint64, H*(L-k))
-	m.cnt = make([]uint32, H*(L-k))
-	upExt := make([]uint64, H*k)
-	upCnt := make([]uint32, H*k)
-	for h := range n.hold {
-		m.hold[h] = holder{rid: n.hold[h].rid, pext: n.ext[h*L+k-1], hasP: true}
-		copy(m.ext[h*(L-k):], n.ext[h*L+k:(h+1)*L])
-		copy(m.cnt[h*(L-k):], n.cnt[h*L+k:(h+1)*L])
-		copy(upExt[h*k:], n.ext[h*L:h*L+k])
-		copy(upCnt[h*k:], n.cnt[h*L:h*L+k])
-	}
-	n.ext, n.cnt = upExt, upCnt
-	n.hashes = slices.Clone(n.hashes[:k])
-	m.stamp = n.stamp
-	// Children move to the lower node.
-	for c := n.first; c != 0; c = t.nodes[c].next {
-		ch := &t.nodes[c]
-		delete(t.children, childKey{id, ch.hashes[0]})
-		t.children[childKey{low, ch.hashes[0]}] = c
-		ch.parent = low
-	}
-	m.first, m.nchild = n.first, n.nchild
-	n.first, n.nchild = 0, 0
-	t.link(id, low)
-	for h := range n.hold {
-		t.fixRuns(id, h)
-		t.fixRuns(low, h)
-		lk := t.ranks[n.hold[h].rid].lookup
-		for j := 0; j < L-k; j++ {
-			lk[m.ext[h*(L-k)+j]] = loc{low, uint32(j)}
+	H := len(t.nodes[id].hold)
+	keepUpper := H*(L-k)+int(t.nodes[id].nchild) <= H*k+1
+	nid := t.allocNodeUnlinked(nil) // may grow t.nodes: take pointers after
+	n := &t.nodes[id]
+	up := node{hashes: slices.Clone(n.hashes[:k]), hold: make([]holder, H),
+		ext: make([]uint64, H*k), cnt: make([]uint32, H*k), depth: n.depth, stamp: n.stamp}
+	low := node{hashes: slices.Clone(n.hashes[k:]), hold: make([]holder, H),
+		ext: make([]uint64, H*(L-k)), cnt: make([]uint32, H*(L-k)), depth: n.depth + uint32(k), stamp: n.stamp}
+	for h, hd := range n.hold {
+		copy(up.ext[h*k:], n.ext[h*L:h*L+k])
+		copy(up.cnt[h*k:], n.cnt[h*L:h*L+k])
+		copy(low.ext[h*(L-k):], n.ext[h*L+k:(h+1)*L])
+		copy(low.cnt[h*(L-k):], n.cnt[h*L+k:(h+1)*L])
+		up.hold[h] = holder{rid: hd.rid, pext: hd.pext, hasP: hd.hasP, dev: min(hd.dev, uint32(k)), host: min(hd.host, uint32(k))}
+		lh := holder{rid: hd.rid, pext: n.ext[h*L+k-1], hasP: true}
+		c := low.cnt[h*(L-k) : (h+1)*(L-k)]
+		if hd.dev >= uint32(k) {
+			lh.dev = hd.dev - uint32(k)
+		} else {
+			lh.dev = runFrom(c, maskDevice)
 		}
+		if hd.host >= uint32(k) {
+			lh.host = hd.host - uint32(k)
+		} else {
+			lh.host = runFrom(c, maskHost)
+		}
+		low.hold[h] = lh
 	}
-	return low
+	if keepUpper {
+		t.moveChildren(id, nid)
+		t.setEdge(id, &up)
+		t.setEdge(nid, &low)
+		t.link(id, nid)
+		upper, lower = id, nid
+	} else {
+		t.setEdge(nid, &up)
+		t.replaceChild(id, nid)
+		t.setEdge(id, &low)
+		t.link(nid, id)
+		upper, lower = nid, id
+	}
+	t.rewriteRefs(nid, 0, len(t.nodes[nid].hashes))
+	return upper, lower
+}
+
+// setEdge gives id the edge, holders, depth and stamp of e, keeping id's
+// links.
+func (t *Tree) setEdge(id uint32, e *node) {
+	n := &t.nodes[id]
+	n.hashes, n.hold, n.ext, n.cnt = e.hashes, e.hold, e.ext, e.cnt
+	n.depth, n.stamp, n.live = e.depth, e.stamp, true
 }
 
 func (t *Tree) allocNodeUnlinked(hashes []uint64) uint32 {
@@ -512,51 +614,54 @@ func (t *Tree) tryMerge(id uint32) uint32 {
 		return id
 	}
 	if t.nodes[id].nchild == 1 && t.sameHolders(id, t.nodes[id].first) {
-		t.merge(id, t.nodes[id].first)
+		id = t.merge(id, t.nodes[id].first)
 	}
 	if p := t.nodes[id].parent; p != 0 && t.nodes[p].nchild == 1 && t.sameHolders(p, id) {
-		t.merge(p, id)
-		return p
+		id = t.merge(p, id)
 	}
 	return id
 }
 
-// merge appends child c's edge to id (its only child) and frees c.
-func (t *Tree) merge(id, c uint32) {
-	t.unlink(c)
+// merge joins id and its only child c into one edge and returns the node
+// that holds it: id or c, whichever keeps more lookup entries in place.
+func (t *Tree) merge(id, c uint32) uint32 {
 	n, m := &t.nodes[id], &t.nodes[c]
 	L1, L2 := len(n.hashes), len(m.hashes)
 	L := L1 + L2
 	H := len(n.hold)
-	ext := make([]uint64, H*L)
-	cnt := make([]uint32, H*L)
-	for h := range n.hold {
-		copy(ext[h*L:], n.ext[h*L1:(h+1)*L1])
-		copy(ext[h*L+L1:], m.ext[h*L2:(h+1)*L2])
-		copy(cnt[h*L:], n.cnt[h*L1:(h+1)*L1])
-		copy(cnt[h*L+L1:], m.cnt[h*L2:(h+1)*L2])
-		lk := t.ranks[n.hold[h].rid].lookup
-		for j := 0; j < L2; j++ {
-			lk[m.ext[h*L2+j]] = loc{id, uint32(L1 + j)}
+	keepN := H*L2+int(m.nchild) <= H*L1+1
+	e := node{hashes: make([]uint64, 0, L), hold: make([]holder, H), ext: make([]uint64, H*L), cnt: make([]uint32, H*L),
+		depth: n.depth, stamp: max(n.stamp, m.stamp)}
+	e.hashes = append(append(e.hashes, n.hashes...), m.hashes...)
+	for h, hd := range n.hold {
+		copy(e.ext[h*L:], n.ext[h*L1:(h+1)*L1])
+		copy(e.ext[h*L+L1:], m.ext[h*L2:(h+1)*L2])
+		copy(e.cnt[h*L:], n.cnt[h*L1:(h+1)*L1])
+		copy(e.cnt[h*L+L1:], m.cnt[h*L2:(h+1)*L2])
+		e.hold[h] = hd
+		if hd.dev == uint32(L1) {
+			e.hold[h].dev += m.hold[h].dev
+		}
+		if hd.host == uint32(L1) {
+			e.hold[h].host += m.hold[h].host
 		}
 	}
-	hashes := make([]uint64, 0, L)
-	n.hashes = append(append(hashes, n.hashes...), m.hashes...)
-	n.ext, n.cnt = ext, cnt
-	n.stamp = max(n.stamp, m.stamp)
-	for g := m.first; g != 0; g = t.nodes[g].next {
-		gn := &t.nodes[g]
-		delete(t.children, childKey{c, gn.hashes[0]})
-		t.children[childKey{id, gn.hashes[0]}] = g
-		gn.parent = id
+	t.unlink(c)
+	keep, gone := id, c
+	if keepN {
+		t.moveChildren(c, id)
+		t.setEdge(id, &e)
+		t.rewriteRefs(id, L1, L)
+	} else {
+		keep, gone = c, id
+		t.setEdge(c, &e)
+		t.replaceChild(id, c)
+		t.rewriteRefs(c, 0, L1)
 	}
-	n.first, n.nchild = m.first, m.nchild
-	for h := range n.hold {
-		t.fixRuns(id, h)
-	}
-	t.nodes[c] = node{}
-	t.free = append(t.free, c)
+	t.nodes[gone] = node{}
+	t.free = append(t.free, gone)
 	t.nnodes--
+	return keep
 }
 
 // prune frees id and its ancestors while they hold nothing and have no
@@ -618,11 +723,11 @@ func (t *Tree) Store(r Rank, s Stored) error {
 	cur := loc{0, ^uint32(0)} // after the last placed block; root: before its (empty) edge
 	prevExt, hasPrev := s.Parent, s.HasParent
 	if s.HasParent {
-		l, ok := lk[s.Parent]
+		pr, ok := lk[s.Parent]
 		if !ok {
 			return t.fail(r, ReasonParentNotFound, s.Parent, len(s.Hashes))
 		}
-		cur = l
+		cur = t.locOf(pr)
 	}
 	usable := min(len(s.Hashes), len(s.Tokens)/t.blockSize)
 	t.localBuf = HashBlocks(t.localBuf[:0], s.Tokens[:usable*t.blockSize], t.blockSize, s.Seed)
@@ -631,14 +736,16 @@ func (t *Tree) Store(r Rank, s Stored) error {
 	var err error
 	for i := 0; i < usable; i++ {
 		x := s.Hashes[i]
-		if l, ok := lk[x]; ok {
+		if xr, ok := lk[x]; ok {
 			// Known hash: it must be exactly the next block.
+			l := t.locOf(xr)
 			if !t.isNext(cur, l, local[i]) {
 				err = t.fail(r, ReasonHashConflict, x, len(s.Hashes)-i)
 				break
 			}
-			t.incCount(l.node, t.holderIndex(l.node, rid), l.pos, s.Tier)
-			t.afterCount(l.node, rid)
+			h := t.holderIndex(l.node, rid)
+			t.incCount(l.node, h, l.pos, s.Tier)
+			t.afterCount(l, h)
 			cur, prevExt, hasPrev = l, x, true
 			continue
 		}
@@ -652,9 +759,9 @@ func (t *Tree) Store(r Rank, s Stored) error {
 			}
 			n := &t.nodes[tgt.node]
 			n.ext[h*len(n.hashes)+int(tgt.pos)] = x
-			lk[x] = tgt
+			lk[x] = ref{tgt.node, n.depth + tgt.pos}
 			t.incCount(tgt.node, h, tgt.pos, s.Tier)
-			t.afterCount(tgt.node, rid)
+			t.afterCount(tgt, h)
 			cur, prevExt, hasPrev = tgt, x, true
 			continue
 		}
@@ -676,17 +783,17 @@ func (t *Tree) Store(r Rank, s Stored) error {
 		}
 		id := tgt.node
 		if tgt.pos > 0 {
-			id = t.split(id, int(tgt.pos))
+			_, id = t.split(id, int(tgt.pos))
 		}
 		if run < len(t.nodes[id].hashes) {
-			t.split(id, run)
+			id, _ = t.split(id, run)
 		}
 		h := t.addHolder(id, rid, prevExt, hasPrev)
 		n = &t.nodes[id]
 		for j := 0; j < run; j++ {
 			n.ext[h*run+j] = s.Hashes[i+j]
 			n.cnt[h*run+j] = 1 << (8 * s.Tier)
-			lk[s.Hashes[i+j]] = loc{id, uint32(j)}
+			lk[s.Hashes[i+j]] = ref{id, n.depth + uint32(j)}
 		}
 		t.fixRuns(id, h)
 		n.stamp = t.clock
@@ -703,9 +810,10 @@ func (t *Tree) Store(r Rank, s Stored) error {
 	return err
 }
 
-func (t *Tree) afterCount(id, rid uint32) {
-	t.fixRuns(id, t.holderIndex(id, rid))
-	t.nodes[id].stamp = t.clock
+// afterCount updates holder h's runs after a count changed at l.
+func (t *Tree) afterCount(l loc, h int) {
+	t.updateRun(l.node, h, l.pos)
+	t.nodes[l.node].stamp = t.clock
 }
 
 // isNext reports whether block l (with local hash lh) directly follows cur.
@@ -730,16 +838,16 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) (l loc, created bool) {
 		if t.nodes[cur.node].hashes[next] == lh {
 			return loc{cur.node, next}, false
 		}
-		t.split(cur.node, int(next))
+		cur.node, _ = t.split(cur.node, int(next))
 	}
 	if c, ok := t.children[childKey{cur.node, lh}]; ok {
 		return loc{c, 0}, false
 	}
 	n := &t.nodes[cur.node]
 	if cur.node != 0 && n.nchild == 0 && len(n.hold) == 1 && n.hold[0].rid == rid {
-		n.hashes = append(n.hashes, lh)
-		n.ext = append(n.ext, 0)
-		n.cnt = append(n.cnt, 0)
+		n.hashes = appendGrow(n.hashes, lh)
+		n.ext = appendGrow(n.ext, 0)
+		n.cnt = appendGrow(n.cnt, 0)
 		t.entries++
 		t.blocks++
 		return loc{cur.node, L}, true
@@ -788,7 +896,7 @@ func (t *Tree) offload(r Rank, s Stored) error {
 	lk := t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for _, x := range s.Hashes {
-		l, ok := lk[x]
+		xr, ok := lk[x]
 		if !ok {
 			if missing == 0 {
 				first = x
@@ -796,10 +904,10 @@ func (t *Tree) offload(r Rank, s Stored) error {
 			missing++
 			continue
 		}
+		l := t.locOf(xr)
 		h := t.holderIndex(l.node, rid)
 		t.incCount(l.node, h, l.pos, s.Tier)
-		t.fixRuns(l.node, h)
-		t.nodes[l.node].stamp = t.clock
+		t.afterCount(l, h)
 	}
 	if missing > 0 {
 		return t.fail(r, ReasonOffloadUnknown, first, missing)
@@ -820,9 +928,11 @@ func (t *Tree) Remove(r Rank, rm Removed) error {
 	lk := t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for _, x := range rm.Hashes {
-		l, ok := lk[x]
+		xr, ok := lk[x]
 		h := -1
+		var l loc
 		if ok {
+			l = t.locOf(xr)
 			h = t.holderIndex(l.node, rid)
 		}
 		if h < 0 || t.tierCount(l.node, h, l.pos, rm.Tier) == 0 {
@@ -833,7 +943,7 @@ func (t *Tree) Remove(r Rank, rm Removed) error {
 			continue
 		}
 		if !t.decCount(l.node, h, l.pos, rm.Tier) {
-			t.fixRuns(l.node, h)
+			t.updateRun(l.node, h, l.pos)
 			continue
 		}
 		t.dropBlock(rid, l, h)
@@ -858,14 +968,15 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 		n.cnt = n.cnt[:L-1]
 		t.entries--
 		t.blocks--
-		t.fixRuns(id, 0)
+		n.hold[0].dev = min(n.hold[0].dev, L-1)
+		n.hold[0].host = min(n.hold[0].host, L-1)
 		return
 	}
 	if l.pos+1 < L {
-		t.split(id, int(l.pos)+1)
+		id, _ = t.split(id, int(l.pos)+1)
 	}
 	if l.pos > 0 {
-		id = t.split(id, int(l.pos))
+		_, id = t.split(id, int(l.pos))
 	}
 	t.removeHolder(id, t.holderIndex(id, rid))
 	if len(t.nodes[id].hold) == 0 && t.nodes[id].nchild == 0 {
@@ -945,7 +1056,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 	if !ok {
 		return dst
 	}
-	var buf [32]active
+	var buf [128]active // on the stack; more ranks on the first edge spill to the heap
 	act := buf[:0]
 	var clock uint32
 	if t.trackLRU {
@@ -1017,4 +1128,16 @@ func (t *Tree) emit(dst []Overlap, a active) []Overlap {
 		return dst
 	}
 	return append(dst, Overlap{Rank: t.ranks[a.rid].rank, Device: a.dev, Host: a.host, Disk: a.any})
+}
+
+// appendGrow appends v, growing a full slice by a quarter rather than
+// doubling it: edges extended one decoded block at a time would otherwise
+// keep up to half their capacity unused.
+func appendGrow[T any](s []T, v T) []T {
+	if len(s) == cap(s) {
+		ns := make([]T, len(s), len(s)+len(s)/4+4)
+		copy(ns, s)
+		s = ns
+	}
+	return append(s, v)
 }
