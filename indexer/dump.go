@@ -74,14 +74,14 @@ func (t *Tree) Dump() *Snapshot {
 			s.Structural = append(s.Structural, DumpNode{Node: id, ParentNode: n.parent, Hashes: append([]uint64(nil), n.hashes...)})
 			continue
 		}
-		L := len(n.hashes)
+		H := len(n.hold)
 		for h := range n.hold {
 			hd := &n.hold[h]
 			rank := t.ranks[hd.rid].rank
 			var ev *DumpEvent
-			for j := 0; j < L; j++ {
+			for j := 0; j < int(hd.cut); j++ {
 				var b DumpBlock
-				b.Hash, b.TokensHash = n.ext[h*L+j], n.hashes[j]
+				b.Hash, b.TokensHash = n.ext[j*H+h], n.hashes[j]
 				best := Tier(NumTiers)
 				for tier := Tier(NumTiers - 1); ; tier-- {
 					b.Counts[tier] = t.tierCount(id, h, uint32(j), tier)
@@ -97,7 +97,7 @@ func (t *Tree) Dump() *Snapshot {
 					if j == 0 {
 						e.ParentHash, e.HasParent = hd.pext, hd.hasP
 					} else {
-						e.ParentHash, e.HasParent = n.ext[h*L+j-1], true
+						e.ParentHash, e.HasParent = n.ext[(j-1)*H+h], true
 					}
 					s.Events = append(s.Events, e)
 					ev = &s.Events[len(s.Events)-1]
@@ -235,36 +235,46 @@ func Restore(s *Snapshot) (*Tree, error) {
 			t.nodes[nid].hold[h].pext, t.nodes[nid].hold[h].hasP = ev.ParentHash, ev.HasParent
 		}
 		lk := t.ranks[rid].lookup
-		L := len(t.nodes[nid].hashes)
+		n := &t.nodes[nid]
+		H := len(n.hold)
 		for j, b := range ev.Blocks {
 			pos := int(ev.Offset) + j
+			if pos != int(n.hold[h].cut) {
+				return nil, fmt.Errorf("restore: rank %v holds node %d from position %d, not a prefix", ev.Rank, ev.Node, pos)
+			}
 			if _, dup := lk[b.Hash]; dup {
 				return nil, fmt.Errorf("restore: rank %v holds hash %#x twice", ev.Rank, b.Hash)
 			}
-			lk[b.Hash] = ref{nid, t.nodes[nid].depth + uint32(pos)}
-			n := &t.nodes[nid]
-			n.ext[h*L+pos] = b.Hash
+			i := pos*H + h
+			n.ext[i] = b.Hash
 			for tier, c := range b.Counts {
 				if c > 0xff {
 					t.overflow[ovKey{rid, Tier(tier), b.Hash}] = c - 0xff
 					c = 0xff
 				}
-				n.cnt[h*L+pos] |= c << (8 * tier)
+				n.cnt[i] |= c << (8 * tier)
 			}
-			if n.cnt[h*L+pos] == 0 {
+			if n.cnt[i] == 0 {
 				return nil, fmt.Errorf("restore: rank %v block %#x has no copies", ev.Rank, b.Hash)
 			}
+			lk[b.Hash] = ref{nid, n.depth + uint32(pos)}
+			n.hold[h].cut++
+			t.entries++
 		}
 	}
 	for id := 1; id < len(t.nodes); id++ {
 		n := &t.nodes[id]
+		longest := uint32(0)
 		for h := range n.hold {
-			for j, x := range n.ext[h*len(n.hashes) : (h+1)*len(n.hashes)] {
-				if r, ok := t.ranks[n.hold[h].rid].lookup[x]; !ok || r != (ref{uint32(id), n.depth + uint32(j)}) {
-					return nil, fmt.Errorf("restore: rank %v does not hold all of node %d", t.ranks[n.hold[h].rid].rank, id)
-				}
+			if n.hold[h].cut == 0 {
+				return nil, fmt.Errorf("restore: rank %v holds nothing of node %d", t.ranks[n.hold[h].rid].rank, id)
 			}
-			t.fixRuns(uint32(id), h)
+			longest = max(longest, n.hold[h].cut)
+			n.hold[h].dev = n.runFrom(h, maskDevice)
+			n.hold[h].host = n.runFrom(h, maskHost)
+		}
+		if n.nchild == 0 && longest != uint32(len(n.hashes)) {
+			return nil, fmt.Errorf("restore: leaf node %d has %d blocks no rank holds", id, uint32(len(n.hashes))-longest)
 		}
 	}
 	return t, nil

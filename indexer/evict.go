@@ -33,7 +33,7 @@ func (t *Tree) Evict(target int) int {
 			for len(n.hold) > 0 {
 				t.removeHolder(id, len(n.hold)-1)
 			}
-			t.prune(id)
+			t.tidy(id)
 		}
 		t.sortBuf = cand
 	}

@@ -110,13 +110,16 @@ func canonical(t *Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark)
 	walk = func(id uint32) {
 		n := &t.nodes[id]
 		base := paths[n.parent]
-		L := len(n.hashes)
+		L, H := len(n.hashes), len(n.hold)
 		for j := range n.hashes {
 			p := base + fmt.Sprintf("/%x", n.hashes[j])
 			if j == L-1 {
 				paths[id] = p
 			}
 			for h := range n.hold {
+				if j >= int(n.hold[h].cut) {
+					continue
+				}
 				r := t.ranks[n.hold[h].rid].rank
 				if out[r] == nil {
 					out[r] = map[uint64]canonEntry{}
@@ -126,7 +129,7 @@ func canonical(t *Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark)
 				for tier := Tier(0); tier < NumTiers; tier++ {
 					e.counts[tier] = t.tierCount(id, h, uint32(j), tier)
 				}
-				out[r][n.ext[h*L+j]] = e
+				out[r][n.ext[j*H+h]] = e
 			}
 			base = p
 		}

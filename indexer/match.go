@@ -1,0 +1,96 @@
+package indexer
+
+import "sync/atomic"
+
+type active struct {
+	rid            uint32
+	dev, host, any uint32
+	devOn, hostOn  bool
+}
+
+// Match appends to dst the overlap of every rank that holds at least the
+// first block of the query q (local block hashes), in blocks. A rank's run
+// ends at the first block it does not hold. Match does not modify the tree
+// except for LRU stamps (atomically), so concurrent Match calls are safe.
+func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
+	if len(q) == 0 {
+		return dst
+	}
+	id, ok := t.children[childKey{0, q[0]}]
+	if !ok {
+		return dst
+	}
+	var buf [128]active // on the stack; more ranks on the first edge spill to the heap
+	act := buf[:0]
+	var clock uint32
+	if t.trackLRU {
+		clock = atomic.LoadUint32(&t.clock)
+	}
+	depth := 0
+	for first := true; ; first = false {
+		n := &t.nodes[id]
+		if t.trackLRU && atomic.LoadUint32(&n.stamp) != clock {
+			atomic.StoreUint32(&n.stamp, clock)
+		}
+		L := len(n.hashes)
+		rest := q[depth:]
+		k := 1
+		for lim := min(L, len(rest)); k < lim && n.hashes[k] == rest[k]; k++ {
+		}
+		full := k == L
+		if first {
+			for _, hd := range n.hold {
+				act = append(act, active{rid: hd.rid, devOn: true, hostOn: true})
+			}
+		}
+		w, hi := 0, 0
+		for _, a := range act {
+			for hi < len(n.hold) && n.hold[hi].rid < a.rid {
+				hi++
+			}
+			if hi == len(n.hold) || n.hold[hi].rid != a.rid {
+				dst = t.emit(dst, a)
+				continue
+			}
+			hd := &n.hold[hi]
+			if a.devOn {
+				d := min(hd.dev, uint32(k))
+				a.dev += d
+				a.devOn = full && d == uint32(L)
+			}
+			if a.hostOn {
+				d := min(hd.host, uint32(k))
+				a.host += d
+				a.hostOn = full && d == uint32(L)
+			}
+			c := min(hd.cut, uint32(k))
+			a.any += c
+			if !full || c < uint32(L) {
+				dst = t.emit(dst, a)
+				continue
+			}
+			act[w] = a
+			w++
+		}
+		act = act[:w]
+		depth += k
+		if !full || len(act) == 0 || depth == len(q) {
+			break
+		}
+		id, ok = t.children[childKey{id, q[depth]}]
+		if !ok {
+			break
+		}
+	}
+	for _, a := range act {
+		dst = t.emit(dst, a)
+	}
+	return dst
+}
+
+func (t *Tree) emit(dst []Overlap, a active) []Overlap {
+	if a.any == 0 {
+		return dst
+	}
+	return append(dst, Overlap{Rank: t.ranks[a.rid].rank, Device: a.dev, Host: a.host, Disk: a.any})
+}
