@@ -47,6 +47,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	// Register serve, demo, etc. here.
 	root.AddCommand(
 		newVersionCommand(),
+		newIndexDemoCommand(),
 	)
 	return root
 }
