@@ -1,6 +1,7 @@
 package indexer_test
 
 import (
+	"cmp"
 	"fmt"
 	"runtime"
 	"slices"
@@ -70,26 +71,13 @@ func checkLong(t *indexer.Tree, w *workload.Workload) error {
 			got = append(got, workload.Hold{Rank: o.Rank, Blocks: int(o.Disk)})
 		}
 		slices.SortFunc(got, func(a, b workload.Hold) int {
-			if a.Rank.WorkerID != b.Rank.WorkerID {
-				return cmpU64(a.Rank.WorkerID, b.Rank.WorkerID)
-			}
-			return cmpU64(uint64(a.Rank.DPRank), uint64(b.Rank.DPRank))
+			return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
 		})
 		if !slices.Equal(got, p.Holders) {
 			return fmt.Errorf("long prompt %d: Match %v, want %v", i, got, p.Holders)
 		}
 	}
 	return nil
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func longTokens(w *workload.Workload) [][]uint32 {

@@ -24,17 +24,23 @@ func (t *Tree) allocNode(parent uint32, hashes []uint64) uint32 {
 // allocNodeUnlinked returns a fresh node; its blocks are not counted (the
 // caller moves them from another node).
 func (t *Tree) allocNodeUnlinked(hashes []uint64) uint32 {
-	var id uint32
-	if n := len(t.free); n > 0 {
-		id = t.free[n-1]
-		t.free = t.free[:n-1]
-	} else {
-		id = uint32(len(t.nodes))
-		t.nodes = append(t.nodes, node{})
-	}
+	id := allocSlot(&t.nodes, &t.free)
 	t.nodes[id] = node{hashes: hashes, live: true}
 	t.nnodes++
 	return id
+}
+
+// allocSlot returns a free index of *s, reusing one from *free or growing
+// *s by one zero element.
+func allocSlot[T any](s *[]T, free *[]uint32) uint32 {
+	if n := len(*free); n > 0 {
+		id := (*free)[n-1]
+		*free = (*free)[:n-1]
+		return id
+	}
+	var zero T
+	*s = append(*s, zero)
+	return uint32(len(*s) - 1)
 }
 
 // link makes id a child of parent (id's hashes must be set).

@@ -247,14 +247,7 @@ func (t *Tree) rankID(r Rank) uint32 {
 	if rid, ok := t.rankIDs[r]; ok {
 		return rid
 	}
-	var rid uint32
-	if n := len(t.freeRanks); n > 0 {
-		rid = t.freeRanks[n-1]
-		t.freeRanks = t.freeRanks[:n-1]
-	} else {
-		rid = uint32(len(t.ranks))
-		t.ranks = append(t.ranks, rankState{})
-	}
+	rid := allocSlot(&t.ranks, &t.freeRanks)
 	t.ranks[rid] = rankState{rank: r, lookup: make(map[uint64]ref)}
 	t.rankIDs[r] = rid
 	return rid

@@ -8,6 +8,7 @@
 package indexdemo
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -320,21 +321,8 @@ func sameAsTruth(got []indexer.Overlap, want []workload.Hold) bool {
 
 func sortOverlaps(s []indexer.Overlap) {
 	slices.SortFunc(s, func(a, b indexer.Overlap) int {
-		if a.Rank.WorkerID != b.Rank.WorkerID {
-			return cmpU64(a.Rank.WorkerID, b.Rank.WorkerID)
-		}
-		return cmpU64(uint64(a.Rank.DPRank), uint64(b.Rank.DPRank))
+		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
 	})
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func pct(d []time.Duration, p int) time.Duration {
