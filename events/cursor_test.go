@@ -1,0 +1,201 @@
+package events
+
+import (
+	"bufio"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor scenario files")
+
+// TestCursorScenarios runs every testdata/cursor/*.txt scenario: each
+// command drives the Cursor, and the block under "----" is the actions it
+// must return followed by its state. Run with -rewrite to regenerate.
+//
+// Commands (times in ms since the start, kept until changed):
+//
+//	config replay=true|false seqbase=N maxbuf=N maxbytes=N attempts=N deadline=MS backoff=MS
+//	connect [t=MS]          disconnect
+//	live seq=N [p=PAYLOAD] [t=MS]        (default payload "b<seq>")
+//	rbatch seq=N [p=PAYLOAD] [a=N] [t=MS]  a replay batch message of attempt a (default: the latest)
+//	rend [a=N] [t=MS]                      the replay end marker
+//	rfail [a=N] [t=MS]                     the attempt ended incomplete (timeout, EOF)
+//	cleared                              the last applied batch held AllBlocksCleared
+//	stats
+func TestCursorScenarios(t *testing.T) {
+	files, err := filepath.Glob("testdata/cursor/*.txt")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no scenarios: %v", err)
+	}
+	for _, f := range files {
+		t.Run(filepath.Base(f), func(t *testing.T) { runScenario(t, f) })
+	}
+}
+
+type scenario struct {
+	c   *Cursor
+	t0  time.Time
+	now time.Time
+}
+
+func runScenario(t *testing.T, path string) {
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out strings.Builder
+	sc := &scenario{t0: time.Unix(1_000_000, 0)}
+	sc.now = sc.t0
+	sc.c = NewCursor(CursorConfig{HasReplay: true})
+	lines := bufio.NewScanner(strings.NewReader(string(raw)))
+	lineNo := 0
+	next := func() (string, bool) {
+		if !lines.Scan() {
+			return "", false
+		}
+		lineNo++
+		return lines.Text(), true
+	}
+	commands := 0
+	for {
+		line, ok := next()
+		if !ok {
+			break
+		}
+		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+			out.WriteString(line + "\n")
+			continue
+		}
+		cmdLine := lineNo
+		var want []string
+		sep, ok := next()
+		if !ok || sep != "----" {
+			t.Fatalf("%s:%d: command %q not followed by ----", path, cmdLine, line)
+		}
+		for {
+			l, ok := next()
+			if !ok || l == "" {
+				break
+			}
+			want = append(want, l)
+		}
+		got := sc.do(t, path, cmdLine, line)
+		commands++
+		out.WriteString(line + "\n----\n")
+		for _, g := range got {
+			out.WriteString(g + "\n")
+		}
+		out.WriteString("\n")
+		if !*rewrite && strings.Join(got, "\n") != strings.Join(want, "\n") {
+			t.Errorf("%s:%d: %s\n got:\n  %s\n want:\n  %s", path, cmdLine, line,
+				strings.Join(got, "\n  "), strings.Join(want, "\n  "))
+		}
+	}
+	if commands == 0 {
+		t.Fatalf("%s: no commands", path)
+	}
+	if *rewrite {
+		if err := os.WriteFile(path, []byte(strings.TrimRight(out.String(), "\n")+"\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []string {
+	fields := strings.Fields(line)
+	args := map[string]string{}
+	for _, f := range fields[1:] {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok {
+			t.Fatalf("%s:%d: argument %q is not key=value", path, lineNo, f)
+		}
+		args[k] = v
+	}
+	num := func(k string, def uint64) uint64 {
+		v, ok := args[k]
+		if !ok {
+			return def
+		}
+		n, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("%s:%d: %s=%q: %v", path, lineNo, k, v, err)
+		}
+		return n
+	}
+	if _, ok := args["t"]; ok {
+		sc.now = sc.t0.Add(time.Duration(num("t", 0)) * time.Millisecond)
+	}
+	payload := func(seq uint64) []byte {
+		if p, ok := args["p"]; ok {
+			return []byte(p)
+		}
+		return []byte(fmt.Sprintf("b%d", seq))
+	}
+	var acts []Action
+	switch fields[0] {
+	case "config":
+		cfg := CursorConfig{
+			HasReplay:        args["replay"] != "false",
+			SeqBase:          num("seqbase", 0),
+			MaxBuffered:      int(num("maxbuf", 0)),
+			MaxBufferedBytes: int(num("maxbytes", 0)),
+			MaxAttempts:      int(num("attempts", 0)),
+			Deadline:         time.Duration(num("deadline", 0)) * time.Millisecond,
+			Backoff:          time.Duration(num("backoff", 0)) * time.Millisecond,
+		}
+		sc.c = NewCursor(cfg)
+		return nil
+	case "connect":
+		acts = sc.c.Connected(sc.now)
+	case "disconnect":
+		acts = sc.c.Disconnected()
+	case "live":
+		seq := num("seq", 0)
+		acts = sc.c.Live(seq, payload(seq), sc.now)
+	case "rbatch":
+		seq := num("seq", 0)
+		acts = sc.c.ReplayBatch(num("a", sc.c.Attempt()), seq, payload(seq), sc.now)
+	case "rend":
+		acts = sc.c.ReplayEnd(num("a", sc.c.Attempt()), sc.now)
+	case "rfail":
+		acts = sc.c.ReplayIncomplete(num("a", sc.c.Attempt()), sc.now)
+	case "cleared":
+		sc.c.ObserveCleared()
+	case "stats":
+		s := sc.c.Stats()
+		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d lost=%d peak=%d",
+			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.LostHistory, s.BufferedAtPeak)}
+	default:
+		t.Fatalf("%s:%d: unknown command %q", path, lineNo, fields[0])
+	}
+	var got []string
+	for _, a := range acts {
+		s := a.String()
+		if a.Kind == ActApply && string(a.Payload) != fmt.Sprintf("b%d", a.Seq) {
+			s += " p=" + string(a.Payload)
+		}
+		if a.Kind == ActReplay && !a.At.Equal(sc.now) {
+			s += " after=" + a.At.Sub(sc.now).String()
+		}
+		got = append(got, s)
+	}
+	return append(got, sc.state())
+}
+
+func (sc *scenario) state() string {
+	c := sc.c
+	applied, live := "-", "-"
+	if s, ok := c.Applied(); ok {
+		applied = strconv.FormatUint(s, 10)
+	}
+	if s, ok := c.LastLive(); ok {
+		live = strconv.FormatUint(s, 10)
+	}
+	return fmt.Sprintf("state: mode=%v applied=%s live=%s degraded=%v buffered=%d", c.Mode(), applied, live, c.Degraded(), c.Buffered())
+}
