@@ -124,6 +124,7 @@ type CursorStats struct {
 	Incomplete     uint64 // attempts that ended without the end marker (timeout, EOF, hole)
 	Overflows      uint64 // live buffer overflowed during a replay
 	Verified       uint64 // reconnects whose last applied batch the engine confirmed
+	Probes         uint64 // replays asked for by Probe on a quiet stream
 	LostHistory    uint64 // times the rank was reset and marked degraded
 	BufferedAtPeak int    // most live batches held at once
 }
@@ -233,6 +234,36 @@ func (c *Cursor) Disconnected() []Action {
 // ObserveCleared is called after applying a batch that contained
 // AllBlocksCleared: the rank's state is exact again.
 func (c *Cursor) ObserveCleared() { c.degraded = false }
+
+// Probe is called when the live socket has been quiet for a while: a PUB
+// drops silently, and a lost last batch leaves no gap to see until the
+// engine publishes again, which an idle engine may never do. Probe asks
+// for a replay from the next expected seq; an engine with nothing new
+// answers with the end marker alone.
+func (c *Cursor) Probe(now time.Time) []Action {
+	c.out = c.out[:0]
+	if c.mode != ModeLive || !c.cfg.HasReplay {
+		return c.out
+	}
+	c.stats.Probes++
+	from := c.cfg.SeqBase
+	if c.hasApplied {
+		from = c.applied + 1
+	}
+	c.startSession(now, from, ModeReplay)
+	return c.out
+}
+
+// Corrupt is called when an applied batch could not be decoded: whatever
+// it removed may still be indexed, so the rank is reset and degraded. The
+// stream carries on after that seq.
+func (c *Cursor) Corrupt() []Action {
+	c.out = c.out[:0]
+	c.stats.LostHistory++
+	c.emit(Action{Kind: ActReset})
+	c.degraded = true
+	return c.out
+}
 
 // Live handles a batch received on the live socket.
 func (c *Cursor) Live(seq uint64, payload []byte, now time.Time) []Action {

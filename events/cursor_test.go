@@ -27,6 +27,8 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	rend [a=N] [t=MS]                      the replay end marker
 //	rfail [a=N] [t=MS]                     the attempt ended incomplete (timeout, EOF)
 //	cleared                              the last applied batch held AllBlocksCleared
+//	corrupt                              the last applied batch could not be decoded
+//	probe [t=MS]                         the live socket has been quiet
 //	stats
 func TestCursorScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/cursor/*.txt")
@@ -167,10 +169,14 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		acts = sc.c.ReplayIncomplete(num("a", sc.c.Attempt()), sc.now)
 	case "cleared":
 		sc.c.ObserveCleared()
+	case "corrupt":
+		acts = sc.c.Corrupt()
+	case "probe":
+		acts = sc.c.Probe(sc.now)
 	case "stats":
 		s := sc.c.Stats()
-		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d lost=%d peak=%d",
-			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.LostHistory, s.BufferedAtPeak)}
+		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d lost=%d probes=%d peak=%d",
+			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.LostHistory, s.Probes, s.BufferedAtPeak)}
 	default:
 		t.Fatalf("%s:%d: unknown command %q", path, lineNo, fields[0])
 	}

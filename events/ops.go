@@ -81,3 +81,23 @@ func AppendOps(dst []indexer.Op, b *Batch, filtered *[NumFilters]uint64) []index
 	}
 	return dst
 }
+
+// mediumOf is the medium string an engine would send for tier t.
+var mediumOf = [indexer.NumTiers]string{"GPU", "CPU", "DISK", "EXTERNAL"}
+
+// EventFromOp returns the engine event that AppendOps turns into op: what
+// a test publisher or the mocker sends for an index mutation. Slices are
+// shared with op. A store's LoRA and namespace salt cannot be recovered
+// from its seed, so the event carries none: use only unsalted stores.
+func EventFromOp(op indexer.Op) Event {
+	switch op.Kind {
+	case indexer.OpStore:
+		s := op.Store
+		return Event{Kind: KindBlockStored, BlockHashes: s.Hashes, ParentHash: s.Parent, HasParent: s.HasParent,
+			TokenIDs: s.Tokens, BlockSize: s.BlockSize, Medium: mediumOf[s.Tier],
+			GroupIdx: 0, HasGroupIdx: true, KVCacheSpecKind: "full_attention"}
+	case indexer.OpRemove:
+		return Event{Kind: KindBlockRemoved, BlockHashes: op.Remove.Hashes, Medium: mediumOf[op.Remove.Tier]}
+	}
+	return Event{Kind: KindAllBlocksCleared}
+}

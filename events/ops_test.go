@@ -1,6 +1,7 @@
 package events
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/prefixd/prefixd/indexer"
@@ -109,6 +110,25 @@ func TestDecodedVectorsApply(t *testing.T) {
 		}
 		if c, ok := tr.Holds(r, 0xFEDCBA9876543210); !ok || c[indexer.TierDevice] != 1 {
 			t.Fatalf("%s: engine hash H not held: %v", era, c)
+		}
+	}
+}
+
+// TestEventFromOpRoundTrip: AppendOps(EventFromOp(op)) gives op back, for
+// every kind and tier.
+func TestEventFromOpRoundTrip(t *testing.T) {
+	ops := []indexer.Op{
+		{Kind: indexer.OpStore, Store: indexer.Stored{Parent: 3, HasParent: true, Hashes: []uint64{4, 5}, Tokens: []uint32{1, 2, 3, 4}, BlockSize: 2, Tier: indexer.TierDevice, Seed: indexer.BaseSeed}},
+		{Kind: indexer.OpClear},
+	}
+	for tier := indexer.Tier(0); tier < indexer.NumTiers; tier++ {
+		ops = append(ops, indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: []uint64{9}, Tier: tier}})
+	}
+	for _, op := range ops {
+		b := &Batch{Events: []Event{EventFromOp(op)}}
+		got := AppendOps(nil, b, nil)
+		if len(got) != 1 || fmt.Sprint(got[0]) != fmt.Sprint(op) {
+			t.Fatalf("round trip of %+v gave %+v", op, got)
 		}
 	}
 }

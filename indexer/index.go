@@ -296,3 +296,16 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	seq, ok := p.tree.Watermark(r)
 	return RankState{Blocks: p.tree.RankBlocks(r), Watermark: seq, HasSeq: ok}, nil
 }
+
+// Read runs f on partition k's tree under the read lock, for inspection
+// (tests, status tools). f must not keep the tree or modify it.
+func (ix *Index) Read(k PartitionKey, f func(t *Tree)) error {
+	p, err := ix.partition(k)
+	if err != nil {
+		return err
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	f(p.tree)
+	return nil
+}

@@ -277,21 +277,10 @@ func Encode(w *workload.Workload, era events.Era) ([]Payload, int, error) {
 		}
 		cur.Rank = ev.Rank
 		batch.TS, batch.DPRank, batch.HasDPRank = 0, int32(ev.Rank.DPRank), true
-		e := events.Event{Medium: "GPU"}
-		switch ev.Op.Kind {
-		case indexer.OpStore:
-			s := ev.Op.Store
-			e.Kind, e.BlockHashes, e.ParentHash, e.HasParent = events.KindBlockStored, s.Hashes, s.Parent, s.HasParent
-			e.TokenIDs, e.BlockSize = s.Tokens, s.BlockSize
-			e.GroupIdx, e.HasGroupIdx, e.KVCacheSpecKind = 0, true, "full_attention"
-			cur.Blocks += len(s.Hashes)
-		case indexer.OpRemove:
-			e.Kind, e.BlockHashes = events.KindBlockRemoved, ev.Op.Remove.Hashes
-			cur.Blocks += len(ev.Op.Remove.Hashes)
-		case indexer.OpClear:
-			e = events.Event{Kind: events.KindAllBlocksCleared}
+		batch.Events = append(batch.Events, events.EventFromOp(ev.Op))
+		for _, h := range [][]uint64{ev.Op.Store.Hashes, ev.Op.Remove.Hashes} {
+			cur.Blocks += len(h)
 		}
-		batch.Events = append(batch.Events, e)
 	}
 	if err := flush(); err != nil {
 		return nil, 0, err

@@ -1,0 +1,47 @@
+package events
+
+import (
+	"sync"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// IndexApplier applies batches to one partition of an indexer.Index: it
+// converts each batch with AppendOps and records the batch seq as the
+// rank's watermark. Safe for concurrent use by several Subscribers.
+type IndexApplier struct {
+	Index     *indexer.Index
+	Partition indexer.PartitionKey
+
+	mu       sync.Mutex // guards ops, filtered and skipped
+	ops      []indexer.Op
+	filtered [NumFilters]uint64
+	skipped  [indexer.NumReasons]uint64
+}
+
+var _ Applier = (*IndexApplier)(nil)
+
+// ApplyBatch implements Applier.
+func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq uint64, b *Batch) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
+	res, err := a.Index.Apply(a.Partition, r, seq, a.ops)
+	for i, n := range res.Skipped {
+		a.skipped[i] += n
+	}
+	return err
+}
+
+// ResetRank implements Applier.
+func (a *IndexApplier) ResetRank(r indexer.Rank) error {
+	return a.Index.Clear(a.Partition, r)
+}
+
+// Counts returns the events filtered out and the blocks the index skipped,
+// by reason, since the applier was made.
+func (a *IndexApplier) Counts() (filtered [NumFilters]uint64, skipped [indexer.NumReasons]uint64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.filtered, a.skipped
+}

@@ -1,0 +1,558 @@
+package events
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// Source is one engine publisher: the live socket of one worker rank.
+type Source struct {
+	Worker uint64
+	Rank   uint32 // the rank this socket belongs to
+	// Ranks are the worker's registered dp ranks. A batch stamped with
+	// another rank is applied under that rank only if it is one of these;
+	// otherwise it is dropped and counted. Empty means just Rank.
+	Ranks          []uint32
+	Endpoint       string // ZMQ PUB address to dial
+	ReplayEndpoint string // ZMQ ROUTER address; "" when the engine has none
+	Topic          string // topic prefix to subscribe to ("" = everything)
+	SeqBase        uint64 // first seq of an incarnation (0 for vLLM)
+}
+
+func (s Source) rank() indexer.Rank { return indexer.Rank{WorkerID: s.Worker, DPRank: s.Rank} }
+
+func (s Source) registered(r uint32) bool {
+	if r == s.Rank {
+		return true
+	}
+	for _, x := range s.Ranks {
+		if x == r {
+			return true
+		}
+	}
+	return false
+}
+
+// Applier receives what a Subscriber decides: batches in seq order and
+// resets. It is declared here and implemented by the daemon's wiring (over
+// indexer.Index) and by tests. Calls for one Source come from one
+// goroutine; an Applier shared by several Subscribers must be safe for
+// concurrent use.
+type Applier interface {
+	// ApplyBatch applies one decoded batch for rank r as batch seq. The
+	// batch and its slices are only valid during the call.
+	ApplyBatch(r indexer.Rank, seq uint64, b *Batch) error
+	// ResetRank drops everything rank r holds.
+	ResetRank(r indexer.Rank) error
+}
+
+// SubscriberConfig tunes a Subscriber. Zero fields take the defaults noted.
+type SubscriberConfig struct {
+	Cursor      CursorConfig  // HasReplay and SeqBase are set from the Source
+	IdleTimeout time.Duration // a replay attempt with no message for this long is incomplete (default 3 s)
+	LiveQueue   int           // live messages queued between the socket and the applier (default 1024); a full queue drops, and the gap is replayed
+	RetryMin    time.Duration // first reconnect delay (default 100 ms), doubling
+	RetryMax    time.Duration // longest reconnect delay (default 5 s)
+	DialTimeout time.Duration // one TCP dial (default 2 s)
+	// ProbeInterval: after this long without a live batch, ask for a
+	// replay from the next expected seq, to find a last batch the PUB
+	// dropped (default 30 s; negative disables).
+	ProbeInterval time.Duration
+	Logger        *slog.Logger // default slog.Default()
+	Metrics       *Metrics     // nil: no metrics
+	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
+}
+
+func (c *SubscriberConfig) defaults() {
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 3 * time.Second
+	}
+	if c.LiveQueue <= 0 {
+		c.LiveQueue = 1024
+	}
+	if c.RetryMin <= 0 {
+		c.RetryMin = 100 * time.Millisecond
+	}
+	if c.RetryMax <= 0 {
+		c.RetryMax = 5 * time.Second
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 2 * time.Second
+	}
+	if c.ProbeInterval == 0 {
+		c.ProbeInterval = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+}
+
+// State is what a Subscriber reports about its source.
+type State struct {
+	Connected  bool
+	Mode       Mode
+	Applied    uint64
+	HasApplied bool
+	Degraded   bool
+	// Synced is true once the first replay (or, without a replay
+	// endpoint, the first live batch) has completed or failed: the rank's
+	// history is as good as it is going to get.
+	Synced bool
+	Stats  CursorStats
+}
+
+// Subscriber follows one Source: one goroutine owns its SUB socket, its
+// replay DEALER and its Cursor, and applies batches in order. Create with
+// NewSubscriber and call Run.
+type Subscriber struct {
+	src Source
+	app Applier
+	cfg SubscriberConfig
+
+	mu    sync.Mutex // guards state
+	state State
+}
+
+// NewSubscriber returns a Subscriber for src that feeds app.
+func NewSubscriber(src Source, app Applier, cfg SubscriberConfig) (*Subscriber, error) {
+	if src.Endpoint == "" {
+		return nil, fmt.Errorf("source worker %d rank %d: no endpoint", src.Worker, src.Rank)
+	}
+	if app == nil {
+		return nil, errors.New("subscriber: nil applier")
+	}
+	cfg.defaults()
+	cfg.Cursor.HasReplay = src.ReplayEndpoint != ""
+	cfg.Cursor.SeqBase = src.SeqBase
+	return &Subscriber{src: src, app: app, cfg: cfg}, nil
+}
+
+// State returns the latest state. Safe for concurrent use.
+func (s *Subscriber) State() State {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.state
+}
+
+// replayMsg is one message (or the end) of a replay attempt.
+type replayMsg struct {
+	attempt uint64
+	frames  [][]byte
+	err     error // the attempt's socket failed (EOF, dial error)
+}
+
+// run is the state of one Run: the cursor and the sockets it drives.
+type run struct {
+	s       *Subscriber
+	cur     *Cursor
+	dec     Decoder
+	batch   Batch
+	labels  [2]string
+	prev    CursorStats
+	synced  bool
+	started time.Time // replay session start, for the duration metric
+
+	replayCh     chan replayMsg
+	attemptStop  context.CancelFunc // cancels the replay attempt in flight
+	attemptWG    sync.WaitGroup
+	pending      *Action     // a replay to start when its timer fires
+	pendingTimer *time.Timer // fires at pending.At
+	idle         *time.Timer // replay idle timeout
+	probe        *time.Timer // quiet live socket
+}
+
+// Run follows the source until ctx is cancelled: it connects (retrying
+// forever with backoff while the publisher is not up), replays, applies,
+// and reconnects after EOF. It returns ctx's error, after every goroutine
+// it started has exited.
+func (s *Subscriber) Run(ctx context.Context) error {
+	r := &run{
+		s:        s,
+		cur:      NewCursor(s.cfg.Cursor),
+		labels:   [2]string{strconv.FormatUint(s.src.Worker, 10), strconv.FormatUint(uint64(s.src.Rank), 10)},
+		replayCh: make(chan replayMsg, 64),
+	}
+	r.idle = time.NewTimer(time.Hour)
+	r.idle.Stop()
+	r.pendingTimer = time.NewTimer(time.Hour)
+	r.pendingTimer.Stop()
+	r.probe = time.NewTimer(time.Hour)
+	r.probe.Stop()
+	defer r.probe.Stop()
+	defer func() {
+		r.stopReplay()
+		if m := s.cfg.Metrics; m != nil {
+			m.forget(r.labels[0], r.labels[1])
+		}
+	}()
+	delay := s.cfg.RetryMin
+	for {
+		start := time.Now()
+		err := r.connection(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if time.Since(start) > s.cfg.RetryMax {
+			delay = s.cfg.RetryMin
+		}
+		s.cfg.Logger.Debug("stream disconnected", "worker", s.src.Worker, "rank", s.src.Rank, "err", err, "retry_in", delay)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, s.cfg.RetryMax)
+	}
+}
+
+// connection dials the live socket and serves it until it fails.
+func (r *run) connection(ctx context.Context) error {
+	s := r.s
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	sub := zmq4.NewSub(cctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout))
+	defer sub.Close()
+	if err := sub.Dial(s.src.Endpoint); err != nil {
+		return err
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
+		return err
+	}
+	live := make(chan [][]byte, s.cfg.LiveQueue)
+	readErr := make(chan error, 1)
+	var readers sync.WaitGroup
+	readers.Add(1)
+	go func() {
+		defer readers.Done()
+		for {
+			msg, err := sub.Recv()
+			if err != nil {
+				readErr <- err
+				return
+			}
+			select {
+			case live <- msg.Frames:
+			default:
+				// The applier is behind: drop, and the seq gap is replayed.
+				r.drop("queue_full")
+			}
+		}
+	}()
+	defer func() {
+		cancel()
+		sub.Close()
+		readers.Wait()
+	}()
+	r.setUp(true)
+	defer r.setUp(false)
+	r.exec(ctx, r.cur.Connected(time.Now()))
+	r.resetProbe()
+	defer func() { r.exec(ctx, r.cur.Disconnected()) }()
+	if !r.s.cfg.Cursor.HasReplay {
+		r.synced = true // no replay to wait for
+		r.publish()
+	}
+	topic := []byte(s.src.Topic)
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case err := <-readErr:
+			return err
+		case frames := <-live:
+			r.resetProbe()
+			seq, payload, err := ParseLive(frames, topic)
+			if err != nil {
+				r.dropErr(err)
+				continue
+			}
+			r.exec(ctx, r.cur.Live(seq, payload, time.Now()))
+		case m := <-r.replayCh:
+			r.onReplay(ctx, m)
+		case <-r.probe.C:
+			r.exec(ctx, r.cur.Probe(time.Now()))
+			r.resetProbe()
+		case <-r.idle.C:
+			r.exec(ctx, r.cur.ReplayIncomplete(r.cur.Attempt(), time.Now()))
+		case <-r.pendingTimer.C:
+			if a := r.pending; a != nil {
+				r.pending = nil
+				r.startAttempt(ctx, *a)
+			}
+		}
+	}
+}
+
+func (r *run) onReplay(ctx context.Context, m replayMsg) {
+	if m.attempt != r.cur.Attempt() {
+		return // a stale attempt
+	}
+	now := time.Now()
+	if m.err != nil {
+		r.exec(ctx, r.cur.ReplayIncomplete(m.attempt, now))
+		return
+	}
+	r.resetIdle()
+	seq, payload, end, err := ParseReplay(m.frames)
+	switch {
+	case err != nil:
+		r.dropErr(err)
+		r.exec(ctx, r.cur.ReplayIncomplete(m.attempt, now))
+	case end:
+		r.stopReplay()
+		r.exec(ctx, r.cur.ReplayEnd(m.attempt, now))
+	default:
+		r.exec(ctx, r.cur.ReplayBatch(m.attempt, seq, payload, now))
+	}
+}
+
+// exec carries out the cursor's actions in order.
+func (r *run) exec(ctx context.Context, acts []Action) {
+	src := r.s.src
+	for i := 0; i < len(acts); i++ {
+		a := acts[i]
+		switch a.Kind {
+		case ActApply:
+			if more := r.apply(a.Seq, a.Payload); len(more) > 0 {
+				// The batch was corrupt: the cursor reset the rank. Its
+				// actions come first; the rest of this list follows.
+				rest := append([]Action(nil), acts[i+1:]...)
+				r.exec(ctx, append(append([]Action(nil), more...), rest...))
+				return
+			}
+		case ActReset:
+			if err := r.s.app.ResetRank(src.rank()); err != nil {
+				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", src.Rank, "err", err)
+			}
+		case ActReplay:
+			r.stopReplay()
+			if r.started.IsZero() {
+				r.started = time.Now()
+			}
+			if d := time.Until(a.At); d > 0 {
+				pa := a
+				r.pending = &pa
+				r.pendingTimer.Reset(d)
+			} else {
+				r.startAttempt(ctx, a)
+			}
+		case ActStopReplay:
+			r.stopReplay()
+		}
+	}
+	r.publish()
+}
+
+// apply decodes and applies one batch. A batch that cannot be decoded is
+// dropped and the cursor told: it returns the cursor's reset actions.
+func (r *run) apply(seq uint64, payload []byte) []Action {
+	src := r.s.src
+	if err := r.dec.Decode(payload, &r.batch); err != nil {
+		r.dropErr(err)
+		return r.cur.Corrupt()
+	}
+	rank := src.rank()
+	if r.batch.HasDPRank && uint32(r.batch.DPRank) != src.Rank {
+		if r.batch.DPRank < 0 || !src.registered(uint32(r.batch.DPRank)) {
+			r.drop("unknown_rank")
+			return nil
+		}
+		rank.DPRank = uint32(r.batch.DPRank)
+	}
+	if err := r.s.app.ApplyBatch(rank, seq, &r.batch); err != nil {
+		r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
+		r.drop("apply_error")
+		return nil
+	}
+	cleared := false
+	if m := r.s.cfg.Metrics; m != nil {
+		m.batches.WithLabelValues(r.labels[0], r.labels[1], "applied").Inc()
+		var stored, removed, clears float64
+		for i := range r.batch.Events {
+			switch r.batch.Events[i].Kind {
+			case KindBlockStored:
+				stored++
+			case KindBlockRemoved:
+				removed++
+			case KindAllBlocksCleared:
+				clears++
+			}
+		}
+		m.events.WithLabelValues(r.labels[0], r.labels[1], "stored").Add(stored)
+		m.events.WithLabelValues(r.labels[0], r.labels[1], "removed").Add(removed)
+		m.events.WithLabelValues(r.labels[0], r.labels[1], "cleared").Add(clears)
+		m.events.WithLabelValues(r.labels[0], r.labels[1], "unknown").Add(float64(r.batch.Unknown))
+		cleared = clears > 0
+	} else {
+		for i := range r.batch.Events {
+			cleared = cleared || r.batch.Events[i].Kind == KindAllBlocksCleared
+		}
+	}
+	if cleared {
+		r.cur.ObserveCleared()
+	}
+	return nil
+}
+
+// startAttempt opens a fresh DEALER for replay attempt a and streams its
+// messages to r.replayCh until the attempt is stopped.
+func (r *run) startAttempt(ctx context.Context, a Action) {
+	r.stopReplay()
+	actx, cancel := context.WithCancel(ctx)
+	r.attemptStop = cancel
+	r.resetIdle()
+	ep, timeout := r.s.src.ReplayEndpoint, r.s.cfg.DialTimeout
+	send := func(m replayMsg) bool {
+		select {
+		case r.replayCh <- m:
+			return true
+		case <-actx.Done():
+			return false
+		}
+	}
+	r.attemptWG.Add(1)
+	go func() {
+		defer r.attemptWG.Done()
+		d := zmq4.NewDealer(actx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
+		defer d.Close()
+		if err := d.Dial(ep); err != nil {
+			send(replayMsg{attempt: a.Attempt, err: err})
+			return
+		}
+		if err := d.SendMulti(zmq4.NewMsgFrom(ReplayRequest(a.From)...)); err != nil {
+			send(replayMsg{attempt: a.Attempt, err: err})
+			return
+		}
+		stop := context.AfterFunc(actx, func() { d.Close() }) // unblocks Recv
+		defer stop()
+		for {
+			msg, err := d.Recv()
+			if err != nil {
+				send(replayMsg{attempt: a.Attempt, err: err})
+				return
+			}
+			if !send(replayMsg{attempt: a.Attempt, frames: msg.Frames}) {
+				return
+			}
+		}
+	}()
+}
+
+// stopReplay abandons the replay attempt in flight (and a pending one).
+func (r *run) stopReplay() {
+	r.pending = nil
+	r.pendingTimer.Stop()
+	r.idle.Stop()
+	if r.attemptStop != nil {
+		r.attemptStop()
+		r.attemptStop = nil
+	}
+	r.attemptWG.Wait()
+	// Drain what the abandoned attempt queued; it is stale.
+	for {
+		select {
+		case <-r.replayCh:
+		default:
+			return
+		}
+	}
+}
+
+func (r *run) resetProbe() {
+	r.probe.Stop()
+	if d := r.s.cfg.ProbeInterval; d > 0 && r.s.cfg.Cursor.HasReplay {
+		r.probe.Reset(d)
+	}
+}
+
+func (r *run) resetIdle() {
+	r.idle.Stop()
+	r.idle.Reset(r.s.cfg.IdleTimeout)
+}
+
+func (r *run) dropErr(err error) {
+	var fe *FrameError
+	var de *DecodeError
+	switch {
+	case errors.As(err, &fe):
+		r.drop(fe.Reason)
+	case errors.As(err, &de):
+		r.drop("malformed_" + de.Reason)
+	default:
+		r.drop("error")
+	}
+}
+
+func (r *run) drop(reason string) {
+	if m := r.s.cfg.Metrics; m != nil {
+		m.dropped.WithLabelValues(r.labels[0], r.labels[1], reason).Inc()
+	}
+}
+
+func (r *run) setUp(up bool) {
+	r.s.mu.Lock()
+	r.s.state.Connected = up
+	r.s.mu.Unlock()
+	if m := r.s.cfg.Metrics; m != nil {
+		v := 0.0
+		if up {
+			v = 1
+		}
+		m.up.WithLabelValues(r.labels[0], r.labels[1]).Set(v)
+	}
+}
+
+// publish refreshes State and the metrics after cursor calls.
+func (r *run) publish() {
+	c := r.cur
+	st := c.Stats()
+	if !r.synced && c.Mode() == ModeLive {
+		r.synced = true
+	}
+	if m := r.s.cfg.Metrics; m != nil {
+		w, k := r.labels[0], r.labels[1]
+		m.gaps.WithLabelValues(w, k).Add(float64(st.Gaps - r.prev.Gaps))
+		m.restarts.WithLabelValues(w, k).Add(float64(st.Restarts - r.prev.Restarts))
+		m.replays.WithLabelValues(w, k, "ok").Add(float64(st.ReplaysOK - r.prev.ReplaysOK))
+		m.replays.WithLabelValues(w, k, "partial").Add(float64(st.Incomplete - r.prev.Incomplete))
+		m.replays.WithLabelValues(w, k, "failed").Add(float64(st.ReplaysFailed - r.prev.ReplaysFailed))
+		m.batches.WithLabelValues(w, k, "duplicate").Add(float64(st.Duplicates - r.prev.Duplicates))
+		if n := st.Overflows - r.prev.Overflows; n > 0 {
+			m.dropped.WithLabelValues(w, k, "buffer_overflow").Add(float64(n))
+		}
+		if seq, ok := c.Applied(); ok {
+			m.lastSeq.WithLabelValues(w, k).Set(float64(seq))
+		}
+		d := 0.0
+		if c.Degraded() {
+			d = 1
+		}
+		m.degraded.WithLabelValues(w, k).Set(d)
+		if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) && !r.started.IsZero() {
+			m.replayTime.Observe(time.Since(r.started).Seconds())
+		}
+	}
+	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == ModeLive {
+		r.started = time.Time{}
+	}
+	r.prev = st
+	seq, ok := c.Applied()
+	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
+		Degraded: c.Degraded(), Synced: r.synced, Stats: st}
+	r.s.mu.Lock()
+	changed := next != r.s.state
+	r.s.state = next
+	r.s.mu.Unlock()
+	if changed && r.s.cfg.OnStateChange != nil {
+		r.s.cfg.OnStateChange(next)
+	}
+}

@@ -1,0 +1,459 @@
+package events
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/indexer/workload"
+)
+
+// e2eEngine is one simulated engine rank: a real Publisher on loopback,
+// the engine's true cache (every op it published, applied to a tree), and
+// the engine hashes it ever published (to check the index against).
+type e2eEngine struct {
+	t      *testing.T
+	rank   indexer.Rank
+	cfg    PublisherConfig
+	pub    *Publisher
+	stop   context.CancelFunc
+	done   chan error
+	truth  *indexer.Tree
+	hashes map[uint64]bool
+	enc    Encoder
+	last   uint64 // last seq published
+}
+
+func startEngine(t *testing.T, rank indexer.Rank, cfg PublisherConfig) *e2eEngine {
+	t.Helper()
+	e := &e2eEngine{t: t, rank: rank, cfg: cfg, truth: indexer.NewTree(16), hashes: map[uint64]bool{}}
+	e.start()
+	t.Cleanup(e.shutdown)
+	return e
+}
+
+func (e *e2eEngine) start() {
+	e.t.Helper()
+	pub, err := NewPublisher(e.cfg)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e.pub, e.stop, e.done = pub, cancel, make(chan error, 1)
+	go func() { e.done <- pub.Run(ctx) }()
+	select {
+	case <-pub.Ready():
+	case err := <-e.done:
+		e.t.Fatalf("publisher: %v", err)
+	case <-time.After(10 * time.Second):
+		e.t.Fatal("publisher not ready")
+	}
+	// A restarted engine binds the same ports.
+	e.cfg.Endpoint, e.cfg.ReplayEndpoint = pub.Endpoint(), pub.ReplayEndpoint()
+}
+
+func (e *e2eEngine) shutdown() {
+	if e.stop != nil {
+		e.stop()
+		<-e.done
+		e.stop = nil
+	}
+}
+
+// processRestart stops the engine's sockets and starts a new incarnation
+// on the same ports with an empty cache.
+func (e *e2eEngine) processRestart() {
+	e.shutdown()
+	e.truth = indexer.NewTree(16)
+	e.start()
+}
+
+// restart starts a new incarnation in place (seq 0, empty cache).
+func (e *e2eEngine) restart() {
+	e.pub.Restart()
+	e.truth = indexer.NewTree(16)
+}
+
+// publish sends ops as one batch and applies them to the truth.
+func (e *e2eEngine) publish(ops []indexer.Op) {
+	e.t.Helper()
+	b := &Batch{TS: 1, DPRank: int32(e.rank.DPRank), HasDPRank: true}
+	for _, op := range ops {
+		b.Events = append(b.Events, EventFromOp(op))
+		_ = e.truth.Apply(e.rank, op)
+		for _, h := range op.Store.Hashes {
+			e.hashes[h] = true
+		}
+	}
+	p, err := e.enc.AppendBatch(nil, b)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	seq, err := e.pub.Publish(context.Background(), p)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.last = seq
+}
+
+// e2eOps returns a deterministic stream of engine ops per rank: chats on
+// shared system prompts with LRU eviction, from the index workload.
+func e2eOps(t *testing.T, seed uint64, ranks, entries int) [][]indexer.Op {
+	t.Helper()
+	c := workload.DefaultConfig()
+	c.Seed, c.Workers, c.TargetEntries, c.ChurnBlocks = seed, ranks, entries, entries/2
+	c.SystemPrompts, c.SystemPromptBlocksMin, c.SystemPromptBlocksMax = 4, 8, 24
+	c.TurnBlocksMax, c.TurnsMax, c.Active = 16, 6, 16
+	c.RankCapacityBlocks = 2048
+	c.LongPrompts = 0
+	w, err := workload.Generate(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]indexer.Op, ranks)
+	for _, ev := range w.Events {
+		out[ev.Rank.WorkerID] = append(out[ev.Rank.WorkerID], ev.Op)
+	}
+	return out
+}
+
+// feed publishes ops in batches of up to 4.
+func (e *e2eEngine) feed(ops []indexer.Op) {
+	for len(ops) > 0 {
+		n := min(4, len(ops))
+		e.publish(ops[:n])
+		ops = ops[n:]
+	}
+}
+
+type e2eSub struct {
+	s    *Subscriber
+	stop context.CancelFunc
+	done chan error
+}
+
+func startSubscriber(t *testing.T, src Source, app Applier, cfg SubscriberConfig) *e2eSub {
+	t.Helper()
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = 500 * time.Millisecond
+	}
+	if cfg.RetryMax == 0 {
+		cfg.RetryMax = 200 * time.Millisecond
+	}
+	if cfg.Cursor.Backoff == 0 {
+		cfg.Cursor.Backoff = 20 * time.Millisecond
+	}
+	if cfg.Cursor.MaxAttempts == 0 {
+		cfg.Cursor.MaxAttempts = 8
+	}
+	if cfg.ProbeInterval == 0 {
+		cfg.ProbeInterval = 100 * time.Millisecond
+	}
+	s, err := NewSubscriber(src, app, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	es := &e2eSub{s: s, stop: cancel, done: make(chan error, 1)}
+	go func() { es.done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-es.done:
+		case <-time.After(10 * time.Second):
+			t.Error("subscriber did not stop")
+		}
+	})
+	return es
+}
+
+// waitUntil polls cond until it holds or the deadline passes.
+func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		<-tick.C
+	}
+}
+
+// caughtUp waits until the subscriber applied the engine's last batch and
+// has no replay in flight.
+func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st := s.s.State()
+		if st.Mode == ModeLive && st.HasApplied && st.Applied == e.last {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for rank %v to apply seq %d; state %+v; publisher %+v", e.rank, e.last, st, e.pub.Stats())
+		}
+		<-tick.C
+	}
+}
+
+var e2eKey = indexer.PartitionKey{Model: "m", Group: "default"}
+
+func newE2EIndex(t *testing.T) (*indexer.Index, *IndexApplier) {
+	t.Helper()
+	ix := indexer.New(indexer.Options{})
+	if err := ix.AddPartition(e2eKey, 16); err != nil {
+		t.Fatal(err)
+	}
+	return ix, &IndexApplier{Index: ix, Partition: e2eKey}
+}
+
+// checkIndex compares the index with the engine's true cache: always a
+// subset (no block, tier or copy the engine lacks), and equal unless the
+// rank is degraded.
+func checkIndex(t *testing.T, ix *indexer.Index, e *e2eEngine, degraded bool) {
+	t.Helper()
+	err := ix.Read(e2eKey, func(tr *indexer.Tree) {
+		got, want := tr.RankBlocks(e.rank), e.truth.RankBlocks(e.rank)
+		if got > want || (!degraded && got != want) {
+			t.Errorf("rank %v holds %d blocks, engine %d (degraded %v)", e.rank, got, want, degraded)
+		}
+		for h := range e.hashes {
+			g, gok := tr.Holds(e.rank, h)
+			w, wok := e.truth.Holds(e.rank, h)
+			if gok && !wok {
+				t.Errorf("rank %v: index holds %#x, the engine does not", e.rank, h)
+				return
+			}
+			for tier := range g {
+				if g[tier] > w[tier] || (!degraded && g[tier] != w[tier]) {
+					t.Errorf("rank %v hash %#x: index counts %v, engine %v", e.rank, h, g, w)
+					return
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSubscriberJoinsLate: an engine that published everything before the
+// subscriber connected, and then went idle, is indexed exactly (replay on
+// join, without waiting for a live batch), in both replay layouts.
+func TestSubscriberJoinsLate(t *testing.T) {
+	ops := e2eOps(t, 1, 1, 1500)[0]
+	for _, layout := range []ReplayLayout{ReplayTopic, ReplayLegacy} {
+		t.Run(layout.String(), func(t *testing.T) {
+			e := startEngine(t, indexer.Rank{WorkerID: 1}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
+				ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@w1@m", Layout: layout})
+			e.feed(ops)
+			ix, app := newE2EIndex(t)
+			s := startSubscriber(t, Source{Worker: 1, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint(), Topic: "kv@"}, app, SubscriberConfig{})
+			caughtUp(t, s, e)
+			checkIndex(t, ix, e, false)
+			if st := s.s.State(); st.Degraded || !st.Synced {
+				t.Fatalf("state %+v", st)
+			}
+		})
+	}
+}
+
+// TestSubscriberChaos: the publisher drops 10% of live batches and 20% of
+// replay messages, restarts in place once and as a new process once while
+// the subscriber is disconnected (with more batches than before), and the
+// subscriber connects late. Every gap is within the replay buffer, so at
+// the end every rank equals the engine and none is degraded.
+func TestSubscriberChaos(t *testing.T) {
+	const ranks = 2
+	streams := e2eOps(t, 7, ranks, 3000)
+	reg := prometheus.NewRegistry()
+	metrics := NewMetrics(reg)
+	ix, app := newE2EIndex(t)
+	var engines []*e2eEngine
+	var subs []*e2eSub
+	for r := 0; r < ranks; r++ {
+		engines = append(engines, startEngine(t, indexer.Rank{WorkerID: 3, DPRank: uint32(r)}, PublisherConfig{
+			Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
+			DropLive: 0.1, DropReplay: 0.2, Rand: rand.New(rand.NewPCG(uint64(r), 99)),
+		}))
+	}
+	var wg sync.WaitGroup
+	third := func(ops []indexer.Op, i int) []indexer.Op { return ops[i*len(ops)/3 : (i+1)*len(ops)/3] }
+	// Phase 1: the engines run before anyone listens.
+	for r, e := range engines {
+		e.feed(third(streams[r], 0))
+	}
+	for r, e := range engines {
+		src := Source{Worker: 3, Rank: uint32(r), Ranks: []uint32{0, 1}, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}
+		subs = append(subs, startSubscriber(t, src, app, SubscriberConfig{Metrics: metrics}))
+	}
+	for r, e := range engines {
+		caughtUp(t, subs[r], e)
+	}
+	// Phase 2: live traffic with drops, then an in-place restart.
+	for r, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			e.feed(third(streams[r], 1))
+		}()
+	}
+	wg.Wait()
+	for r, e := range engines {
+		caughtUp(t, subs[r], e)
+		checkIndex(t, ix, e, false)
+		e.restart()
+		e.feed(third(streams[r], 1)[:40])
+	}
+	// Phase 3: the engine process goes away; while the subscriber is
+	// disconnected a new incarnation publishes more than the old one had.
+	for r, e := range engines {
+		caughtUp(t, subs[r], e)
+		e.shutdown()
+		waitUntil(t, 10*time.Second, "disconnect", func() bool { return !subs[r].s.State().Connected })
+		e.truth = indexer.NewTree(16)
+		e.start()
+		e.feed(third(streams[r], 2))
+	}
+	for r, e := range engines {
+		caughtUp(t, subs[r], e)
+		checkIndex(t, ix, e, false)
+		st := subs[r].s.State()
+		if st.Degraded {
+			t.Errorf("rank %d degraded although every gap was in the replay buffer: %+v", r, st)
+		}
+		if ps := e.pub.Stats(); st.Stats.Gaps+st.Stats.Probes == 0 || st.Stats.Incomplete == 0 || st.Stats.Restarts < 2 || ps.LiveDropped == 0 {
+			t.Errorf("rank %d: the chaos did not happen: %+v", r, st.Stats)
+		}
+		t.Logf("rank %d: %+v", r, st.Stats)
+	}
+	n, err := testutil.GatherAndCount(reg, "prefixd_stream_gaps_total", "prefixd_stream_replays_total", "prefixd_stream_up")
+	if err != nil || n == 0 {
+		t.Fatalf("metrics: %d series, %v", n, err)
+	}
+}
+
+// TestSubscriberLostHistory: the engine's replay buffer no longer holds
+// the start of its history when the subscriber joins. The rank is reset,
+// marked degraded and holds a subset of the engine's cache; an
+// AllBlocksCleared makes it exact again.
+func TestSubscriberLostHistory(t *testing.T) {
+	ops := e2eOps(t, 3, 1, 1500)[0]
+	e := startEngine(t, indexer.Rank{WorkerID: 5}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
+		ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 20})
+	e.feed(ops[:len(ops)/2])
+	ix, app := newE2EIndex(t)
+	reg := prometheus.NewRegistry()
+	s := startSubscriber(t, Source{Worker: 5, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app, SubscriberConfig{Metrics: NewMetrics(reg)})
+	caughtUp(t, s, e)
+	if !s.s.State().Degraded {
+		t.Fatalf("joined after the buffer rolled over, yet not degraded: %+v", s.s.State())
+	}
+	checkIndex(t, ix, e, true)
+	if got := testutil.ToFloat64(s.s.cfg.Metrics.degraded.WithLabelValues("5", "0")); got != 1 {
+		t.Fatalf("prefixd_stream_degraded = %v, want 1", got)
+	}
+	e.publish([]indexer.Op{{Kind: indexer.OpClear}})
+	e.feed(ops[len(ops)/2:])
+	caughtUp(t, s, e)
+	if s.s.State().Degraded {
+		t.Fatalf("AllBlocksCleared did not lift degraded: %+v", s.s.State())
+	}
+	checkIndex(t, ix, e, false)
+}
+
+// TestSubscriberWithoutReplay: without a replay endpoint a late join is
+// lost history (degraded, subset); live batches still apply in order.
+func TestSubscriberWithoutReplay(t *testing.T) {
+	ops := e2eOps(t, 4, 1, 1200)[0]
+	e := startEngine(t, indexer.Rank{WorkerID: 6}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	e.feed(ops[:len(ops)/2])
+	ix, app := newE2EIndex(t)
+	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint()}, app, SubscriberConfig{})
+	waitUntil(t, 10*time.Second, "connect", func() bool { return s.s.State().Connected })
+	// The slow joiner misses the first live batches: publish until one lands.
+	rest := ops[len(ops)/2:]
+	for len(rest) > 0 && !s.s.State().HasApplied {
+		e.publish(rest[:1])
+		rest = rest[1:]
+		// Give the subscription a moment to reach the PUB before the next.
+		deadline := time.Now().Add(20 * time.Millisecond)
+		for !s.s.State().HasApplied && time.Now().Before(deadline) {
+			runtime.Gosched()
+		}
+	}
+	e.feed(rest)
+	caughtUp(t, s, e)
+	if !s.s.State().Degraded || !s.s.State().Synced {
+		t.Fatalf("late join without replay: %+v", s.s.State())
+	}
+	checkIndex(t, ix, e, true)
+}
+
+// TestSubscriberBadInput: malformed frames and payloads are counted and
+// dropped; a batch that cannot be decoded resets the rank (its removes are
+// unknown) and marks it degraded; a batch stamped with an unregistered
+// rank is dropped; one stamped with a registered rank applies there.
+func TestSubscriberBadInput(t *testing.T) {
+	ops := e2eOps(t, 5, 1, 500)[0]
+	e := startEngine(t, indexer.Rank{WorkerID: 8}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ix, app := newE2EIndex(t)
+	reg := prometheus.NewRegistry()
+	s := startSubscriber(t, Source{Worker: 8, Ranks: []uint32{0, 2}, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
+		SubscriberConfig{Metrics: NewMetrics(reg)})
+	e.feed(ops[:100])
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+
+	// A payload that is not msgpack.
+	seq, err := e.pub.Publish(context.Background(), []byte{0xc1, 0xff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.last = seq
+	e.truth = indexer.NewTree(16) // the rank is reset: compare against what follows
+	caughtUp(t, s, e)
+	if !s.s.State().Degraded {
+		t.Fatal("undecodable batch did not degrade the rank")
+	}
+	// Batches for rank 2 (registered) and rank 9 (not).
+	other := &e2eEngine{t: t, rank: indexer.Rank{WorkerID: 8, DPRank: 2}, truth: indexer.NewTree(16), hashes: map[uint64]bool{}, pub: e.pub}
+	other.publish(ops[100:110])
+	stray := &e2eEngine{t: t, rank: indexer.Rank{WorkerID: 8, DPRank: 9}, truth: indexer.NewTree(16), hashes: map[uint64]bool{}, pub: e.pub}
+	stray.publish(ops[100:101])
+	e.last = stray.last
+	caughtUp(t, s, e)
+	checkIndex(t, ix, other, false)
+	checkIndex(t, ix, stray, false) // holds nothing: the truth of a dropped batch is empty
+	var out strings.Builder
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		if mf.GetName() == "prefixd_stream_dropped_total" {
+			for _, m := range mf.Metric {
+				for _, l := range m.Label {
+					if l.GetName() == "reason" {
+						fmt.Fprintf(&out, "%s=%v ", l.GetValue(), m.Counter.GetValue())
+					}
+				}
+			}
+		}
+	}
+	for _, want := range []string{"malformed_", "unknown_rank=1"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("dropped counters %q lack %q", out.String(), want)
+		}
+	}
+}
