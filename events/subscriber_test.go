@@ -113,7 +113,7 @@ func e2eOps(t *testing.T, seed uint64, ranks, entries int) [][]indexer.Op {
 	c.Seed, c.Workers, c.TargetEntries, c.ChurnBlocks = seed, ranks, entries, entries/2
 	c.SystemPrompts, c.SystemPromptBlocksMin, c.SystemPromptBlocksMax = 4, 8, 24
 	c.TurnBlocksMax, c.TurnsMax, c.Active = 16, 6, 16
-	c.RankCapacityBlocks = 2048
+	c.RankCapacityBlocks = max(2048, entries)
 	c.LongPrompts = 0
 	w, err := workload.Generate(c)
 	if err != nil {
@@ -203,7 +203,11 @@ func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for rank %v to apply seq %d; state %+v; publisher %+v", e.rank, e.last, st, e.pub.Stats())
+			var ps PublisherStats
+			if e.pub != nil {
+				ps = e.pub.Stats()
+			}
+			t.Fatalf("timed out waiting for rank %v to apply seq %d; state %+v; publisher %+v", e.rank, e.last, st, ps)
 		}
 		<-tick.C
 	}

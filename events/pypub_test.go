@@ -1,0 +1,864 @@
+package events
+
+// Interop tests against testdata/pypub/pypub.py, a clean-room vLLM-compatible
+// publisher on real libzmq (pyzmq), consumed here with go-zeromq sockets and
+// the events Decoder. The publisher needs /usr/bin/python3 with the Debian
+// packages python3-zmq and python3-msgpack; without them these tests fail
+// (they never skip), because the libzmq ↔ go-zeromq boundary is the interop
+// risk they exist to cover.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os/exec"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+)
+
+const (
+	pyPubPython = "/usr/bin/python3"
+	pyPubScript = "testdata/pypub/pypub.py"
+	// pyPubWait bounds every single wait (a command answer, one message).
+	pyPubWait = 10 * time.Second
+	// pyPubTopic is the live topic the tests publish under (llm-d style).
+	pyPubTopic = "kv@w1@m"
+)
+
+var (
+	pyPubDepsOnce sync.Once
+	pyPubDepsErr  error
+)
+
+// pyPubRequireDeps fails t unless /usr/bin/python3 can import zmq and
+// msgpack.
+func pyPubRequireDeps(t testing.TB) {
+	t.Helper()
+	pyPubDepsOnce.Do(func() {
+		out, err := exec.Command(pyPubPython, "-c", "import zmq, msgpack").CombinedOutput()
+		if err != nil {
+			pyPubDepsErr = fmt.Errorf("%v: %s", err, bytes.TrimSpace(out))
+		}
+	})
+	if pyPubDepsErr != nil {
+		t.Fatalf("%s cannot run %s: %v\n"+
+			"`make test` installs python3-zmq python3-msgpack (Debian packages; or run "+
+			"`sudo apt-get install -y python3-zmq python3-msgpack`). The script must run with "+
+			"%s, not a pyenv/venv python that cannot see Debian packages.",
+			pyPubPython, pyPubScript, pyPubDepsErr, pyPubPython)
+	}
+}
+
+// pyPub drives one pypub.py process over its stdin/stdout JSON-line protocol.
+// Its methods must be called from the test goroutine.
+type pyPub struct {
+	t              testing.TB
+	cmd            *exec.Cmd
+	stdin          io.WriteCloser
+	lines          chan string   // stdout lines; closed at EOF
+	stop           chan struct{} // closed at cleanup: stop delivering lines
+	stderr         *pyPubBuffer
+	exited         bool
+	Endpoint       string // PUB endpoint as bound (LAST_ENDPOINT)
+	ReplayEndpoint string // ROUTER endpoint as bound; "" without one
+}
+
+// pyPubBuffer is a bytes.Buffer safe for the exec copier and the test.
+type pyPubBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *pyPubBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *pyPubBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// startPyPub starts pypub.py bound to ephemeral loopback ports (PUB and
+// ROUTER) plus args (later flags override earlier ones), waits for its
+// endpoints line and kills it when the test ends.
+func startPyPub(t testing.TB, args ...string) *pyPub {
+	t.Helper()
+	pyPubRequireDeps(t)
+	argv := append([]string{pyPubScript,
+		"--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0"}, args...)
+	cmd := exec.Command(pyPubPython, argv...)
+	p := &pyPub{
+		t:      t,
+		cmd:    cmd,
+		lines:  make(chan string, 16),
+		stop:   make(chan struct{}),
+		stderr: &pyPubBuffer{},
+	}
+	cmd.Stderr = p.stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.stdin = stdin
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start %s: %v", pyPubPython, err)
+	}
+	go func() {
+		defer close(p.lines)
+		sc := bufio.NewScanner(stdout)
+		sc.Buffer(make([]byte, 64<<10), 256<<20)
+		for sc.Scan() {
+			select {
+			case p.lines <- sc.Text():
+			case <-p.stop:
+				for sc.Scan() { // drain until the process is gone
+				}
+				return
+			}
+		}
+	}()
+	t.Cleanup(p.cleanup)
+
+	var hello struct {
+		Endpoint       string  `json:"endpoint"`
+		ReplayEndpoint *string `json:"replay_endpoint"`
+	}
+	line := p.readLine()
+	if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Endpoint == "" {
+		t.Fatalf("pypub: bad startup line %q: %v", line, err)
+	}
+	p.Endpoint = hello.Endpoint
+	if hello.ReplayEndpoint != nil {
+		p.ReplayEndpoint = *hello.ReplayEndpoint
+	}
+	return p
+}
+
+func (p *pyPub) cleanup() {
+	close(p.stop)
+	p.stdin.Close()
+	if !p.exited {
+		p.cmd.Process.Kill()
+	}
+	for range p.lines { // EOF once the process is gone
+	}
+	p.cmd.Wait()
+}
+
+// readLine returns the next stdout line, failing the test on EOF or after
+// pyPubWait.
+func (p *pyPub) readLine() string {
+	p.t.Helper()
+	timer := time.NewTimer(pyPubWait)
+	defer timer.Stop()
+	select {
+	case line, ok := <-p.lines:
+		if !ok {
+			p.t.Fatalf("pypub exited early; stderr:\n%s", p.stderr)
+		}
+		return line
+	case <-timer.C:
+		p.t.Fatalf("pypub: no answer within %v; stderr:\n%s", pyPubWait, p.stderr)
+	}
+	return ""
+}
+
+// call sends one command and returns its answer, failing unless it is ok.
+func (p *pyPub) call(req map[string]any) map[string]any {
+	p.t.Helper()
+	line, err := json.Marshal(req)
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
+		p.t.Fatalf("pypub: write %s: %v; stderr:\n%s", line, err, p.stderr)
+	}
+	answer := p.readLine()
+	dec := json.NewDecoder(strings.NewReader(answer))
+	dec.UseNumber()
+	var resp map[string]any
+	if err := dec.Decode(&resp); err != nil {
+		p.t.Fatalf("pypub: bad answer %q to %s: %v", answer, line, err)
+	}
+	if resp["ok"] != true {
+		p.t.Fatalf("pypub: %s failed: %s", line, answer)
+	}
+	return resp
+}
+
+func pyPubUint(t testing.TB, v any) uint64 {
+	t.Helper()
+	n, ok := v.(json.Number)
+	if !ok {
+		t.Fatalf("pypub: %v is not a number", v)
+	}
+	var u uint64
+	if _, err := fmt.Sscan(n.String(), &u); err != nil {
+		t.Fatalf("pypub: %v: %v", n, err)
+	}
+	return u
+}
+
+// publish encodes one batch of events (pypub's JSON event objects), buffers
+// it for replay and sends it on the PUB unless drop (a simulated high-water
+// mark loss). It returns the batch's seq.
+func (p *pyPub) publish(events []map[string]any, drop bool) uint64 {
+	p.t.Helper()
+	seq, _ := p.publishEcho(events, drop)
+	return seq
+}
+
+// publishEcho is publish that also returns the payload bytes.
+func (p *pyPub) publishEcho(events []map[string]any, drop bool) (uint64, []byte) {
+	p.t.Helper()
+	resp := p.call(map[string]any{"cmd": "publish", "events": events, "drop": drop, "echo": true})
+	payload, err := hex.DecodeString(resp["payload"].(string))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return pyPubUint(p.t, resp["seq"]), payload
+}
+
+// restart starts a new engine incarnation: seq back to 0, buffer cleared.
+func (p *pyPub) restart() {
+	p.t.Helper()
+	p.call(map[string]any{"cmd": "restart"})
+}
+
+// dropReplay makes the ROUTER skip each replay message (batches and end
+// markers) with probability f, deterministically for a seed. f = 0 stops it.
+func (p *pyPub) dropReplay(f float64, seed int) {
+	p.t.Helper()
+	p.call(map[string]any{"cmd": "drop_replay", "fraction": f, "seed": seed})
+}
+
+// stallReplay leaves replay requests unserviced for d.
+func (p *pyPub) stallReplay(d time.Duration) {
+	p.t.Helper()
+	p.call(map[string]any{"cmd": "stall_replay", "seconds": d.Seconds()})
+}
+
+// pyPubState is the answer to {"cmd":"state"}.
+type pyPubState struct {
+	Seq        uint64    `json:"seq"`      // next seq
+	Buffered   *[2]int64 `json:"buffered"` // first, last buffered seq
+	Replays    int       `json:"replays"`  // requests serviced
+	LastReplay *struct {
+		Identity string `json:"identity"` // hex routing id libzmq saw
+		Start    uint64 `json:"start"`
+		Sent     int    `json:"sent"` // messages handed to libzmq, end included
+		Dropped  int    `json:"dropped"`
+		EndSent  bool   `json:"end_sent"`
+	} `json:"last_replay"`
+}
+
+func (p *pyPub) state() pyPubState {
+	p.t.Helper()
+	resp := p.call(map[string]any{"cmd": "state"})
+	raw, _ := json.Marshal(resp)
+	var st pyPubState
+	if err := json.Unmarshal(raw, &st); err != nil {
+		p.t.Fatal(err)
+	}
+	return st
+}
+
+// waitReplays polls state until n replay requests have been serviced.
+func (p *pyPub) waitReplays(n int) pyPubState {
+	p.t.Helper()
+	deadline := time.Now().Add(pyPubWait)
+	for {
+		st := p.state()
+		if st.Replays >= n {
+			return st
+		}
+		if time.Now().After(deadline) {
+			p.t.Fatalf("pypub serviced %d replay requests, want %d", st.Replays, n)
+		}
+	}
+}
+
+// quit asks pypub to exit and waits for it.
+func (p *pyPub) quit() {
+	p.t.Helper()
+	p.call(map[string]any{"cmd": "quit"})
+	p.stdin.Close()
+	timer := time.NewTimer(pyPubWait)
+	defer timer.Stop()
+	for {
+		select {
+		case _, ok := <-p.lines:
+			if ok {
+				continue
+			}
+			if err := p.cmd.Wait(); err != nil {
+				p.t.Fatalf("pypub exit: %v; stderr:\n%s", err, p.stderr)
+			}
+			p.exited = true
+			return
+		case <-timer.C:
+			p.t.Fatalf("pypub did not exit after quit")
+		}
+	}
+}
+
+// pyPubSock is a go-zeromq socket whose Recv runs in a goroutine, so that the
+// test can wait with a deadline.
+type pyPubSock struct {
+	s    zmq4.Socket
+	msgs chan pyPubMsg
+}
+
+type pyPubMsg struct {
+	frames [][]byte
+	err    error
+}
+
+func pyPubDial(t testing.TB, s zmq4.Socket, ep string) *pyPubSock {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	ps := &pyPubSock{s: s, msgs: make(chan pyPubMsg, 64)}
+	t.Cleanup(func() {
+		cancel()
+		s.Close()
+	})
+	if err := s.Dial(ep); err != nil {
+		t.Fatalf("dial %s: %v", ep, err)
+	}
+	go func() {
+		for {
+			m, err := s.Recv()
+			select {
+			case ps.msgs <- pyPubMsg{m.Frames, err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	return ps
+}
+
+// pyPubSubscribe dials a SUB with a topic prefix filter.
+func pyPubSubscribe(t testing.TB, ep, prefix string) *pyPubSock {
+	t.Helper()
+	s := zmq4.NewSub(context.Background())
+	if err := s.SetOption(zmq4.OptionSubscribe, prefix); err != nil {
+		t.Fatal(err)
+	}
+	return pyPubDial(t, s, ep)
+}
+
+// pyPubDealer dials a DEALER with a fixed identity.
+func pyPubDealer(t testing.TB, ep, id string) *pyPubSock {
+	t.Helper()
+	return pyPubDial(t, zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(id))), ep)
+}
+
+// tryRecv waits up to d for a message; ok is false on timeout.
+func (ps *pyPubSock) tryRecv(t testing.TB, d time.Duration) (frames [][]byte, ok bool) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case m := <-ps.msgs:
+		if m.err != nil {
+			t.Fatalf("recv: %v", m.err)
+		}
+		return m.frames, true
+	case <-timer.C:
+		return nil, false
+	}
+}
+
+func (ps *pyPubSock) recv(t testing.TB) [][]byte {
+	t.Helper()
+	frames, ok := ps.tryRecv(t, pyPubWait)
+	if !ok {
+		t.Fatalf("no message within %v", pyPubWait)
+	}
+	return frames
+}
+
+// requestReplay sends the DEALER replay request ["", start as 8 bytes BE].
+func (ps *pyPubSock) requestReplay(t testing.TB, start uint64) {
+	t.Helper()
+	if err := ps.s.Send(zmq4.NewMsgFrom(ReplayRequest(start)...)); err != nil {
+		t.Fatalf("replay request: %v", err)
+	}
+}
+
+// pyPubLive is one parsed live message (reference §3.1).
+type pyPubLive struct {
+	topic   string
+	seq     uint64
+	payload []byte
+}
+
+// pyPubParseLive checks a live message with the package's ParseLive.
+func pyPubParseLive(t testing.TB, frames [][]byte) pyPubLive {
+	t.Helper()
+	seq, payload, err := ParseLive(frames, nil)
+	if err != nil {
+		t.Fatalf("live message %x: %v", frames, err)
+	}
+	return pyPubLive{string(frames[0]), seq, payload}
+}
+
+// pyPubReplayMsg is one classified replay reply (reference §4.3).
+type pyPubReplayMsg struct {
+	layout  string // "topic" (4 frames at the DEALER) or "legacy" (3)
+	topic   string // topic layout only
+	seq     uint64
+	payload []byte
+	end     bool
+}
+
+// pyPubParseReplay classifies a replay reply as received by a DEALER with the
+// package's ParseReplay, and adds which layout it used and its topic frame.
+func pyPubParseReplay(frames [][]byte) (pyPubReplayMsg, error) {
+	var m pyPubReplayMsg
+	var err error
+	m.seq, m.payload, m.end, err = ParseReplay(frames)
+	if err != nil {
+		return m, err
+	}
+	m.layout = "legacy"
+	if len(frames) == 4 {
+		m.layout, m.topic = "topic", string(frames[1])
+	}
+	return m, nil
+}
+
+// recvReplay collects one replay's batches up to and including its end
+// marker, checking the layout.
+func (ps *pyPubSock) recvReplay(t testing.TB, layout string) []pyPubReplayMsg {
+	t.Helper()
+	var out []pyPubReplayMsg
+	for {
+		m, err := pyPubParseReplay(ps.recv(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if m.layout != layout {
+			t.Fatalf("replay message in the %s layout, want %s", m.layout, layout)
+		}
+		if m.end {
+			if m.topic != "" {
+				t.Fatalf("end marker with topic frame %q, want empty", m.topic)
+			}
+			return out
+		}
+		out = append(out, m)
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Test batches: Events (the expected decode) and their pypub JSON form.
+
+func pyPubEventJSON(ev Event) map[string]any {
+	m := map[string]any{"type": ev.Kind.String()}
+	hashes := func() []uint64 { return append([]uint64{}, ev.BlockHashes...) }
+	strOrNil := func(s string) any {
+		if s == "" {
+			return nil
+		}
+		return s
+	}
+	switch ev.Kind {
+	case KindBlockStored:
+		m["block_hashes"] = hashes()
+		m["parent_block_hash"] = nil
+		if ev.HasParent {
+			m["parent_block_hash"] = ev.ParentHash
+		}
+		m["token_ids"] = append([]uint32{}, ev.TokenIDs...)
+		m["block_size"] = ev.BlockSize
+		m["medium"] = strOrNil(ev.Medium)
+		if ev.HasLoraID {
+			m["lora_id"] = ev.LoraID
+		}
+		m["lora_name"] = strOrNil(ev.LoraName)
+	case KindBlockRemoved:
+		m["block_hashes"] = hashes()
+		m["medium"] = strOrNil(ev.Medium)
+	}
+	return m
+}
+
+func pyPubJSON(evs []Event) []map[string]any {
+	out := make([]map[string]any, len(evs))
+	for i, ev := range evs {
+		out[i] = pyPubEventJSON(ev)
+	}
+	return out
+}
+
+func pyPubTokens(n int, vals ...uint32) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = vals[i%len(vals)]
+	}
+	return out
+}
+
+// pyPubBatches are the interop batches: every hash width (fixint … u64 and
+// values ≥ 2^63), token ids of every width, parents, nil media, LoRA fields,
+// several events per batch and AllBlocksCleared.
+func pyPubBatches() [][]Event {
+	const h = 0xFEDCBA9876543210
+	return [][]Event{
+		{{Kind: KindBlockStored, BlockHashes: []uint64{h, 1, 200, 70000, 1<<32 + 5, 1 << 63},
+			TokenIDs:  pyPubTokens(24, 0, 1, 127, 128, 255, 256, 65535, 65536, 151000, 1<<32-1),
+			BlockSize: 4, Medium: "GPU"}},
+		{{Kind: KindBlockStored, BlockHashes: []uint64{^uint64(0)}, ParentHash: h, HasParent: true,
+			TokenIDs: pyPubTokens(16, 42), BlockSize: 16, LoraID: 7, HasLoraID: true, LoraName: "adapter"}},
+		{
+			{Kind: KindBlockRemoved, BlockHashes: []uint64{h, 1}, Medium: "CPU"},
+			{Kind: KindBlockRemoved, BlockHashes: []uint64{0}},
+			{Kind: KindBlockStored, BlockHashes: []uint64{5}, ParentHash: 0, HasParent: true,
+				TokenIDs: []uint32{9, 8}, BlockSize: 2, Medium: "GPU"},
+		},
+		{{Kind: KindAllBlocksCleared}},
+	}
+}
+
+// pyPubProbe is the batch published until a late SUB starts receiving.
+var pyPubProbe = []Event{{Kind: KindAllBlocksCleared}}
+
+// pyPubDiffEvents compares decoded events with the published ones.
+func pyPubDiffEvents(want, got []Event) string {
+	if len(want) != len(got) {
+		return fmt.Sprintf("%d events, want %d", len(got), len(want))
+	}
+	for i := range want {
+		w, g := want[i], got[i]
+		switch {
+		case w.Kind != g.Kind:
+			return fmt.Sprintf("event %d: kind %v, want %v", i, g.Kind, w.Kind)
+		case !slices.Equal(w.BlockHashes, g.BlockHashes):
+			return fmt.Sprintf("event %d: hashes %x, want %x", i, g.BlockHashes, w.BlockHashes)
+		case w.HasParent != g.HasParent || w.ParentHash != g.ParentHash:
+			return fmt.Sprintf("event %d: parent %v/%x, want %v/%x", i, g.HasParent, g.ParentHash, w.HasParent, w.ParentHash)
+		case !slices.Equal(w.TokenIDs, g.TokenIDs):
+			return fmt.Sprintf("event %d: tokens %v, want %v", i, g.TokenIDs, w.TokenIDs)
+		case w.BlockSize != g.BlockSize:
+			return fmt.Sprintf("event %d: block size %d, want %d", i, g.BlockSize, w.BlockSize)
+		case w.Medium != g.Medium:
+			return fmt.Sprintf("event %d: medium %q, want %q", i, g.Medium, w.Medium)
+		case w.HasLoraID != g.HasLoraID || w.LoraID != g.LoraID:
+			return fmt.Sprintf("event %d: lora_id %v/%d, want %v/%d", i, g.HasLoraID, g.LoraID, w.HasLoraID, w.LoraID)
+		case w.LoraName != g.LoraName:
+			return fmt.Sprintf("event %d: lora_name %q, want %q", i, g.LoraName, w.LoraName)
+		}
+	}
+	return ""
+}
+
+// pyPubCheckPayload decodes payload and compares it with the published
+// events and rank; when enc is not nil it also re-encodes the decoded batch
+// with the Go Encoder and requires the Python bytes.
+func pyPubCheckPayload(t testing.TB, seq uint64, payload []byte, want []Event, rank int32, enc *Encoder) {
+	t.Helper()
+	var d Decoder
+	var b Batch
+	if err := d.Decode(payload, &b); err != nil {
+		t.Fatalf("seq %d: decode %x: %v", seq, payload, err)
+	}
+	if diff := pyPubDiffEvents(want, b.Events); diff != "" {
+		t.Fatalf("seq %d: %s", seq, diff)
+	}
+	if !b.HasDPRank || b.DPRank != rank {
+		t.Fatalf("seq %d: rank %v/%d, want %d", seq, b.HasDPRank, b.DPRank, rank)
+	}
+	if b.TS < 1e9 {
+		t.Fatalf("seq %d: ts %v is not wall-clock seconds", seq, b.TS)
+	}
+	if enc != nil {
+		again, err := enc.AppendBatch(nil, &b)
+		if err != nil {
+			t.Fatalf("seq %d: re-encode: %v", seq, err)
+		}
+		if !bytes.Equal(again, payload) {
+			t.Fatalf("seq %d: Go Encoder{%v, %v} differs from pypub:\n go %x\n py %x", seq, enc.Era, enc.Hash, again, payload)
+		}
+	}
+}
+
+// pyPubJoin beats the slow joiner: it publishes probe batches until sub
+// receives one, then consumes the probes still in flight. It returns the last
+// seq received; every later batch reaches sub.
+func pyPubJoin(t testing.TB, p *pyPub, sub *pyPubSock) uint64 {
+	t.Helper()
+	deadline := time.Now().Add(pyPubWait)
+	var first, last uint64
+	for n := 0; ; n++ {
+		last = p.publish(pyPubJSON(pyPubProbe), false)
+		if n == 0 {
+			first = last
+		}
+		if frames, ok := sub.tryRecv(t, 20*time.Millisecond); ok {
+			m := pyPubParseLive(t, frames)
+			got := m.seq
+			for m.seq < last {
+				next := pyPubParseLive(t, sub.recv(t))
+				if next.seq != m.seq+1 {
+					t.Fatalf("live seq %d after %d", next.seq, m.seq)
+				}
+				m = next
+			}
+			t.Logf("slow joiner: %d probes (seqs %d..%d), the SUB's first live seq was %d",
+				last-first+1, first, last, got)
+			return last
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SUB received nothing within %v of probing", pyPubWait)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+
+func TestPyPubSelfTest(t *testing.T) {
+	pyPubRequireDeps(t)
+	out, err := exec.Command(pyPubPython, pyPubScript, "--self-test").CombinedOutput()
+	if err != nil {
+		t.Fatalf("pypub --self-test: %v\n%s", err, out)
+	}
+	if !bytes.Contains(out, []byte("PASS")) || bytes.Count(out, []byte("ok ")) < 10 {
+		t.Fatalf("pypub --self-test output:\n%s", out)
+	}
+}
+
+func TestPyPubLiveInterop(t *testing.T) {
+	for _, era := range []Era{EraMap, EraArray} {
+		for _, hash := range []HashType{HashInt, HashBytes} {
+			t.Run(era.String()+"/"+hash.String(), func(t *testing.T) {
+				const rank = 3
+				p := startPyPub(t, "--era", era.String(), "--hash", hash.String(),
+					"--topic", pyPubTopic, "--rank", fmt.Sprint(rank))
+				sub := pyPubSubscribe(t, p.Endpoint, "kv@w1@")
+				last := pyPubJoin(t, p, sub)
+
+				want := map[uint64][]Event{}
+				var lastSeq uint64
+				for _, evs := range pyPubBatches() {
+					lastSeq = p.publish(pyPubJSON(evs), false)
+					want[lastSeq] = evs
+				}
+				enc := &Encoder{Era: era, Hash: hash}
+				for seq := last + 1; seq <= lastSeq; seq++ {
+					m := pyPubParseLive(t, sub.recv(t))
+					if m.topic != pyPubTopic {
+						t.Fatalf("topic %q, want %q", m.topic, pyPubTopic)
+					}
+					if m.seq != seq {
+						t.Fatalf("live seq %d, want %d (contiguous)", m.seq, seq)
+					}
+					pyPubCheckPayload(t, m.seq, m.payload, want[m.seq], rank, enc)
+				}
+				p.quit()
+			})
+		}
+	}
+}
+
+func TestPyPubReplayInterop(t *testing.T) {
+	for _, layout := range []string{"topic", "legacy"} {
+		t.Run(layout, func(t *testing.T) {
+			p := startPyPub(t, "--layout", layout, "--buffer-steps", "5", "--topic", pyPubTopic)
+			batches := pyPubBatches()
+			payloads := map[uint64][]byte{}
+			events := map[uint64][]Event{}
+			for i := range 8 {
+				evs := batches[i%len(batches)]
+				seq, payload := p.publishEcho(pyPubJSON(evs), false)
+				if seq != uint64(i) {
+					t.Fatalf("publish %d got seq %d", i, seq)
+				}
+				payloads[seq], events[seq] = payload, evs
+			}
+			if st := p.state(); st.Seq != 8 || st.Buffered == nil || *st.Buffered != [2]int64{3, 7} {
+				t.Fatalf("state %+v, want seq 8 buffered [3 7]", st)
+			}
+
+			const id = "prefixd-test-dealer"
+			d := pyPubDealer(t, p.ReplayEndpoint, id)
+			// A DEALER request without the empty delimiter is invalid: no reply
+			// at all (reference §4.1). The valid request after it proves that.
+			if err := d.s.Send(zmq4.NewMsg(AppendSeq(nil, 0))); err != nil {
+				t.Fatal(err)
+			}
+			replays := 0
+			for _, tc := range []struct {
+				start uint64
+				want  []uint64
+			}{
+				{0, []uint64{3, 4, 5, 6, 7}}, // buffer rolled over: 3 > 0 means history lost
+				{5, []uint64{5, 6, 7}},
+				{7, []uint64{7}},
+				{8, nil},
+				{1 << 63, nil},
+			} {
+				d.requestReplay(t, tc.start)
+				got := d.recvReplay(t, layout)
+				var seqs []uint64
+				for _, m := range got {
+					seqs = append(seqs, m.seq)
+					if layout == "topic" && m.topic != pyPubTopic {
+						t.Fatalf("replayed topic %q, want %q", m.topic, pyPubTopic)
+					}
+					if !bytes.Equal(m.payload, payloads[m.seq]) {
+						t.Fatalf("replayed seq %d payload differs from the live one", m.seq)
+					}
+					pyPubCheckPayload(t, m.seq, m.payload, events[m.seq], 0, nil)
+				}
+				if !slices.Equal(seqs, tc.want) {
+					t.Fatalf("replay from %d: seqs %v, want %v", tc.start, seqs, tc.want)
+				}
+				replays++
+			}
+			st := p.state()
+			if st.Replays != replays {
+				t.Fatalf("pypub serviced %d requests, want %d (the invalid one must not count)", st.Replays, replays)
+			}
+			if st.LastReplay == nil || st.LastReplay.Identity != hex.EncodeToString([]byte(id)) {
+				t.Fatalf("ROUTER saw identity %+v, want %x", st.LastReplay, id)
+			}
+			p.quit()
+		})
+	}
+}
+
+func TestPyPubRestartAndDrops(t *testing.T) {
+	p := startPyPub(t, "--topic", pyPubTopic, "--layout", "topic", "--era", "map")
+	sub := pyPubSubscribe(t, p.Endpoint, pyPubTopic)
+	d := pyPubDealer(t, p.ReplayEndpoint, "prefixd-restart")
+	last := pyPubJoin(t, p, sub)
+	batches := pyPubBatches()
+	replays := 0
+	replay := func(start uint64) []pyPubReplayMsg {
+		t.Helper()
+		d.requestReplay(t, start)
+		replays++
+		return d.recvReplay(t, "topic")
+	}
+
+	// A simulated PUB HWM drop: the seq is consumed and replayable, never live.
+	dropped := p.publish(pyPubJSON(batches[0]), true)
+	sent := p.publish(pyPubJSON(batches[1]), false)
+	if dropped != last+1 || sent != last+2 {
+		t.Fatalf("seqs %d, %d after %d", dropped, sent, last)
+	}
+	if m := pyPubParseLive(t, sub.recv(t)); m.seq != sent {
+		t.Fatalf("live seq %d, want %d (the dropped %d must not arrive)", m.seq, sent, dropped)
+	}
+	got := replay(dropped)
+	if len(got) != 2 || got[0].seq != dropped || got[1].seq != sent {
+		t.Fatalf("replay from %d returned %d messages", dropped, len(got))
+	}
+	pyPubCheckPayload(t, dropped, got[0].payload, batches[0], 0, nil)
+	pyPubCheckPayload(t, sent, got[1].payload, batches[1], 0, nil)
+
+	// A new incarnation on the same sockets: seq restarts at 0, buffer empty.
+	p.restart()
+	if st := p.state(); st.Seq != 0 || st.Buffered != nil {
+		t.Fatalf("after restart: %+v", st)
+	}
+	if got := replay(0); len(got) != 0 {
+		t.Fatalf("replay after restart returned %d batches, want only the end marker", len(got))
+	}
+	if seq := p.publish(pyPubJSON(batches[2]), false); seq != 0 {
+		t.Fatalf("first seq after restart %d, want 0", seq)
+	}
+	m := pyPubParseLive(t, sub.recv(t))
+	if m.seq != 0 {
+		t.Fatalf("live seq after restart %d, want 0", m.seq)
+	}
+	pyPubCheckPayload(t, 0, m.payload, batches[2], 0, nil)
+
+	// A stalled replay servicer answers only after the stall.
+	const stall = 300 * time.Millisecond
+	p.stallReplay(stall)
+	begin := time.Now()
+	if got := replay(0); len(got) != 1 || got[0].seq != 0 {
+		t.Fatalf("replay after stall returned %d batches, want seq 0", len(got))
+	}
+	if elapsed := time.Since(begin); elapsed < stall-50*time.Millisecond {
+		t.Fatalf("replay answered after %v during a %v stall", elapsed, stall)
+	}
+
+	// Simulated ROUTER loss: deterministic per seed, counted by pypub so the
+	// test knows how many messages to expect (no idle timeout needed).
+	for range 30 {
+		p.publish(pyPubJSON(batches[3]), false)
+	}
+	for range 30 {
+		pyPubParseLive(t, sub.recv(t))
+	}
+	lossy := func() (seqs []uint64, end bool) {
+		t.Helper()
+		p.dropReplay(0.5, 1)
+		d.requestReplay(t, 0)
+		replays++
+		st := p.waitReplays(replays)
+		lr := st.LastReplay
+		if lr.Sent+lr.Dropped != 32 { // 31 batches + end marker
+			t.Fatalf("lossy replay: %+v, want 32 messages in all", lr)
+		}
+		for i := 0; i < lr.Sent; i++ {
+			r, err := pyPubParseReplay(d.recv(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.end {
+				if i != lr.Sent-1 {
+					t.Fatalf("end marker before the last sent message")
+				}
+				end = true
+				continue
+			}
+			if len(seqs) > 0 && r.seq <= seqs[len(seqs)-1] {
+				t.Fatalf("replay seq %d after %d", r.seq, seqs[len(seqs)-1])
+			}
+			seqs = append(seqs, r.seq)
+		}
+		if end != lr.EndSent {
+			t.Fatalf("end marker received %v, pypub sent it %v", end, lr.EndSent)
+		}
+		return seqs, end
+	}
+	a, endA := lossy()
+	b, endB := lossy()
+	if !slices.Equal(a, b) || endA != endB {
+		t.Fatalf("same seed, different loss: %v/%v vs %v/%v", a, endA, b, endB)
+	}
+	if len(a) == 0 || len(a) == 31 {
+		t.Fatalf("drop_replay 0.5 kept %d of 31 batches", len(a))
+	}
+	t.Logf("drop_replay 0.5 seed 1: kept %d of 31 batches %v, end marker %v", len(a), a, endA)
+
+	p.dropReplay(0, 0)
+	if got := replay(0); len(got) != 31 {
+		t.Fatalf("replay after drop_replay 0 returned %d batches, want 31", len(got))
+	}
+	p.quit()
+}
