@@ -461,3 +461,79 @@ func TestSubscriberBadInput(t *testing.T) {
 		}
 	}
 }
+
+// TestSubscriberBackpressure: when the applier falls behind, the bounded
+// live queue drops (counted) instead of growing, and the seq gaps this
+// leaves are replayed: the index still ends equal to the engine.
+func TestSubscriberBackpressure(t *testing.T) {
+	ops := e2eOps(t, 12, 1, 1000)[0]
+	e := startEngine(t, indexer.Rank{WorkerID: 4}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ix, app := newE2EIndex(t)
+	gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
+	reg := prometheus.NewRegistry()
+	s := startSubscriber(t, Source{Worker: 4, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, gated,
+		SubscriberConfig{LiveQueue: 4, Metrics: NewMetrics(reg)})
+	waitUntil(t, 10*time.Second, "join replay to finish", func() bool { return s.s.State().Synced })
+	e.feed(ops) // the first apply blocks: the queue fills and drops
+	drops := func() float64 {
+		return testutil.ToFloat64(s.s.cfg.Metrics.dropped.WithLabelValues("4", "0", "queue_full"))
+	}
+	waitUntil(t, 10*time.Second, "the live queue to overflow", func() bool { return drops() > 0 })
+	close(gated.gate)
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+	if st := s.s.State(); st.Degraded || st.Stats.Gaps+st.Stats.Probes == 0 {
+		t.Fatalf("drops should have been replayed as gaps: %+v", st)
+	}
+}
+
+// TestSubscriberMetrics checks the exported series after a simple run: a
+// join replay of three batches, then one live batch.
+func TestSubscriberMetrics(t *testing.T) {
+	e := startEngine(t, indexer.Rank{WorkerID: 2, DPRank: 1}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ops := e2eOps(t, 13, 1, 300)[0]
+	store := func(i int) indexer.Op {
+		for ; ops[i].Kind != indexer.OpStore || ops[i].Store.HasParent; i++ {
+		}
+		return ops[i]
+	}
+	e.publish([]indexer.Op{store(0)})
+	e.publish([]indexer.Op{{Kind: indexer.OpClear}})
+	e.publish([]indexer.Op{store(0), {Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: store(0).Store.Hashes}}})
+	_, app := newE2EIndex(t)
+	reg := prometheus.NewRegistry()
+	s := startSubscriber(t, Source{Worker: 2, Rank: 1, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
+		SubscriberConfig{Metrics: NewMetrics(reg), ProbeInterval: -1})
+	caughtUp(t, s, e)
+	e.publish([]indexer.Op{store(0)})
+	caughtUp(t, s, e)
+	want := `
+# HELP prefixd_stream_batches_total Batches by outcome: applied, duplicate, or dropped (see prefixd_stream_dropped_total).
+# TYPE prefixd_stream_batches_total counter
+prefixd_stream_batches_total{rank="1",status="applied",worker="2"} 4
+prefixd_stream_batches_total{rank="1",status="duplicate",worker="2"} 0
+# HELP prefixd_stream_degraded 1 while the worker rank's history is known to be incomplete (it holds a subset of the engine's cache).
+# TYPE prefixd_stream_degraded gauge
+prefixd_stream_degraded{rank="1",worker="2"} 0
+# HELP prefixd_stream_events_total Events in applied batches, by type (stored, removed, cleared, unknown, filtered).
+# TYPE prefixd_stream_events_total counter
+prefixd_stream_events_total{rank="1",type="cleared",worker="2"} 1
+prefixd_stream_events_total{rank="1",type="removed",worker="2"} 1
+prefixd_stream_events_total{rank="1",type="stored",worker="2"} 3
+prefixd_stream_events_total{rank="1",type="unknown",worker="2"} 0
+# HELP prefixd_stream_last_applied_seq Sequence number of the last batch applied for the worker rank.
+# TYPE prefixd_stream_last_applied_seq gauge
+prefixd_stream_last_applied_seq{rank="1",worker="2"} 3
+# HELP prefixd_stream_up 1 while the live socket to the worker rank is connected.
+# TYPE prefixd_stream_up gauge
+prefixd_stream_up{rank="1",worker="2"} 1
+`
+	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
+		"prefixd_stream_batches_total", "prefixd_stream_degraded", "prefixd_stream_events_total",
+		"prefixd_stream_last_applied_seq", "prefixd_stream_up"); err != nil {
+		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(s.s.cfg.Metrics.replays.WithLabelValues("2", "1", "ok")); n != 1 {
+		t.Fatalf("replays ok = %v, want 1 (the join)", n)
+	}
+}
