@@ -309,3 +309,9 @@ func (ix *Index) Read(k PartitionKey, f func(t *Tree)) error {
 	f(p.tree)
 	return nil
 }
+
+// RemoveWorkerFrom removes every rank of worker id from partition k,
+// including ranks learned only from batches' data_parallel_rank.
+func (ix *Index) RemoveWorkerFrom(k PartitionKey, id uint64) error {
+	return ix.mutate(k, func(t *Tree) { t.RemoveWorker(id) })
+}

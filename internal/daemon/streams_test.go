@@ -1,0 +1,151 @@
+package daemon
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
+)
+
+type testEngine struct {
+	t    *testing.T
+	pub  *events.Publisher
+	stop context.CancelFunc
+	done chan error
+	enc  events.Encoder
+	last uint64
+	blk  uint64
+}
+
+func startTestEngine(t *testing.T) *testEngine {
+	t.Helper()
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &testEngine{t: t, pub: pub, stop: cancel, done: make(chan error, 1), blk: 1}
+	go func() { e.done <- pub.Run(ctx) }()
+	<-pub.Ready()
+	t.Cleanup(func() { cancel(); <-e.done })
+	return e
+}
+
+// store publishes one root BlockStored of n fresh blocks (16 tokens each).
+func (e *testEngine) store(n int) {
+	e.t.Helper()
+	ev := events.Event{Kind: events.KindBlockStored, BlockSize: 16, Medium: "GPU"}
+	for i := 0; i < n; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, e.blk)
+		for j := 0; j < 16; j++ {
+			ev.TokenIDs = append(ev.TokenIDs, uint32(e.blk*100+uint64(j)))
+		}
+		e.blk++
+	}
+	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: []events.Event{ev}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func waitCond(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func startStreams(t *testing.T, ix *indexer.Index) *Streams {
+	t.Helper()
+	s := NewStreams(ix, events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) int {
+	st, err := ix.Rank(k, indexer.Rank{WorkerID: w, DPRank: r})
+	if err != nil {
+		return -1
+	}
+	return st.Blocks
+}
+
+// TestStreamsLifecycle: a worker's ranks are indexed from their streams; a
+// changed endpoint restarts only that rank's stream; removing the worker
+// stops its streams and empties the index.
+func TestStreamsLifecycle(t *testing.T) {
+	ix := indexer.New(indexer.Options{})
+	s := startStreams(t, ix)
+	ctx := context.Background()
+	k := indexer.PartitionKey{Model: "m", Group: "default"}
+	e0, e1 := startTestEngine(t), startTestEngine(t)
+	e0.store(3)
+	e1.store(5)
+	w := WorkerStreams{ID: 7, Partition: k, BlockSize: 16, Sources: []events.Source{
+		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
+		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
+	}}
+	if err := s.Set(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "both ranks indexed", func() bool {
+		return s.Synced() && rankBlocks(ix, k, 7, 0) == 3 && rankBlocks(ix, k, 7, 1) == 5
+	})
+	before := s.Status()
+	if len(before) != 2 || before[0].Rank != 0 || before[1].Rank != 1 || !before[0].Connected {
+		t.Fatalf("status %+v", before)
+	}
+	s.mu.Lock()
+	sub0 := s.subs[streamKey{7, 0}].sub
+	s.mu.Unlock()
+
+	// Rank 1 moves to another engine: only its stream restarts.
+	e2 := startTestEngine(t)
+	e2.store(2)
+	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.pub.Endpoint(), e2.pub.ReplayEndpoint()
+	if err := s.Set(ctx, w); err != nil {
+		t.Fatal(err)
+	}
+	waitCond(t, "rank 1 re-indexed from its new engine", func() bool {
+		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
+	})
+	s.mu.Lock()
+	same := s.subs[streamKey{7, 0}].sub == sub0
+	s.mu.Unlock()
+	if !same || rankBlocks(ix, k, 7, 0) != 3 {
+		t.Fatal("rank 0's stream was restarted by a change to rank 1")
+	}
+
+	// A conflicting block size is refused.
+	bad := w
+	bad.ID, bad.BlockSize = 8, 32
+	if err := s.Set(ctx, bad); err == nil {
+		t.Fatal("block size conflict accepted")
+	}
+
+	if err := s.Remove(ctx, 7); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Status(); len(st) != 0 {
+		t.Fatalf("streams left after Remove: %+v", st)
+	}
+	for _, ps := range ix.Stats() {
+		if ps.Entries != 0 || ps.Nodes != 0 {
+			t.Fatalf("index not empty after Remove: %+v", ps)
+		}
+	}
+}
