@@ -1,6 +1,68 @@
-// Package catalog owns the worker record, its validation, the worker Store
-// (etcd and in-memory), lease-backed registration and the watch that turns
-// key changes into worker up and down events.
+// Package catalog owns prefixd's worker catalog: the worker record and its
+// validation, where records live (etcd, or memory for tests), lease-backed
+// registration, and the watch that turns record changes into workers
+// coming, changing and going.
 //
-// Implemented by the catalog issue; the package exists so the layout is fixed.
+// # The record
+//
+// A Worker is a versioned JSON record ("version": 1) of one engine serving
+// one (model_name, routing_group) partition: its registrant-chosen
+// worker_id (stable across re-registrations; not a lease id), role, engine
+// HTTP endpoint, KV-events and replay endpoints per data-parallel rank
+// (explicit per-rank maps, or a base that each global dp rank offsets as
+// vLLM does; see Worker.Streams), block size, dp ranks, capacity,
+// topology and KV-transfer constraints, taints (a sorted list of strings),
+// lifecycle (active or draining) and the engine's first event seq.
+// WithDefaults fills defaults; Validate returns a *ValidationError whose
+// FieldErrors name the JSON field ("block_size: must be positive").
+// json.Marshal of a Worker is stable, so Equal compares encodings.
+//
+// # Keys
+//
+// A record lives at <prefix>/workers/<model>/<group>/<worker_id> (prefix
+// DefaultPrefix, "/prefixd/v1"), model and group path-escaped so that
+// "meta-llama/Llama-3-8B" is one segment; Key.Path and ParseKey convert,
+// and ParseKey accepts only canonical keys.
+//
+// # Stores
+//
+// Store is the contract: put with or without a lease, get, delete (one
+// record, or a worker from every group of a model), list at a revision,
+// watch from a revision, and leases (grant, keep alive once, revoke).
+// EtcdStore implements it on etcd (client v3; EtcdConfig carries
+// endpoints, TLS files and credentials, and NewEtcdStore fails early with
+// an error that says whether etcd is unreachable, wants credentials or
+// rejected them). MemoryStore implements it in memory with etcd's
+// revision, compaction and lease semantics. Package catalog/storetest is
+// the conformance suite both pass. Embedded runs a single-member etcd in
+// process for a daemon given no etcd endpoints.
+//
+// Records registered by sidecars are attached to the sidecar's lease
+// (DefaultSessionTTL, 10 s) and vanish when it expires; records written
+// with NoLease (POST /register) stay until deleted.
+//
+// # Registration
+//
+// Register writes a record with a new lease and returns a Session, shaped
+// like etcd's concurrency.Session: Run renews the lease (every TTL/3),
+// closes Done's channel when the lease is lost, and registers the same
+// record again with a new lease once the store takes writes; Close revokes
+// the lease, deleting the record at once. A registrant that dies without
+// Close is removed when its TTL runs out.
+//
+// # Watching
+//
+// A Watcher lists at a revision, delivers the difference from what it
+// delivered before as Changes (Added, Updated with old and new record,
+// Removed) through a callback, then watches from the next revision. On
+// compaction (ErrCompacted), a dropped connection or restarted etcd
+// (ErrInterrupted) or any watch error it lists again and diffs, so every
+// real change is delivered once. A bad record is counted (Stats,
+// OnBadRecord) and ignored. Synced reports that the first list was
+// delivered.
+//
+// Concurrency: stores, Session and Watcher methods are safe for concurrent
+// use; Session.Run and Watcher.Run each run once, return ctx's error, and
+// leave no goroutine behind. Constructors start nothing except
+// StartEmbedded (a server) and NewEtcdStore (the etcd client's connection).
 package catalog

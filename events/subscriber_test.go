@@ -69,14 +69,6 @@ func (e *e2eEngine) shutdown() {
 	}
 }
 
-// processRestart stops the engine's sockets and starts a new incarnation
-// on the same ports with an empty cache.
-func (e *e2eEngine) processRestart() {
-	e.shutdown()
-	e.truth = indexer.NewTree(16)
-	e.start()
-}
-
 // restart starts a new incarnation in place (seq 0, empty cache).
 func (e *e2eEngine) restart() {
 	e.pub.Restart()

@@ -1,0 +1,403 @@
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
+	"go.etcd.io/etcd/client/pkg/v3/transport"
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/connectivity"
+)
+
+// EtcdConfig is how to reach etcd. The serve and sidecar commands map
+// their flags onto it.
+type EtcdConfig struct {
+	// Endpoints are client URLs, e.g. "http://127.0.0.1:2379" (https with
+	// TLS). Required.
+	Endpoints []string
+	// Prefix is the key prefix (default DefaultPrefix).
+	Prefix string
+	// Username and Password enable etcd authentication (both or neither).
+	Username string
+	Password string
+	// CertFile and KeyFile are a client certificate (both or neither);
+	// CAFile verifies the server. Any of them turns TLS on.
+	CertFile string
+	KeyFile  string
+	CAFile   string
+	// DialTimeout bounds connecting, authenticating and the first read
+	// NewEtcdStore makes (default 5 s).
+	DialTimeout time.Duration
+	// ReconnectMaxDelay caps the delay between reconnection attempts
+	// while etcd is down (default 1 s; gRPC's own default is 2 minutes,
+	// which would leave leases expiring long after etcd came back).
+	ReconnectMaxDelay time.Duration
+}
+
+// Validate reports configuration mistakes, naming the field.
+func (c EtcdConfig) Validate() error {
+	var errs []error
+	if len(c.Endpoints) == 0 {
+		errs = append(errs, errors.New("etcd endpoints: at least one is required"))
+	}
+	for _, e := range c.Endpoints {
+		if !strings.HasPrefix(e, "http://") && !strings.HasPrefix(e, "https://") && !strings.HasPrefix(e, "unix://") && !strings.HasPrefix(e, "unixs://") {
+			errs = append(errs, fmt.Errorf("etcd endpoints: %q is not an http(s) or unix URL", e))
+		}
+	}
+	if (c.Username == "") != (c.Password == "") {
+		errs = append(errs, errors.New("etcd username and password: set both or neither"))
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		errs = append(errs, errors.New("etcd cert and key files: set both or neither"))
+	}
+	return errors.Join(errs...)
+}
+
+func (c EtcdConfig) tls() bool { return c.CertFile != "" || c.KeyFile != "" || c.CAFile != "" }
+
+// EtcdStore is the Store on etcd (client v3). Keys live under the
+// configured prefix (see Key.Path); values are the records' JSON; leases
+// are etcd leases. It is safe for concurrent use.
+type EtcdStore struct {
+	cli       *clientv3.Client
+	prefix    string
+	endpoints []string
+}
+
+var _ Store = (*EtcdStore)(nil)
+
+// listPage is how many records one List request fetches.
+const listPage = 500
+
+// NewEtcdStore connects to etcd and checks that it can read the prefix,
+// so a wrong endpoint, a missing or wrong password or missing permissions
+// fail here with an error that says which. It starts no goroutine of its
+// own (the etcd client runs its connection machinery until Close).
+func NewEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 5 * time.Second
+	}
+	if cfg.ReconnectMaxDelay <= 0 {
+		cfg.ReconnectMaxDelay = time.Second
+	}
+	bo := backoff.DefaultConfig
+	bo.BaseDelay = 100 * time.Millisecond
+	bo.MaxDelay = cfg.ReconnectMaxDelay
+	ccfg := clientv3.Config{
+		Endpoints:   cfg.Endpoints,
+		DialTimeout: cfg.DialTimeout,
+		Username:    cfg.Username,
+		Password:    cfg.Password,
+		Logger:      zap.NewNop(), // errors surface through this package's returns
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{Backoff: bo, MinConnectTimeout: cfg.DialTimeout})},
+	}
+	if cfg.tls() {
+		tc, err := transport.TLSInfo{CertFile: cfg.CertFile, KeyFile: cfg.KeyFile, TrustedCAFile: cfg.CAFile}.ClientConfig()
+		if err != nil {
+			return nil, fmt.Errorf("etcd TLS: %w", err)
+		}
+		ccfg.TLS = tc
+	}
+	eps := strings.Join(cfg.Endpoints, ",")
+	cli, err := clientv3.New(ccfg)
+	if err != nil {
+		if errors.Is(err, rpctypes.ErrAuthFailed) {
+			return nil, fmt.Errorf("etcd %s: authentication failed for user %q (wrong username or password): %w", eps, cfg.Username, err)
+		}
+		return nil, fmt.Errorf("etcd %s: connect: %w", eps, err)
+	}
+	s := &EtcdStore{cli: cli, prefix: normPrefix(cfg.Prefix), endpoints: cfg.Endpoints}
+	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
+	defer cancel()
+	_, err = cli.Get(cctx, workersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		cli.Close()
+		switch {
+		case errors.Is(err, rpctypes.ErrUserEmpty):
+			return nil, fmt.Errorf("etcd %s: the server requires authentication; set a username and password: %w", eps, err)
+		case errors.Is(err, rpctypes.ErrPermissionDenied):
+			return nil, fmt.Errorf("etcd %s: user %q may not read %s: %w", eps, cfg.Username, workersPrefix(s.prefix), err)
+		case errors.Is(err, context.DeadlineExceeded):
+			return nil, fmt.Errorf("etcd %s: not reachable within %v (down, wrong address, or a TLS mismatch such as a missing client certificate): %w", eps, cfg.DialTimeout, err)
+		}
+		return nil, fmt.Errorf("etcd %s: read %s: %w", eps, workersPrefix(s.prefix), err)
+	}
+	return s, nil
+}
+
+// Prefix returns the key prefix.
+func (s *EtcdStore) Prefix() string { return s.prefix }
+
+// Close closes the client. Leases are not revoked (Session.Close does
+// that), so records written with them stay until their TTL runs out.
+func (s *EtcdStore) Close() error { return s.cli.Close() }
+
+// etcdErr wraps err, adding this package's sentinel for the etcd errors
+// callers branch on.
+func etcdErr(op string, err error) error {
+	switch {
+	case errors.Is(err, rpctypes.ErrLeaseNotFound):
+		return fmt.Errorf("%s: %w: %w", op, ErrLeaseNotFound, err)
+	case errors.Is(err, rpctypes.ErrCompacted):
+		return fmt.Errorf("%s: %w: %w", op, ErrCompacted, err)
+	}
+	return fmt.Errorf("%s: %w", op, err)
+}
+
+// Put implements Registrar.
+func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, error) {
+	b, err := encodeForPut(w)
+	if err != nil {
+		return 0, err
+	}
+	var opts []clientv3.OpOption
+	if lease != NoLease {
+		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	}
+	resp, err := s.cli.Put(ctx, w.Key().Path(s.prefix), string(b), opts...)
+	if err != nil {
+		return 0, etcdErr(fmt.Sprintf("put %v lease %x", w.Key(), lease), err)
+	}
+	return resp.Header.Revision, nil
+}
+
+// Get implements Store.
+func (s *EtcdStore) Get(ctx context.Context, k Key) (Worker, error) {
+	path := k.Path(s.prefix)
+	resp, err := s.cli.Get(ctx, path)
+	if err != nil {
+		return Worker{}, etcdErr(fmt.Sprintf("get %v", k), err)
+	}
+	if len(resp.Kvs) == 0 {
+		return Worker{}, fmt.Errorf("get %v: %w", k, ErrNotFound)
+	}
+	kv := resp.Kvs[0]
+	rec := decodeRecord(s.prefix, path, kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))
+	if rec.Err != nil {
+		return Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
+	}
+	return rec.Worker, nil
+}
+
+// Delete implements Store.
+func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
+	resp, err := s.cli.Delete(ctx, k.Path(s.prefix))
+	if err != nil {
+		return false, etcdErr(fmt.Sprintf("delete %v", k), err)
+	}
+	return resp.Deleted > 0, nil
+}
+
+// DeleteAllGroups implements Store: it lists the model's keys and deletes
+// the worker's in one transaction (one revision).
+func (s *EtcdStore) DeleteAllGroups(ctx context.Context, model string, id uint64) (int, error) {
+	op := fmt.Sprintf("delete worker %d from every group of model %q", id, model)
+	resp, err := s.cli.Get(ctx, modelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	if err != nil {
+		return 0, etcdErr(op, err)
+	}
+	var ops []clientv3.Op
+	for _, kv := range resp.Kvs {
+		if k, err := ParseKey(s.prefix, string(kv.Key)); err == nil && k.WorkerID == id {
+			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+		}
+	}
+	if len(ops) == 0 {
+		return 0, nil
+	}
+	tresp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+	if err != nil {
+		return 0, etcdErr(op, err)
+	}
+	n := 0
+	for _, r := range tresp.Responses {
+		n += int(r.GetResponseDeleteRange().GetDeleted())
+	}
+	return n, nil
+}
+
+// List implements WatchSource. It reads in pages, all at the revision of
+// the first page.
+func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
+	wp := workersPrefix(s.prefix)
+	end := clientv3.GetPrefixRangeEnd(wp)
+	from := wp
+	snap := Snapshot{Revision: rev}
+	for {
+		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
+		if snap.Revision > 0 {
+			opts = append(opts, clientv3.WithRev(snap.Revision))
+		}
+		resp, err := s.cli.Get(ctx, from, opts...)
+		if err != nil {
+			return Snapshot{}, etcdErr(fmt.Sprintf("list %s at revision %d", wp, snap.Revision), err)
+		}
+		if snap.Revision == 0 {
+			snap.Revision = resp.Header.Revision
+		}
+		for _, kv := range resp.Kvs {
+			snap.Records = append(snap.Records, decodeRecord(s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease)))
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			return snap, nil
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+}
+
+// Compact compacts etcd's history below rev (the whole keyspace, not only
+// the prefix). Used by tests; production etcd compacts on its own
+// schedule.
+func (s *EtcdStore) Compact(ctx context.Context, rev int64) error {
+	if _, err := s.cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
+		return etcdErr(fmt.Sprintf("compact at revision %d", rev), err)
+	}
+	return nil
+}
+
+// Grant implements Registrar.
+func (s *EtcdStore) Grant(ctx context.Context, ttl time.Duration) (LeaseID, error) {
+	resp, err := s.cli.Grant(ctx, ttlSeconds(ttl))
+	if err != nil {
+		return 0, etcdErr(fmt.Sprintf("grant lease of %v", ttl), err)
+	}
+	return LeaseID(resp.ID), nil
+}
+
+// KeepAliveOnce implements Registrar.
+func (s *EtcdStore) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duration, error) {
+	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
+	if err != nil {
+		return 0, etcdErr(fmt.Sprintf("keep lease %x alive", id), err)
+	}
+	return time.Duration(resp.TTL) * time.Second, nil
+}
+
+// Revoke implements Registrar.
+func (s *EtcdStore) Revoke(ctx context.Context, id LeaseID) error {
+	if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
+		return etcdErr(fmt.Sprintf("revoke lease %x", id), err)
+	}
+	return nil
+}
+
+// Watch implements WatchSource. The etcd client resumes a watch by itself
+// after a reconnect, but a restarted etcd may have lost or compacted the
+// history it resumes from; so the stream also follows the client's
+// connection and reports ErrInterrupted when it drops, which makes a
+// Watcher list again and diff. It requires a leader: a member cut off from
+// its cluster fails the watch (ErrInterrupted) instead of going quiet.
+func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
+	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
+	opts := []clientv3.OpOption{clientv3.WithPrefix()}
+	if rev > 0 {
+		opts = append(opts, clientv3.WithRev(rev))
+	}
+	conn := s.cli.ActiveConnection()
+	state := conn.GetState()
+	w := &etcdWatch{
+		s:           s,
+		from:        rev,
+		cancel:      cancel,
+		wch:         s.cli.Watch(wctx, workersPrefix(s.prefix), opts...),
+		interrupted: make(chan struct{}),
+	}
+	w.wg.Add(1)
+	go func() { // owned by the stream: Close waits for it
+		defer w.wg.Done()
+		w.follow(wctx, conn, state)
+	}()
+	return w, nil
+}
+
+type etcdWatch struct {
+	s           *EtcdStore
+	from        int64 // next revision expected (for errors)
+	cancel      context.CancelFunc
+	wch         clientv3.WatchChan
+	interrupted chan struct{} // closed when the connection drops after being ready
+	wg          sync.WaitGroup
+}
+
+// follow closes w.interrupted once the client connection leaves the ready
+// state, having been ready during the watch.
+func (w *etcdWatch) follow(ctx context.Context, conn *grpc.ClientConn, state connectivity.State) {
+	ready := state == connectivity.Ready
+	for conn.WaitForStateChange(ctx, state) {
+		state = conn.GetState()
+		if state == connectivity.Ready {
+			ready = true
+			continue
+		}
+		if ready {
+			close(w.interrupted)
+			return
+		}
+	}
+}
+
+func (w *etcdWatch) Close() {
+	w.cancel()
+	w.wg.Wait()
+}
+
+func (w *etcdWatch) Next(ctx context.Context) ([]Event, error) {
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-w.interrupted:
+			return nil, fmt.Errorf("watch from revision %d: connection to etcd lost: %w", w.from, ErrInterrupted)
+		case resp, ok := <-w.wch:
+			if !ok {
+				return nil, fmt.Errorf("watch from revision %d: closed: %w", w.from, ErrInterrupted)
+			}
+			if err := resp.Err(); err != nil {
+				switch {
+				case resp.CompactRevision != 0:
+					return nil, fmt.Errorf("watch from revision %d (compacted at %d): %w: %w", w.from, resp.CompactRevision, ErrCompacted, err)
+				case errors.Is(err, rpctypes.ErrNoLeader):
+					return nil, fmt.Errorf("watch from revision %d: %w: %w", w.from, ErrInterrupted, err)
+				}
+				return nil, fmt.Errorf("watch from revision %d: %w", w.from, err)
+			}
+			if len(resp.Events) == 0 {
+				continue // progress notification
+			}
+			evs := make([]Event, len(resp.Events))
+			for i, e := range resp.Events {
+				kv := e.Kv
+				if e.Type == mvccpb.DELETE {
+					evs[i] = Event{Type: EventDelete, Record: decodeRecord(w.s.prefix, string(kv.Key), nil, true, kv.ModRevision, NoLease)}
+				} else {
+					evs[i] = Event{Type: EventPut, Record: decodeRecord(w.s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))}
+				}
+			}
+			w.from = resp.Events[len(resp.Events)-1].Kv.ModRevision + 1
+			return evs, nil
+		}
+	}
+}
+
+// PutRaw writes value under path with no validation and no lease, for
+// tests that plant bad records.
+func (s *EtcdStore) PutRaw(ctx context.Context, path string, value []byte) (int64, error) {
+	resp, err := s.cli.Put(ctx, path, string(value))
+	if err != nil {
+		return 0, etcdErr("put "+path, err)
+	}
+	return resp.Header.Revision, nil
+}

@@ -1,0 +1,321 @@
+package catalog
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// ChangeKind says how a worker record changed.
+type ChangeKind int
+
+// The change kinds.
+const (
+	Added   ChangeKind = iota + 1 // a record appeared
+	Updated                       // a record's content changed
+	Removed                       // a record is gone (deleted, revoked, expired)
+)
+
+func (k ChangeKind) String() string {
+	switch k {
+	case Added:
+		return "added"
+	case Updated:
+		return "updated"
+	case Removed:
+		return "removed"
+	}
+	return "unknown"
+}
+
+// Change is one worker coming, changing or going.
+type Change struct {
+	Kind ChangeKind
+	Key  Key
+	// Worker is the record now (Added, Updated), or the last one delivered
+	// (Removed).
+	Worker Worker
+	// Old is the record before an Update; zero otherwise.
+	Old Worker
+	// Revision is the store revision the change was seen at.
+	Revision int64
+}
+
+// WatcherConfig configures a Watcher. Zero fields take the defaults noted.
+type WatcherConfig struct {
+	// OnChange receives every change, in order, on Run's goroutine; it is
+	// required. Run waits for it, and does not watch ctx meanwhile, so it
+	// must return promptly (hand long work to another goroutine).
+	OnChange func(Change)
+	// OnBadRecord is told about each bad record written (once per key and
+	// revision: a record that does not decode, does not validate, or whose
+	// body disagrees with its key), on Run's goroutine, for metrics. A bad
+	// write changes nothing: a worker already delivered keeps its last
+	// good record until its key is deleted. May be nil.
+	OnBadRecord func(path string, err error)
+	// Logger receives resyncs and store failures (default slog.Default()).
+	Logger *slog.Logger
+	// ListTimeout bounds one List (default 10 s).
+	ListTimeout time.Duration
+	// RetryMin and RetryMax bound the backoff between failed attempts
+	// (defaults 100 ms and 2 s).
+	RetryMin, RetryMax time.Duration
+}
+
+// Watcher turns a WatchSource into a stream of worker Changes. It lists
+// the records at a revision, delivers the difference from what it
+// delivered before, then watches from the next revision. When the watch
+// fails — compaction (ErrCompacted), a lost connection or restarted etcd
+// (ErrInterrupted), any other error — it lists again and delivers only
+// the difference, so each real change is delivered once and a consumer's
+// view converges on the store.
+type Watcher struct {
+	src WatchSource
+	cfg WatcherConfig
+
+	synced     chan struct{}
+	syncedOnce sync.Once
+	bad        atomic.Uint64
+	resyncs    atomic.Uint64
+	revision   atomic.Int64
+	workers    atomic.Int64
+
+	// Owned by Run's goroutine.
+	delivered map[Key]Worker
+	badSeen   map[string]int64 // path → mod revision already counted
+}
+
+// WatcherStats are a Watcher's counters, for metrics.
+type WatcherStats struct {
+	BadRecords uint64 // bad record writes seen
+	Resyncs    uint64 // lists after the first (after compaction, reconnects, failures)
+	Revision   int64  // store revision of the last change or list applied
+	Workers    int    // records delivered and not removed
+}
+
+// NewWatcher returns a Watcher of src. It does nothing until Run.
+func NewWatcher(src WatchSource, cfg WatcherConfig) *Watcher {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.ListTimeout <= 0 {
+		cfg.ListTimeout = 10 * time.Second
+	}
+	if cfg.RetryMin <= 0 {
+		cfg.RetryMin = 100 * time.Millisecond
+	}
+	if cfg.RetryMax <= 0 {
+		cfg.RetryMax = 2 * time.Second
+	}
+	return &Watcher{
+		src:       src,
+		cfg:       cfg,
+		synced:    make(chan struct{}),
+		delivered: make(map[Key]Worker),
+		badSeen:   make(map[string]int64),
+	}
+}
+
+// Synced returns a channel closed once the first full list has been
+// delivered (OnChange returned for each of its records).
+func (w *Watcher) Synced() <-chan struct{} { return w.synced }
+
+// Stats returns the counters. Safe for concurrent use.
+func (w *Watcher) Stats() WatcherStats {
+	return WatcherStats{
+		BadRecords: w.bad.Load(),
+		Resyncs:    w.resyncs.Load(),
+		Revision:   w.revision.Load(),
+		Workers:    int(w.workers.Load()),
+	}
+}
+
+// Run lists, watches and re-lists until ctx ends, retrying with backoff
+// while the store is unreachable. It returns ctx's error. Call it once.
+func (w *Watcher) Run(ctx context.Context) error {
+	if w.cfg.OnChange == nil {
+		return errors.New("catalog watcher: OnChange is required")
+	}
+	delay := w.cfg.RetryMin
+	first := true
+	for {
+		rev, err := w.sync(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			w.cfg.Logger.Warn("catalog: list workers failed", "err", err, "retry_in", delay)
+			if !w.wait(ctx, delay) {
+				return ctx.Err()
+			}
+			delay = min(2*delay, w.cfg.RetryMax)
+			continue
+		}
+		if !first {
+			w.resyncs.Add(1)
+		}
+		first = false
+		start := time.Now()
+		err = w.follow(ctx, rev)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		switch {
+		case errors.Is(err, ErrCompacted):
+			w.cfg.Logger.Info("catalog: watch revision compacted; listing again", "err", err)
+			delay = w.cfg.RetryMin
+			continue
+		case errors.Is(err, ErrInterrupted):
+			w.cfg.Logger.Info("catalog: watch interrupted; listing again", "err", err)
+		default:
+			w.cfg.Logger.Warn("catalog: watch failed; listing again", "err", err, "retry_in", delay)
+		}
+		if time.Since(start) > w.cfg.RetryMax {
+			delay = w.cfg.RetryMin
+		}
+		if !w.wait(ctx, delay) {
+			return ctx.Err()
+		}
+		delay = min(2*delay, w.cfg.RetryMax)
+	}
+}
+
+func (w *Watcher) wait(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// sync lists and delivers the difference from what was delivered:
+// removals first, then additions and updates, each in key order. It
+// returns the list's revision.
+func (w *Watcher) sync(ctx context.Context) (int64, error) {
+	lctx, cancel := context.WithTimeout(ctx, w.cfg.ListTimeout)
+	snap, err := w.src.List(lctx, 0)
+	cancel()
+	if err != nil {
+		return 0, err
+	}
+	present := make(map[Key]bool, len(snap.Records))
+	paths := make(map[string]bool, len(snap.Records))
+	var changes []Change
+	for _, rec := range snap.Records {
+		paths[rec.Path] = true
+		if rec.Err != nil {
+			w.badRecord(rec)
+			if _, ok := w.delivered[rec.Key]; ok && rec.Key != (Key{}) {
+				present[rec.Key] = true // keeps its last good record
+			}
+			continue
+		}
+		delete(w.badSeen, rec.Path)
+		present[rec.Key] = true
+		if c, ok := w.diff(rec, snap.Revision); ok {
+			changes = append(changes, c)
+		}
+	}
+	for p := range w.badSeen {
+		if !paths[p] {
+			delete(w.badSeen, p)
+		}
+	}
+	var removed []Change
+	for k, old := range w.delivered {
+		if !present[k] {
+			removed = append(removed, Change{Kind: Removed, Key: k, Worker: old, Revision: snap.Revision})
+		}
+	}
+	slices.SortFunc(removed, func(a, b Change) int { return compareKeys(a.Key, b.Key) })
+	for _, c := range append(removed, changes...) {
+		if ctx.Err() != nil {
+			return 0, ctx.Err()
+		}
+		w.deliver(c)
+	}
+	w.revision.Store(snap.Revision)
+	w.syncedOnce.Do(func() { close(w.synced) })
+	return snap.Revision, nil
+}
+
+func compareKeys(a, b Key) int {
+	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group), cmp.Compare(a.WorkerID, b.WorkerID))
+}
+
+// diff compares a good record with what was delivered for its key.
+func (w *Watcher) diff(rec Record, rev int64) (Change, bool) {
+	old, ok := w.delivered[rec.Key]
+	switch {
+	case !ok:
+		return Change{Kind: Added, Key: rec.Key, Worker: rec.Worker, Revision: rev}, true
+	case !old.Equal(rec.Worker):
+		return Change{Kind: Updated, Key: rec.Key, Worker: rec.Worker, Old: old, Revision: rev}, true
+	}
+	return Change{}, false
+}
+
+// deliver records c as delivered and hands it to OnChange.
+func (w *Watcher) deliver(c Change) {
+	if c.Kind == Removed {
+		delete(w.delivered, c.Key)
+	} else {
+		w.delivered[c.Key] = c.Worker
+	}
+	w.workers.Store(int64(len(w.delivered)))
+	w.cfg.OnChange(c)
+}
+
+// badRecord counts a bad record write once.
+func (w *Watcher) badRecord(rec Record) {
+	if r, ok := w.badSeen[rec.Path]; ok && r == rec.ModRevision {
+		return
+	}
+	w.badSeen[rec.Path] = rec.ModRevision
+	w.bad.Add(1)
+	w.cfg.Logger.Warn("catalog: ignoring bad worker record", "key", rec.Path, "revision", rec.ModRevision, "err", rec.Err)
+	if w.cfg.OnBadRecord != nil {
+		w.cfg.OnBadRecord(rec.Path, rec.Err)
+	}
+}
+
+// follow watches from rev+1, delivering changes, until the watch fails.
+func (w *Watcher) follow(ctx context.Context, rev int64) error {
+	ws, err := w.src.Watch(ctx, rev+1)
+	if err != nil {
+		return err
+	}
+	defer ws.Close()
+	for {
+		evs, err := ws.Next(ctx)
+		if err != nil {
+			return err
+		}
+		for _, ev := range evs {
+			rec := ev.Record
+			switch {
+			case ev.Type == EventPut && rec.Err != nil:
+				w.badRecord(rec)
+			case ev.Type == EventPut:
+				delete(w.badSeen, rec.Path)
+				if c, ok := w.diff(rec, rec.ModRevision); ok {
+					w.deliver(c)
+				}
+			default: // delete
+				delete(w.badSeen, rec.Path)
+				if old, ok := w.delivered[rec.Key]; ok && rec.Err == nil {
+					w.deliver(Change{Kind: Removed, Key: rec.Key, Worker: old, Revision: rec.ModRevision})
+				}
+			}
+			w.revision.Store(rec.ModRevision)
+		}
+	}
+}
