@@ -1,0 +1,480 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"net/http"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+var mDefault = indexer.PartitionKey{Model: "m", Group: "default"}
+
+// newIndex returns an index with partition m:default of block size 16.
+func newIndex(t testing.TB) *indexer.Index {
+	t.Helper()
+	ix := indexer.New(indexer.Options{})
+	if err := ix.AddPartition(mDefault, 16); err != nil {
+		t.Fatal(err)
+	}
+	return ix
+}
+
+// dynamoExample builds the reference's §17.6 example: block size 16;
+// instance 1 holds 2 device blocks on rank 0 (and the next block in host
+// memory) and 1 device block on rank 1.
+func dynamoExample(t testing.TB) (*indexer.Index, []uint32) {
+	ix := newIndex(t)
+	p := prompt(64, 1000)
+	base := indexer.BaseSeed
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 1, indexer.TierDevice, base, 0, seq(100, 2), p[:32])
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 2, indexer.TierHost, base, 101, seq(102, 1), p[32:48])
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 1}, 1, indexer.TierDevice, base, 0, seq(200, 1), p[:16])
+	return ix, p
+}
+
+func TestQueryDynamoExample(t *testing.T) {
+	ix, p := dynamoExample(t)
+	s := newServer(t, Config{Index: ix})
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
+		`{"scores":{"1":{"0":32,"1":16}},"frequencies":[],"instances":{"1":{"longest_matched":48,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":48}}}`)
+	// The same through the exported response type.
+	var got ScoreResponse
+	r := s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m","routing_group":"default"}`)
+	if err := json.Unmarshal([]byte(r.body), &got); err != nil {
+		t.Fatal(err)
+	}
+	want := ScoreResponse{
+		Scores:      map[uint64]map[uint32]uint64{1: {0: 32, 1: 16}},
+		Frequencies: []uint64{},
+		Instances:   map[uint64]InstanceScore{1: {LongestMatched: 48, GPU: 32, DP: map[uint32]uint64{0: 32, 1: 16}, CPU: 48, Disk: 48}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v\nwant %+v", got, want)
+	}
+}
+
+func TestQueryTiersAndOrder(t *testing.T) {
+	ix := newIndex(t)
+	p := prompt(80, 7)
+	base := indexer.BaseSeed
+	// Instance 10: rank 3 holds block 0 only on disk → instances only.
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 10, DPRank: 3}, 1, indexer.TierDisk, base, 0, seq(1, 1), p[:16])
+	// Instance 2: rank 0 holds 3 device blocks, then 1 host, then 1 disk.
+	r := indexer.Rank{WorkerID: 2}
+	store(t, ix, mDefault, r, 1, indexer.TierDevice, base, 0, seq(10, 3), p[:48])
+	store(t, ix, mDefault, r, 2, indexer.TierHost, base, 12, seq(13, 1), p[48:64])
+	store(t, ix, mDefault, r, 3, indexer.TierDisk, base, 13, seq(14, 1), p[64:80])
+	s := newServer(t, Config{Index: ix})
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
+		`{"scores":{"2":{"0":48}},"frequencies":[],"instances":{"2":{"longest_matched":80,"gpu":48,"dp":{"0":48},"cpu":64,"disk":80},"10":{"longest_matched":16,"gpu":0,"dp":{},"cpu":0,"disk":16}}}`)
+	// A partial tail block is ignored; fewer tokens than a block match nothing.
+	s.post("/query", `{"token_ids":`+tokensJSON(p[:47])+`,"model_name":"m"}`).expect(t, 200,
+		`{"scores":{"2":{"0":32}},"frequencies":[],"instances":{"2":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32},"10":{"longest_matched":16,"gpu":0,"dp":{},"cpu":0,"disk":16}}}`)
+	empty := `{"scores":{},"frequencies":[],"instances":{}}`
+	s.post("/query", `{"token_ids":`+tokensJSON(p[:15])+`,"model_name":"m"}`).expect(t, 200, empty)
+	s.post("/query", `{"token_ids":[],"model_name":"m"}`).expect(t, 200, empty)
+	s.post("/query", `{"token_ids":`+tokensJSON(prompt(64, 5000))+`,"model_name":"m"}`).expect(t, 200, empty)
+}
+
+func TestQueryUnknownPartition(t *testing.T) {
+	s := newServer(t, Config{Index: newIndex(t)})
+	s.post("/query", `{"token_ids":[1],"model_name":"m","routing_group":"g"}`).expect(t, 404,
+		`{"error":"no indexer for model=m routing_group=g"}`)
+	s.post("/query", `{"token_ids":[1],"model_name":"x"}`).expect(t, 404,
+		`{"error":"no indexer for model=x routing_group=default"}`)
+	s.post("/query_by_hash", `{"block_hashes":[1],"model_name":"x","routing_group":null}`).expect(t, 404,
+		`{"error":"no indexer for model=x routing_group=default"}`)
+}
+
+// TestQuerySalt checks that a LoRA adapter and a cache salt each change the
+// block hashes: the same tokens stored under one salt never match a query
+// under another.
+func TestQuerySalt(t *testing.T) {
+	ix := newIndex(t)
+	p := prompt(32, 1)
+	salts := []struct{ lora, salt string }{{"", ""}, {"lora-a", ""}, {"", "salt-x"}, {"lora-a", "salt-x"}, {"lora-b", ""}}
+	for i, sl := range salts {
+		store(t, ix, mDefault, indexer.Rank{WorkerID: uint64(i + 1)}, 1, indexer.TierDevice, indexer.Seed(sl.lora, sl.salt), 0, seq(1, 2), p)
+	}
+	s := newServer(t, Config{Index: ix})
+	for i, sl := range salts {
+		body := fmt.Sprintf(`{"token_ids":%s,"model_name":"m","lora_name":%q,"cache_salt":%q}`, tokensJSON(p), sl.lora, sl.salt)
+		want := fmt.Sprintf(`{"scores":{"%d":{"0":32}},"frequencies":[],"instances":{"%d":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`, i+1, i+1)
+		s.post("/query", body).expect(t, 200, want)
+	}
+	// null and absent mean unsalted.
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m","lora_name":null,"cache_salt":null}`).expect(t, 200,
+		`{"scores":{"1":{"0":32}},"frequencies":[],"instances":{"1":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`)
+}
+
+// TestQueryByHash sends the local hashes of a prompt whose hashes include
+// values ≥ 2^63, once as int64 bit patterns (Dynamo's form) and once as
+// plain unsigned integers; both must answer exactly as /query does.
+func TestQueryByHash(t *testing.T) {
+	ix := newIndex(t)
+	seed := indexer.Seed("", "tenant-1")
+	var p []uint32
+	var hs []uint64
+	for base := uint32(0); ; base += 1000 {
+		p = prompt(64, base)
+		hs = indexer.HashBlocks(nil, p, 16, seed)
+		hi, lo := 0, 0
+		for _, h := range hs {
+			if h >= 1<<63 {
+				hi++
+			} else {
+				lo++
+			}
+		}
+		if hi > 0 && lo > 0 {
+			break
+		}
+	}
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 5, DPRank: 1}, 1, indexer.TierDevice, seed, 0, seq(1, 4), p)
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 6}, 1, indexer.TierDevice, seed, 0, seq(1, 2), p[:32])
+	s := newServer(t, Config{Index: ix})
+	want := `{"scores":{"5":{"1":64},"6":{"0":32}},"frequencies":[],"instances":{"5":{"longest_matched":64,"gpu":64,"dp":{"1":64},"cpu":64,"disk":64},"6":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m","cache_salt":"tenant-1"}`).expect(t, 200, want)
+
+	signed, unsigned := make([]string, len(hs)), make([]string, len(hs))
+	for i, h := range hs {
+		signed[i] = strconv.FormatInt(int64(h), 10)
+		unsigned[i] = strconv.FormatUint(h, 10)
+	}
+	if !strings.Contains(strings.Join(signed, ","), "-") {
+		t.Fatal("no negative hash in the test prompt")
+	}
+	for _, form := range [][]string{signed, unsigned} {
+		s.post("/query_by_hash", `{"block_hashes":[`+strings.Join(form, ",")+`],"model_name":"m","cache_salt":null}`).expect(t, 200, want)
+	}
+	// The exported request type marshals the signed form.
+	req := QueryByHashRequest{ModelName: "m"}
+	for _, h := range hs {
+		req.BlockHashes = append(req.BlockHashes, int64(h))
+	}
+	b, _ := json.Marshal(req)
+	s.post("/query_by_hash", string(b)).expect(t, 200, want)
+	// Unsalted hashes of the same tokens match nothing.
+	plain := indexer.HashBlocks(nil, p, 16, indexer.BaseSeed)
+	b, _ = json.Marshal(map[string]any{"block_hashes": plain, "model_name": "m"})
+	s.post("/query_by_hash", string(b)).expect(t, 200, `{"scores":{},"frequencies":[],"instances":{}}`)
+	// Boundaries of the accepted range.
+	for _, h := range []string{"-9223372036854775808", "18446744073709551615", "0", "-0"} {
+		s.post("/query_by_hash", `{"block_hashes":[`+h+`],"model_name":"m"}`).expect(t, 200, `{"scores":{},"frequencies":[],"instances":{}}`)
+	}
+}
+
+func TestDumpRoundTrip(t *testing.T) {
+	ix := newIndex(t)
+	other := indexer.PartitionKey{Model: "org/llama:8b", Group: "tenant-a"}
+	if err := ix.AddPartition(other, 32); err != nil {
+		t.Fatal(err)
+	}
+	p := prompt(256, 3)
+	for w := uint64(1); w <= 4; w++ {
+		for rank := uint32(0); rank < 2; rank++ {
+			r := indexer.Rank{WorkerID: w, DPRank: rank}
+			n := int(w+uint64(rank)) * 16
+			store(t, ix, mDefault, r, 10*w+uint64(rank), indexer.TierDevice, indexer.BaseSeed, 0, seq(1000*w, n/16), p[:n])
+			if w%2 == 0 {
+				store(t, ix, mDefault, r, 10*w+uint64(rank)+1, indexer.TierHost, indexer.BaseSeed, 1000*w+uint64(n/16)-1, seq(1000*w+uint64(n/16), 2), p[n:n+32])
+			}
+		}
+		store(t, ix, other, indexer.Rank{WorkerID: w}, w, indexer.TierDevice, indexer.Seed("lora", ""), 0, seq(1, int(w)), p[:32*w])
+	}
+	s := newServer(t, Config{Index: ix})
+	r := s.get("/dump")
+	if r.status != 200 {
+		t.Fatalf("dump: %d %s", r.status, r.body)
+	}
+	var parts map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(r.body), &parts); err != nil {
+		t.Fatal(err)
+	}
+	if len(parts) != 2 || parts["m:default"] == nil || parts["org/llama:8b:tenant-a"] == nil {
+		t.Fatalf("dump partitions: %v", reflect.ValueOf(parts).MapKeys())
+	}
+	fresh := indexer.New(indexer.Options{})
+	for name, raw := range parts {
+		i := strings.LastIndexByte(name, ':')
+		k := indexer.PartitionKey{Model: name[:i], Group: name[i+1:]}
+		var snap indexer.Snapshot
+		if err := json.Unmarshal(raw, &snap); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if err := fresh.Restore(k, &snap); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	s2 := newServer(t, Config{Index: fresh})
+	queries := []string{
+		`{"token_ids":` + tokensJSON(p) + `,"model_name":"m"}`,
+		`{"token_ids":` + tokensJSON(p[:100]) + `,"model_name":"m"}`,
+		`{"token_ids":` + tokensJSON(p) + `,"model_name":"org/llama:8b","routing_group":"tenant-a","lora_name":"lora"}`,
+		`{"token_ids":` + tokensJSON(p) + `,"model_name":"org/llama:8b","routing_group":"tenant-a"}`,
+	}
+	for _, q := range queries {
+		a, b := s.post("/query", q), s2.post("/query", q)
+		if a.status != 200 || a.body != b.body {
+			t.Errorf("query %.60s…: original %d %s, restored %d %s", q, a.status, a.body, b.status, b.body)
+		}
+	}
+	for w := uint64(1); w <= 4; w++ {
+		for rank := uint32(0); rank < 2; rank++ {
+			r := indexer.Rank{WorkerID: w, DPRank: rank}
+			a, _ := ix.Rank(mDefault, r)
+			b, _ := fresh.Rank(mDefault, r)
+			if a != b {
+				t.Errorf("rank %v: original %+v, restored %+v", r, a, b)
+			}
+		}
+	}
+	// An empty index dumps as an empty object.
+	newServer(t, Config{Index: indexer.New(indexer.Options{})}).get("/dump").expect(t, 200, `{}`)
+}
+
+func TestHealthReadyMetrics(t *testing.T) {
+	var ready atomic.Bool
+	reg := prometheus.NewRegistry()
+	c := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_test_total", Help: "Test."})
+	reg.MustRegister(c)
+	c.Add(3)
+	s := newServer(t, Config{
+		Index:   newIndex(t),
+		Ready:   func() (bool, string) { return ready.Load(), "catalog not synced" },
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+	})
+	s.get("/health").expect(t, 200, `{"status":"ok"}`)
+	s.get("/ready").expect(t, 503, `{"status":"not ready","reason":"catalog not synced"}`)
+	ready.Store(true)
+	s.get("/ready").expect(t, 200, `{"status":"ok"}`)
+	if r := s.get("/metrics"); r.status != 200 || !strings.Contains(r.body, "prefixd_test_total 3") {
+		t.Errorf("metrics: %d %s", r.status, r.body)
+	}
+	// Without Ready and Metrics.
+	s = newServer(t, Config{Index: newIndex(t)})
+	s.get("/ready").expect(t, 200, `{"status":"ok"}`)
+	s.get("/metrics").expect(t, 404, `{"error":"metrics: not enabled"}`)
+}
+
+func TestRoutes(t *testing.T) {
+	s := newServer(t, Config{Index: newIndex(t)})
+	s.get("/nope").expect(t, 404, `{"error":"path: no endpoint /nope"}`)
+	s.get("/query/").expect(t, 404, `{"error":"path: no endpoint /query/"}`)
+	r := s.get("/query")
+	r.expect(t, 405, `{"error":"method: GET not allowed on /query (allowed: POST)"}`)
+	if a := r.header.Get("Allow"); a != "POST" {
+		t.Errorf("Allow %q", a)
+	}
+	r = s.post("/health", "")
+	r.expect(t, 405, `{"error":"method: POST not allowed on /health (allowed: GET, HEAD)"}`)
+	if a := r.header.Get("Allow"); a != "GET, HEAD" {
+		t.Errorf("Allow %q", a)
+	}
+	if r := s.do(http.MethodHead, "/health", ""); r.status != 200 {
+		t.Errorf("HEAD /health: %d", r.status)
+	}
+	s.do(http.MethodDelete, "/register", "").expect(t, 405, `{"error":"method: DELETE not allowed on /register (allowed: POST)"}`)
+}
+
+func TestRegister(t *testing.T) {
+	fw := &fakeWorkers{}
+	s := newServer(t, Config{Index: newIndex(t), Workers: fw})
+	s.post("/register", `{"instance_id": 2, "endpoint": "tcp://10.0.0.2:5557", "model_name": "llama-3-8b",
+		"routing_group": "customer-a", "block_size": 16, "dp_rank": 0, "replay_endpoint": "tcp://10.0.0.2:5560",
+		"additional_salt": "x", "additionalsalt": null, "tenant_id": "t", "future_field": {"a": [1, 2.5, true]}}`).
+		expect(t, 201, `{"status":"ok"}`)
+	s.post("/register", `{"instance_id":18446744073709551615,"endpoint":"ipc:///tmp/kv.sock","model_name":"m","block_size":32,"dp_rank":3}`).
+		expect(t, 201, `{"status":"ok"}`)
+	s.post("/register", `{"instance_id":3,"endpoint":"tcp://[::1]:5557","model_name":"m","block_size":16,"routing_group":null}`).
+		expect(t, 201, `{"status":"ok"}`)
+	want := []RegisterRequest{
+		{InstanceID: 2, Endpoint: "tcp://10.0.0.2:5557", ModelName: "llama-3-8b", RoutingGroup: "customer-a", BlockSize: 16, ReplayEndpoint: "tcp://10.0.0.2:5560"},
+		{InstanceID: math.MaxUint64, Endpoint: "ipc:///tmp/kv.sock", ModelName: "m", RoutingGroup: "default", BlockSize: 32, DPRank: 3},
+		{InstanceID: 3, Endpoint: "tcp://[::1]:5557", ModelName: "m", RoutingGroup: "default", BlockSize: 16},
+	}
+	if !reflect.DeepEqual(fw.registered, want) {
+		t.Errorf("registered %+v\nwant %+v", fw.registered, want)
+	}
+}
+
+// TestRegisterExtensions checks that every field survives encoding/json
+// marshalling of RegisterRequest and the handler's decoding.
+func TestRegisterExtensions(t *testing.T) {
+	fw := &fakeWorkers{}
+	s := newServer(t, Config{Index: newIndex(t), Workers: fw})
+	want := RegisterRequest{
+		InstanceID: 9, Endpoint: "inproc://w9", ModelName: "m", BlockSize: 64, RoutingGroup: "g", DPRank: 4,
+		ReplayEndpoint: "tcp://w9:6000",
+		Extensions: Extensions{
+			Role: "prefill", Topic: "kv", DataParallelSize: 4, TotalKVBlocks: 123456, MaxNumBatchedTokens: 8192,
+			EngineEndpoint: "http://w9:8000", KVTransferDomain: "rack", KVTransferEnforcement: "preferred",
+			KVTransferPreferredWeight: 0.25, TopologyDomains: map[string]string{"zone": "a", "rack": "r\u00e97"},
+			Taints: []string{"gpu=h100", "spot"},
+		},
+	}
+	b, err := json.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.post("/register", string(b)).expect(t, 201, `{"status":"ok"}`)
+	if len(fw.registered) != 1 || !reflect.DeepEqual(fw.registered[0], want) {
+		t.Errorf("registered %+v\nwant %+v", fw.registered, want)
+	}
+}
+
+func TestRegisterErrors(t *testing.T) {
+	var logs bytes.Buffer
+	fw := &fakeWorkers{}
+	s := newServer(t, Config{Index: newIndex(t), Workers: fw, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	body := `{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":32}`
+	for _, c := range []struct {
+		err    error
+		status int
+		want   string
+	}{
+		{fmt.Errorf("block_size: 32 conflicts with 16 of model=m routing_group=default: %w", ErrConflict), 409,
+			`block_size: 32 conflicts with 16 of model=m routing_group=default: conflict`},
+		{Invalid("endpoint", "already registered for instance %d rank %d", 4, 0), 400, `endpoint: already registered for instance 4 rank 0`},
+		{fmt.Errorf("catalog: %w", Invalid("model_name", "too long")), 400, `catalog: model_name: too long`},
+		{fmt.Errorf("etcd: %w", ErrUnavailable), 503, `etcd: temporarily unavailable`},
+		{errors.New("etcd: put: boom"), 500, `etcd: put: boom`},
+	} {
+		fw.registerErr = c.err
+		want, _ := json.Marshal(map[string]string{"error": c.want})
+		s.post("/register", body).expect(t, c.status, string(want))
+	}
+	if !strings.Contains(logs.String(), "boom") || strings.Contains(logs.String(), "conflict") {
+		t.Errorf("want exactly the 500 logged, got:\n%s", logs.String())
+	}
+	// Without a catalog.
+	s = newServer(t, Config{Index: newIndex(t)})
+	s.post("/register", body).expect(t, 503, `{"error":"register: no worker catalog in this process"}`)
+	s.post("/unregister", `{"instance_id":1,"model_name":"m"}`).expect(t, 503, `{"error":"unregister: no worker catalog in this process"}`)
+	s.get("/workers").expect(t, 200, `[]`)
+}
+
+func TestUnregister(t *testing.T) {
+	fw := &fakeWorkers{}
+	s := newServer(t, Config{Index: newIndex(t), Workers: fw})
+	s.post("/unregister", `{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":2}`).expect(t, 200, `{"status":"ok"}`)
+	s.post("/unregister", `{"instance_id":7,"model_name":"m","dp_rank":2,"tenant_id":"x"}`).expect(t, 200, `{"status":"ok"}`)
+	s.post("/unregister", `{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":null}`).expect(t, 200, `{"status":"ok"}`)
+	two := uint32(2)
+	want := []UnregisterRequest{
+		{InstanceID: 7, ModelName: "m", RoutingGroup: "g", DPRank: &two},
+		{InstanceID: 7, ModelName: "m"}, // dp_rank without routing_group is ignored
+		{InstanceID: 7, ModelName: "m", RoutingGroup: "g"},
+	}
+	if !reflect.DeepEqual(fw.unregistered, want) {
+		t.Errorf("unregistered %+v\nwant %+v", fw.unregistered, want)
+	}
+	fw.unregisterErr = fmt.Errorf("instance 7 of model=m: %w", ErrNotFound)
+	s.post("/unregister", `{"instance_id":7,"model_name":"m"}`).expect(t, 404, `{"error":"instance 7 of model=m: not found"}`)
+}
+
+func TestWorkers(t *testing.T) {
+	ix := newIndex(t)
+	p := prompt(48, 1)
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 7, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
+	fw := &fakeWorkers{list: []WorkerInfo{
+		{
+			InstanceID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16,
+			ReplayEndpoint: "tcp://10.0.0.1:6000", Lifecycle: "schedulable",
+			Listeners: map[uint32]Listener{
+				0: {Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:6000", Status: StatusActive},
+				1: {Endpoint: "tcp://10.0.0.1:5558", ReplayEndpoint: "tcp://10.0.0.1:6001", Status: StatusPending, LastError: "connect: refused", Degraded: true},
+			},
+			Extensions: Extensions{Role: "decode", DataParallelSize: 2, TotalKVBlocks: 1000},
+		},
+		{InstanceID: 4, ModelName: "other", RoutingGroup: "g", BlockSize: 32, Status: StatusPaused},
+	}}
+	s := newServer(t, Config{Index: ix, Workers: fw})
+	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
+		`"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"},` +
+		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3},` +
+		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0}},` +
+		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","data_parallel_size":2,"total_kv_blocks":1000}`
+	w4 := `{"instance_id":4,"source":"zmq","status":"paused","model_name":"other","routing_group":"g","block_size":32,"endpoints":{},"listeners":{}}`
+	s.get("/workers").expect(t, 200, `[`+w1+`,`+w4+`]`)
+	s.get("/workers?model_name=m").expect(t, 200, `[`+w1+`]`)
+	s.get("/workers?routing_group=g").expect(t, 200, `[`+w4+`]`)
+	s.get("/workers?model_name=m&routing_group=g").expect(t, 200, `[]`)
+	want := [][2]string{{"", ""}, {"m", ""}, {"", "g"}, {"m", "g"}}
+	if !reflect.DeepEqual(fw.listArgs, want) {
+		t.Errorf("list args %v, want %v", fw.listArgs, want)
+	}
+	if l := fw.list[0].Listeners[0]; l.Blocks != 0 || l.LastSeq != nil || fw.list[1].Listeners != nil {
+		t.Errorf("the handler modified the maps List returned: %+v", fw.list)
+	}
+	// The response decodes into the exported type.
+	var got []WorkerInfo
+	if err := json.Unmarshal([]byte(s.get("/workers?model_name=m").body), &got); err != nil || len(got) != 1 || got[0].Listeners[0].Blocks != 3 || *got[0].Listeners[0].LastSeq != 7 {
+		t.Errorf("decode: %v %+v", err, got)
+	}
+}
+
+func TestAuth(t *testing.T) {
+	fw := &fakeWorkers{}
+	ix, p := dynamoExample(t)
+	s := newServer(t, Config{Index: ix, Workers: fw, APIToken: "s3cret"})
+	reg := `{"instance_id":1,"endpoint":"tcp://h:1","model_name":"m","block_size":16}`
+	unreg := `{"instance_id":1,"model_name":"m"}`
+	for _, c := range []struct {
+		path, body, header string
+		status             int
+		want               string
+	}{
+		{"/register", reg, "", 401, `{"error":"authorization: missing bearer token"}`},
+		{"/register", reg, "Authorization: Bearer wrong", 401, `{"error":"authorization: invalid bearer token"}`},
+		{"/register", reg, "Authorization: Bearer s3cret2", 401, `{"error":"authorization: invalid bearer token"}`},
+		{"/register", reg, "Authorization: Basic czNjcmV0", 401, `{"error":"authorization: missing bearer token"}`},
+		{"/register", reg, "Authorization: Bearer", 401, `{"error":"authorization: missing bearer token"}`},
+		{"/register", `{not json`, "", 401, `{"error":"authorization: missing bearer token"}`}, // auth before the body
+		{"/unregister", unreg, "", 401, `{"error":"authorization: missing bearer token"}`},
+		{"/unregister", unreg, "Authorization: Bearer nope", 401, `{"error":"authorization: invalid bearer token"}`},
+		{"/register", reg, "Authorization: Bearer s3cret", 201, `{"status":"ok"}`},
+		{"/register", reg, "Authorization: bearer s3cret", 201, `{"status":"ok"}`},
+		{"/unregister", unreg, "Authorization: Bearer s3cret", 200, `{"status":"ok"}`},
+	} {
+		var hdr []string
+		if c.header != "" {
+			hdr = append(hdr, c.header)
+		}
+		r := s.post(c.path, c.body, hdr...)
+		r.expect(t, c.status, c.want)
+		if c.status == 401 && r.header.Get("WWW-Authenticate") == "" {
+			t.Errorf("%s %q: no WWW-Authenticate", c.path, c.header)
+		}
+	}
+	if len(fw.registered) != 2 || len(fw.unregistered) != 1 {
+		t.Errorf("calls reached the catalog: %d registers, %d unregisters", len(fw.registered), len(fw.unregistered))
+	}
+	// Reads stay open.
+	for _, r := range []response{
+		s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`),
+		s.post("/query_by_hash", `{"block_hashes":[1],"model_name":"m"}`),
+		s.get("/workers"), s.get("/dump"), s.get("/health"), s.get("/ready"),
+	} {
+		if r.status != 200 {
+			t.Errorf("read without token: %d %s", r.status, r.body)
+		}
+	}
+	// Auth off: no header needed.
+	s = newServer(t, Config{Index: ix, Workers: fw})
+	s.post("/register", reg).expect(t, 201, `{"status":"ok"}`)
+	s.post("/unregister", unreg).expect(t, 200, `{"status":"ok"}`)
+}

@@ -1,0 +1,260 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// benchIndex builds an index in which an 8,192-token prompt (512 blocks of
+// 16) is held by 16 ranks to different depths and tiers, among 64 other
+// 8K-token prompts that share its first 64 blocks (a system prompt).
+func benchIndex(b *testing.B) (*indexer.Index, []uint32) {
+	ix := indexer.New(indexer.Options{})
+	if err := ix.AddPartition(mDefault, 16); err != nil {
+		b.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	gen := func(n int) []uint32 {
+		p := make([]uint32, n)
+		for i := range p {
+			p[i] = uint32(rng.IntN(150_000))
+		}
+		return p
+	}
+	system := gen(1024)
+	mk := func() []uint32 { return append(slices.Clone(system), gen(8192-1024)...) }
+	target := mk()
+	ext := uint64(1)
+	put := func(r indexer.Rank, p []uint32, blocks int, tier indexer.Tier, parent uint64) uint64 {
+		hs := seq(ext, blocks)
+		ext += uint64(blocks)
+		store(b, ix, mDefault, r, 1, tier, indexer.BaseSeed, parent, hs, p[:blocks*16])
+		return hs[len(hs)-1]
+	}
+	for w := uint64(1); w <= 8; w++ {
+		for rank := uint32(0); rank < 2; rank++ {
+			r := indexer.Rank{WorkerID: w, DPRank: rank}
+			dev := 512 * int(w) / 8 >> rank // 32 … 512 blocks on the device
+			last := put(r, target, dev, indexer.TierDevice, 0)
+			if w%3 == 0 && dev < 512 { // some ranks hold more in host memory
+				n := min(64, 512-dev)
+				hs := seq(ext, n)
+				ext += uint64(n)
+				store(b, ix, mDefault, r, 2, indexer.TierHost, indexer.BaseSeed, last, hs, target[dev*16:(dev+n)*16])
+			}
+		}
+	}
+	for i := 0; i < 64; i++ {
+		put(indexer.Rank{WorkerID: uint64(100 + i)}, mk(), 512, indexer.TierDevice, 0)
+	}
+	return ix, target
+}
+
+func benchBody(b *testing.B, p []uint32) []byte {
+	body := []byte(`{"model_name":"m","token_ids":` + tokensJSON(p) + `}`)
+	b.Logf("request body %d bytes", len(body))
+	return body
+}
+
+// latencies collects request latencies from several goroutines.
+type latencies struct {
+	mu sync.Mutex // guards all
+	d  []time.Duration
+}
+
+func (l *latencies) add(d []time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d...)
+	l.mu.Unlock()
+}
+
+func (l *latencies) report(b *testing.B, elapsed time.Duration) {
+	slices.Sort(l.d)
+	q := func(f float64) float64 {
+		if len(l.d) == 0 {
+			return 0
+		}
+		return float64(l.d[min(len(l.d)-1, int(f*float64(len(l.d))))].Nanoseconds()) / 1e3
+	}
+	b.ReportMetric(q(0.50), "p50-µs")
+	b.ReportMetric(q(0.99), "p99-µs")
+	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "req/s")
+	b.ReportMetric(0, "ns/op")
+}
+
+// post sends one /query and checks the answer.
+func post(c *http.Client, url string, body []byte) error {
+	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || n < 100 {
+		return fmt.Errorf("status %d, %d bytes", resp.StatusCode, n)
+	}
+	return nil
+}
+
+// BenchmarkQuery8K measures POST /query of an 8,192-token prompt (a 50 KB
+// body) over a real loopback HTTP server. Each sub-benchmark runs for a
+// fixed 2 s whatever b.N (run it with the default -benchtime):
+//
+//	go test -run '^$' -bench Query8K ./internal/api/
+//
+// rate=N: open loop. A 1 ms ticker hands out the requests due (N/1000 per
+// tick: Go's timers are no finer than about 1 ms on this VM) to a pool of
+// 64 senders. Latency runs from the hand-out to the last byte of the
+// response, so waiting for a sender counts; "dropped" counts requests that
+// found 1 s of backlog queued, and req/s below N means the server could
+// not keep up.
+//
+// clients=N: closed loop, N clients back to back: the maximum sustained
+// rate. Client and server share the machine's cores, so every figure
+// includes the client's own HTTP and JSON costs.
+func BenchmarkQuery8K(b *testing.B) {
+	ix, p := benchIndex(b)
+	body := benchBody(b, p)
+	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
+	defer srv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, DisableCompression: true}}
+	defer client.CloseIdleConnections()
+	url := srv.URL + "/query"
+
+	const window = 2 * time.Second
+	for _, rate := range []int{1000, 2000, 5000, 7500, 10000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
+			var lat latencies
+			var dropped, failed atomic.Int64
+			due := make(chan time.Time, rate) // at most 1 s of backlog
+			var wg sync.WaitGroup
+			for range 64 {
+				wg.Go(func() {
+					var mine []time.Duration
+					for at := range due {
+						if err := post(client, url, body); err != nil {
+							failed.Add(1)
+							continue
+						}
+						mine = append(mine, time.Since(at))
+					}
+					lat.add(mine)
+				})
+			}
+			interval := time.Second / time.Duration(rate)
+			tick := time.NewTicker(time.Millisecond)
+			start := time.Now()
+			sent := 0
+			for range tick.C {
+				now := time.Now()
+				if now.Sub(start) >= window {
+					break
+				}
+				for ; sent < int(now.Sub(start)/interval); sent++ {
+					select {
+					case due <- now:
+					default:
+						dropped.Add(1)
+					}
+				}
+			}
+			tick.Stop()
+			close(due)
+			wg.Wait()
+			elapsed := time.Since(start)
+			if failed.Load() > 0 {
+				b.Fatalf("%d requests failed", failed.Load())
+			}
+			lat.report(b, elapsed)
+			b.ReportMetric(float64(dropped.Load()), "dropped")
+		})
+	}
+
+	for _, clients := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
+			var lat latencies
+			var failed atomic.Int64
+			start := time.Now()
+			var wg sync.WaitGroup
+			for range clients {
+				wg.Go(func() {
+					var mine []time.Duration
+					for time.Since(start) < window {
+						t0 := time.Now()
+						if err := post(client, url, body); err != nil {
+							failed.Add(1)
+							return
+						}
+						mine = append(mine, time.Since(t0))
+					}
+					lat.add(mine)
+				})
+			}
+			wg.Wait()
+			if failed.Load() > 0 {
+				b.Fatalf("%d requests failed", failed.Load())
+			}
+			lat.report(b, time.Since(start))
+		})
+	}
+}
+
+// BenchmarkQuery8KHandler is the handler alone, without the network:
+// read the body, decode, hash, match and encode the scores.
+func BenchmarkQuery8KHandler(b *testing.B) {
+	ix, p := benchIndex(b)
+	body := benchBody(b, p)
+	h := NewHandler(Config{Index: ix})
+	w := httptest.NewRecorder()
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		req := httptest.NewRequest(http.MethodPost, "/query", bytes.NewReader(body))
+		w.Body.Reset()
+		h.ServeHTTP(w, req)
+		if w.Code != 200 {
+			b.Fatal(w.Code, w.Body)
+		}
+	}
+}
+
+// BenchmarkDecodeQuery8K is the body decoding alone, against encoding/json
+// into QueryRequest (the reason for lexer).
+func BenchmarkDecodeQuery8K(b *testing.B) {
+	_, p := benchIndex(b)
+	body := benchBody(b, p)
+	b.Run("lexer", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		var toks []uint32
+		for b.Loop() {
+			req, err := decodeQuery(body, toks[:0], DefaultMaxTokens)
+			if err != nil || len(req.TokenIDs) != 8192 {
+				b.Fatal(err)
+			}
+			toks = req.TokenIDs
+		}
+	})
+	b.Run("encoding-json", func(b *testing.B) {
+		b.SetBytes(int64(len(body)))
+		b.ReportAllocs()
+		for b.Loop() {
+			var req QueryRequest
+			if err := json.Unmarshal(body, &req); err != nil || len(req.TokenIDs) != 8192 {
+				b.Fatal(err)
+			}
+		}
+	})
+}

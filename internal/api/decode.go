@@ -1,0 +1,609 @@
+package api
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"strconv"
+)
+
+// Request bodies are read by lexer, a strict JSON reader over the whole body
+// held in memory (bounded by Config.MaxBodyBytes). It exists for two
+// reasons. encoding/json takes about 810 µs to decode an 8,192-token /query
+// body (50 KB) into QueryRequest on the benchmark machine, two orders of
+// magnitude more than hashing and matching the prompt; lexer takes 91 µs
+// (BenchmarkDecodeQuery8K), reading the body once and appending token ids
+// straight into a reused []uint32, never through []any, float64 or
+// json.Number. And every error it returns names the field concerned
+// ("token_ids[3]: -1 is out of range …"), with the byte offset for syntax
+// errors.
+//
+// lexer accepts exactly the documents encoding/json accepts (FuzzLexer
+// checks this against json.Valid and json.Unmarshal), except that nesting
+// deeper than maxDepth is rejected. Unknown object keys are skipped, for
+// forward compatibility; a repeated key takes its last value, as in
+// encoding/json, but keys match exactly (encoding/json ignores case).
+// Strings with escapes or non-ASCII bytes are decoded by encoding/json
+// itself.
+
+// maxDepth bounds the nesting of skipped (unknown) values.
+const maxDepth = 64
+
+// httpError is an error with the status it maps to. msg is what the client
+// sees: "<field>: <problem>".
+type httpError struct {
+	status int
+	msg    string
+}
+
+func (e *httpError) Error() string { return e.msg }
+
+func badRequest(field, format string, args ...any) *httpError {
+	return &httpError{http.StatusBadRequest, field + ": " + fmt.Sprintf(format, args...)}
+}
+
+func tooLarge(field, format string, args ...any) *httpError {
+	return &httpError{http.StatusRequestEntityTooLarge, field + ": " + fmt.Sprintf(format, args...)}
+}
+
+// readBody reads r's body into buf (reused, grown as needed, never beyond
+// limit+1 bytes) and returns it. A body over limit bytes is a 413.
+func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte) ([]byte, *httpError) {
+	if r.ContentLength > int64(limit) {
+		return buf[:0], tooLarge("body", "%d bytes exceeds the limit of %d", r.ContentLength, limit)
+	}
+	body := http.MaxBytesReader(w, r.Body, int64(limit))
+	buf = buf[:0]
+	if r.ContentLength > 0 && cap(buf) <= int(r.ContentLength) {
+		buf = make([]byte, 0, r.ContentLength+1) // +1: room to see EOF without growing
+	}
+	for {
+		if len(buf) == cap(buf) {
+			c := max(2*cap(buf), 4096)
+			if c >= limit/2 { // one step to the limit rather than two
+				c = limit + 1
+			}
+			nb := make([]byte, len(buf), c)
+			copy(nb, buf)
+			buf = nb
+		}
+		n, err := body.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return buf, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return buf, tooLarge("body", "exceeds the limit of %d bytes", limit)
+			}
+			return buf, badRequest("body", "read: %v", err)
+		}
+	}
+}
+
+// lexer reads one JSON document. pos is the offset of the next unread byte.
+type lexer struct {
+	data []byte
+	pos  int
+}
+
+// ws skips whitespace.
+func (l *lexer) ws() {
+	for l.pos < len(l.data) {
+		switch l.data[l.pos] {
+		case ' ', '\t', '\n', '\r':
+			l.pos++
+		default:
+			return
+		}
+	}
+}
+
+// peek skips whitespace and returns the next byte, or 0 at the end.
+func (l *lexer) peek() byte {
+	l.ws()
+	if l.pos < len(l.data) {
+		return l.data[l.pos]
+	}
+	return 0
+}
+
+func (l *lexer) syntax(field, format string, args ...any) *httpError {
+	return badRequest(field, "invalid JSON at offset %d: %s", l.pos, fmt.Sprintf(format, args...))
+}
+
+// kind names the JSON value that starts with c, or "" if none does.
+func kind(c byte) string {
+	switch {
+	case c == '{':
+		return "an object"
+	case c == '[':
+		return "an array"
+	case c == '"':
+		return "a string"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == 'n':
+		return "null"
+	case c == '-' || isDigit(c):
+		return "a number"
+	}
+	return ""
+}
+
+func isDigit(c byte) bool { return c-'0' <= 9 }
+
+// unexpected reports the value at pos as being of the wrong type (want),
+// or a syntax error if no value starts there.
+func (l *lexer) unexpected(field, want string) *httpError {
+	c := l.peek()
+	if k := kind(c); k != "" {
+		return badRequest(field, "must be %s, got %s", want, k)
+	}
+	return l.valueExpected(field)
+}
+
+func (l *lexer) valueExpected(field string) *httpError {
+	if l.pos >= len(l.data) {
+		return l.syntax(field, "unexpected end of input")
+	}
+	return l.syntax(field, "expected a value, got %q", l.data[l.pos])
+}
+
+// document reads the whole body as one object, calling f for each key.
+func (l *lexer) document(f func(key string) error) error {
+	if l.peek() == 0 && l.pos == len(l.data) {
+		return badRequest("body", "empty; expected a JSON object")
+	}
+	if err := l.object("body", 1, f); err != nil {
+		return err
+	}
+	if l.ws(); l.pos != len(l.data) {
+		return l.syntax("body", "data after the JSON object")
+	}
+	return nil
+}
+
+// object reads an object. For each key it calls f with pos at the value;
+// f must consume exactly the value. field names the object in errors.
+func (l *lexer) object(field string, depth int, f func(key string) error) error {
+	if l.peek() != '{' {
+		return l.unexpected(field, "an object")
+	}
+	if depth > maxDepth {
+		return badRequest(field, "nested deeper than %d levels", maxDepth)
+	}
+	l.pos++
+	if l.peek() == '}' {
+		l.pos++
+		return nil
+	}
+	for {
+		if l.peek() != '"' {
+			if l.pos >= len(l.data) {
+				return l.syntax(field, "unexpected end of input")
+			}
+			return l.syntax(field, "expected a string key, got %q", l.data[l.pos])
+		}
+		key, err := l.str(field)
+		if err != nil {
+			return err
+		}
+		if l.peek() != ':' {
+			return l.syntax(field, "expected ':' after key %q", key)
+		}
+		l.pos++
+		if err := f(key); err != nil {
+			return err
+		}
+		switch l.peek() {
+		case ',':
+			l.pos++
+		case '}':
+			l.pos++
+			return nil
+		default:
+			return l.syntax(field, "expected ',' or '}' after the value of %q", key)
+		}
+	}
+}
+
+// array reads an array, calling f for element i with pos at the element.
+func (l *lexer) array(field string, depth int, f func(i int) error) error {
+	if l.peek() != '[' {
+		return l.unexpected(field, "an array")
+	}
+	if depth > maxDepth {
+		return badRequest(field, "nested deeper than %d levels", maxDepth)
+	}
+	l.pos++
+	if l.peek() == ']' {
+		l.pos++
+		return nil
+	}
+	for i := 0; ; i++ {
+		if err := f(i); err != nil {
+			return err
+		}
+		if err := l.elemEnd(field); err != nil || l.data[l.pos-1] == ']' {
+			return err
+		}
+	}
+}
+
+// elemEnd consumes the ',' or ']' after an array element.
+func (l *lexer) elemEnd(field string) error {
+	switch l.peek() {
+	case ',':
+		l.pos++
+		return nil
+	case ']':
+		l.pos++
+		return nil
+	}
+	if l.pos >= len(l.data) {
+		return l.syntax(field, "unexpected end of input")
+	}
+	return l.syntax(field, "expected ',' or ']', got %q", l.data[l.pos])
+}
+
+// null consumes a null literal if one is next.
+func (l *lexer) null() (bool, error) {
+	if l.peek() != 'n' {
+		return false, nil
+	}
+	return true, l.literal("", "null")
+}
+
+func (l *lexer) literal(field, lit string) error {
+	if len(l.data)-l.pos < len(lit) || string(l.data[l.pos:l.pos+len(lit)]) != lit {
+		return l.syntax(field, "invalid literal, expected %s", lit)
+	}
+	l.pos += len(lit)
+	return nil
+}
+
+// skip consumes one value of any type, checking its syntax.
+func (l *lexer) skip(field string, depth int) error {
+	switch c := l.peek(); {
+	case c == '{':
+		return l.object(field, depth+1, func(string) error { return l.skip(field, depth+1) })
+	case c == '[':
+		return l.array(field, depth+1, func(int) error { return l.skip(field, depth+1) })
+	case c == '"':
+		_, err := l.strEnd(field, l.pos)
+		return err
+	case c == 't':
+		return l.literal(field, "true")
+	case c == 'f':
+		return l.literal(field, "false")
+	case c == 'n':
+		return l.literal(field, "null")
+	case c == '-' || isDigit(c):
+		if _, _, p := l.number(); p != "" {
+			return l.syntax(field, "%s", p)
+		}
+		return nil
+	}
+	return l.valueExpected(field)
+}
+
+// str reads a string (pos at its opening quote).
+func (l *lexer) str(field string) (string, error) {
+	start := l.pos + 1
+	for i := start; i < len(l.data); i++ {
+		switch c := l.data[i]; {
+		case c == '"':
+			l.pos = i + 1
+			return string(l.data[start:i]), nil
+		case c == '\\' || c >= 0x80:
+			end, err := l.strEnd(field, start-1)
+			if err != nil {
+				return "", err
+			}
+			var s string
+			if err := json.Unmarshal(l.data[start-1:end], &s); err != nil {
+				return "", badRequest(field, "invalid JSON string at offset %d: %v", start-1, err)
+			}
+			return s, nil
+		case c < 0x20:
+			l.pos = i
+			return "", l.syntax(field, "control character %#02x in string", c)
+		}
+	}
+	l.pos = len(l.data)
+	return "", l.syntax(field, "unterminated string")
+}
+
+// strEnd checks the string starting at the quote at offset q, moves past
+// it and returns the offset after its closing quote.
+func (l *lexer) strEnd(field string, q int) (int, error) {
+	for i := q + 1; i < len(l.data); i++ {
+		switch c := l.data[i]; {
+		case c == '"':
+			l.pos = i + 1
+			return l.pos, nil
+		case c < 0x20:
+			l.pos = i
+			return 0, l.syntax(field, "control character %#02x in string", c)
+		case c == '\\':
+			i++
+			if i >= len(l.data) {
+				break
+			}
+			switch l.data[i] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			case 'u':
+				for j := 1; j <= 4; j++ {
+					if i+j >= len(l.data) || !isHex(l.data[i+j]) {
+						l.pos = min(i+j, len(l.data))
+						return 0, l.syntax(field, "invalid \\u escape in string")
+					}
+				}
+				i += 4
+			default:
+				l.pos = i
+				return 0, l.syntax(field, "invalid escape '\\%c' in string", l.data[i])
+			}
+		}
+	}
+	l.pos = len(l.data)
+	return 0, l.syntax(field, "unterminated string")
+}
+
+func isHex(c byte) bool { return isDigit(c) || (c|0x20)-'a' < 6 }
+
+// number reads a number and returns its text and whether it is an integer
+// (no fraction or exponent). On a syntax error, problem describes it and
+// pos is at the offending byte.
+func (l *lexer) number() (raw []byte, isInt bool, problem string) {
+	d, start := l.data, l.pos
+	i := start
+	if i < len(d) && d[i] == '-' {
+		i++
+	}
+	digits := func() bool {
+		j := i
+		for i < len(d) && isDigit(d[i]) {
+			i++
+		}
+		return i > j
+	}
+	switch {
+	case i < len(d) && d[i] == '0':
+		i++
+	case !digits():
+		l.pos = i
+		return nil, false, "invalid number"
+	}
+	isInt = true
+	if i < len(d) && d[i] == '.' {
+		i++
+		if !digits() {
+			l.pos = i
+			return nil, false, "invalid number: no digits after '.'"
+		}
+		isInt = false
+	}
+	if i < len(d) && (d[i] == 'e' || d[i] == 'E') {
+		i++
+		if i < len(d) && (d[i] == '+' || d[i] == '-') {
+			i++
+		}
+		if !digits() {
+			l.pos = i
+			return nil, false, "invalid number: no digits in the exponent"
+		}
+		isInt = false
+	}
+	l.pos = i
+	return d[start:i], isInt, ""
+}
+
+// parseDigits parses a run of decimal digits; ok is false on overflow.
+func parseDigits(b []byte) (v uint64, ok bool) {
+	for _, c := range b {
+		d := uint64(c - '0')
+		if v > (math.MaxUint64-d)/10 {
+			return 0, false
+		}
+		v = v*10 + d
+	}
+	return v, true
+}
+
+// uint reads a non-negative integer no larger than max.
+func (l *lexer) uint(field string, max uint64) (uint64, error) {
+	if c := l.peek(); c != '-' && !isDigit(c) {
+		return 0, l.unexpected(field, "a non-negative integer")
+	}
+	raw, isInt, p := l.number()
+	if p != "" {
+		return 0, l.syntax(field, "%s", p)
+	}
+	if !isInt {
+		return 0, badRequest(field, "%s is not an integer", raw)
+	}
+	if raw[0] != '-' {
+		if v, ok := parseDigits(raw); ok && v <= max {
+			return v, nil
+		}
+	}
+	return 0, badRequest(field, "%s is out of range [0, %d]", raw, max)
+}
+
+// at names element i of field (or field itself when i < 0); it is only
+// formatted on error paths.
+func at(field string, i int) string {
+	if i < 0 {
+		return field
+	}
+	return fmt.Sprintf("%s[%d]", field, i)
+}
+
+// hash reads a block hash, element i of field: an integer in
+// [-2^63, 2^64-1]; negative values are int64 bit patterns (Dynamo sends
+// hashes ≥ 2^63 that way).
+func (l *lexer) hash(field string, i int) (uint64, error) {
+	if c := l.peek(); c != '-' && !isDigit(c) {
+		return 0, l.unexpected(at(field, i), "an integer")
+	}
+	raw, isInt, p := l.number()
+	if p != "" {
+		return 0, l.syntax(at(field, i), "%s", p)
+	}
+	if !isInt {
+		return 0, badRequest(at(field, i), "%s is not an integer", raw)
+	}
+	if raw[0] != '-' {
+		if v, ok := parseDigits(raw); ok {
+			return v, nil
+		}
+	} else if v, ok := parseDigits(raw[1:]); ok && v <= 1<<63 {
+		return -v, nil // two's complement: the int64 bit pattern of -v
+	}
+	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", raw)
+}
+
+// float reads a finite number.
+func (l *lexer) float(field string) (float64, error) {
+	if c := l.peek(); c != '-' && !isDigit(c) {
+		return 0, l.unexpected(field, "a number")
+	}
+	raw, _, p := l.number()
+	if p != "" {
+		return 0, l.syntax(field, "%s", p)
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil {
+		return 0, badRequest(field, "%s is out of range", raw)
+	}
+	return f, nil
+}
+
+// string reads a string; null counts as "" when nullOK.
+func (l *lexer) string(field string, nullOK bool) (string, error) {
+	switch c := l.peek(); {
+	case c == '"':
+		return l.str(field)
+	case c == 'n' && nullOK:
+		return "", l.literal(field, "null")
+	}
+	return "", l.unexpected(field, "a string")
+}
+
+// tokens appends the token ids of an array to dst: integers in
+// [0, 2^32-1], at most limit of them (more is a 413).
+func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) {
+	if l.peek() != '[' {
+		return dst, l.unexpected(field, "an array of token ids")
+	}
+	l.pos++
+	if l.peek() == ']' {
+		l.pos++
+		return dst, nil
+	}
+	d, i := l.data, l.pos
+	for n := 0; ; n++ {
+		for i < len(d) && d[i] <= ' ' && isSpace(d[i]) {
+			i++
+		}
+		// Fast path: 1–10 digits, no leading zero, ≤ 2^32-1, not followed
+		// by a fraction or exponent. Anything else takes the checked path
+		// (v may have wrapped past 20 digits; the length test rejects it).
+		j := i
+		var v uint64
+		for ; j < len(d); j++ {
+			c := d[j] - '0'
+			if c > 9 {
+				break
+			}
+			v = v*10 + uint64(c)
+		}
+		ok := j > i && j-i <= 10 && v <= math.MaxUint32 && (d[i] != '0' || j == i+1)
+		if ok && j < len(d) && (d[j] == '.' || d[j]|0x20 == 'e') {
+			ok = false
+		}
+		if !ok {
+			l.pos = i
+			var err error
+			if v, err = l.uint(at(field, n), math.MaxUint32); err != nil {
+				return dst, err
+			}
+			j = l.pos
+		}
+		if n == limit {
+			l.pos = j
+			return dst, tooLarge(field, "more than %d tokens", limit)
+		}
+		if len(dst) == cap(dst) { // double (append grows large slices by 1.25×)
+			nd := make([]uint32, len(dst), min(max(2*cap(dst), 1024), limit))
+			copy(nd, dst)
+			dst = nd
+		}
+		dst = append(dst, uint32(v))
+		for j < len(d) && d[j] <= ' ' && isSpace(d[j]) {
+			j++
+		}
+		if j < len(d) && d[j] == ',' {
+			i = j + 1
+			continue
+		}
+		l.pos = j
+		if j < len(d) && d[j] == ']' {
+			l.pos++
+			return dst, nil
+		}
+		return dst, l.elemEnd(field) // the syntax error
+	}
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
+
+// hashes appends the block hashes of an array to dst, at most limit.
+func (l *lexer) hashes(field string, dst []uint64, limit int) ([]uint64, error) {
+	if l.peek() != '[' {
+		return dst, l.unexpected(field, "an array of block hashes")
+	}
+	err := l.array(field, 2, func(i int) error {
+		if i == limit {
+			return tooLarge(field, "more than %d hashes", limit)
+		}
+		h, err := l.hash(field, i)
+		dst = append(dst, h)
+		return err
+	})
+	return dst, err
+}
+
+// strings reads an array of strings (null → nil).
+func (l *lexer) strings(field string) ([]string, error) {
+	if isNull, err := l.null(); isNull || err != nil {
+		return nil, err
+	}
+	out := []string{}
+	err := l.array(field, 2, func(i int) error {
+		s, err := l.string(at(field, i), false)
+		out = append(out, s)
+		return err
+	})
+	return out, err
+}
+
+// stringMap reads an object of strings (null → nil).
+func (l *lexer) stringMap(field string) (map[string]string, error) {
+	if isNull, err := l.null(); isNull || err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	err := l.object(field, 2, func(k string) error {
+		s, err := l.string(field+"."+k, false)
+		out[k] = s
+		return err
+	})
+	return out, err
+}

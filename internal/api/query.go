@@ -1,0 +1,313 @@
+package api
+
+import (
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// QueryRequest is the body of POST /query. Unknown fields are ignored.
+type QueryRequest struct {
+	TokenIDs     []uint32 `json:"token_ids"`               // required; each in [0, 2^32-1]
+	ModelName    string   `json:"model_name"`              // required
+	RoutingGroup string   `json:"routing_group,omitempty"` // absent, null or "" → DefaultRoutingGroup
+	// LoraName and CacheSalt salt the block hashes (indexer.Seed), so
+	// equal tokens under another adapter or salt do not match.
+	LoraName  string `json:"lora_name,omitempty"`
+	CacheSalt string `json:"cache_salt,omitempty"`
+}
+
+// QueryByHashRequest is the body of POST /query_by_hash: local block
+// hashes (indexer.HashBlocks with the caller's salt), not engine hashes.
+// On the wire each hash is a JSON integer, an int64 bit pattern as Dynamo
+// sends them; plain unsigned values ≥ 2^63 are accepted too. cache_salt
+// must be absent or null (400 otherwise): the hashes are already salted.
+type QueryByHashRequest struct {
+	BlockHashes  []int64 `json:"block_hashes"` // required
+	ModelName    string  `json:"model_name"`   // required
+	RoutingGroup string  `json:"routing_group,omitempty"`
+}
+
+// ScoreResponse is the answer to both queries (Dynamo's score response).
+// Counts are matched tokens (blocks × block size). Ranks and instances that
+// match nothing are absent; clients treat absence as 0.
+type ScoreResponse struct {
+	// Scores is the device-tier match per instance and rank (ranks with
+	// a device match only); it equals Instances[id].DP.
+	Scores map[uint64]map[uint32]uint64 `json:"scores"`
+	// Frequencies is always empty (Dynamo's legacy field).
+	Frequencies []uint64 `json:"frequencies"`
+	// Instances has every instance with a match in any tier.
+	Instances map[uint64]InstanceScore `json:"instances"`
+}
+
+// InstanceScore is one instance's match, cumulative over tiers:
+// GPU ≤ CPU ≤ Disk = LongestMatched.
+type InstanceScore struct {
+	LongestMatched uint64            `json:"longest_matched"` // max(gpu, cpu, disk)
+	GPU            uint64            `json:"gpu"`             // longest device-tier prefix over the ranks
+	DP             map[uint32]uint64 `json:"dp"`              // device-tier match per rank
+	CPU            uint64            `json:"cpu"`             // through host memory, including the device prefix
+	Disk           uint64            `json:"disk"`            // through disk or external storage, including host
+}
+
+func noPartition(k indexer.PartitionKey) *httpError {
+	return &httpError{http.StatusNotFound, fmt.Sprintf("no indexer for model=%s routing_group=%s", k.Model, k.Group)}
+}
+
+func (h *handler) query(w http.ResponseWriter, r *http.Request) {
+	s := h.getScratch()
+	defer h.putScratch(s)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	req, err := decodeQuery(body, s.tokens[:0], h.cfg.MaxTokens)
+	s.tokens = req.TokenIDs
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	k := indexer.PartitionKey{Model: req.ModelName, Group: req.RoutingGroup}
+	s.ov, err = h.cfg.Index.MatchTokens(k, req.TokenIDs, indexer.Seed(req.LoraName, req.CacheSalt), s.ov[:0])
+	h.scores(w, r, s, k, err)
+}
+
+func (h *handler) queryByHash(w http.ResponseWriter, r *http.Request) {
+	s := h.getScratch()
+	defer h.putScratch(s)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	k, hashes, err := decodeQueryByHash(body, s.hashes[:0], h.cfg.MaxTokens)
+	s.hashes = hashes
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s.ov, err = h.cfg.Index.Match(k, hashes, s.ov[:0])
+	h.scores(w, r, s, k, err)
+}
+
+// scores writes the score response for s.ov, or the match error.
+func (h *handler) scores(w http.ResponseWriter, r *http.Request, s *scratch, k indexer.PartitionKey, err error) {
+	var bs int
+	if err == nil {
+		bs, err = h.cfg.Index.BlockSize(k)
+	}
+	if errors.Is(err, indexer.ErrNoPartition) {
+		writeError(w, noPartition(k))
+		return
+	}
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	s.out = appendScores(s.out[:0], s.ov, uint64(bs))
+	writeRaw(w, http.StatusOK, s.out)
+}
+
+// appendScores appends the JSON score response for ov (sorting it).
+// Instances and ranks are in numeric order.
+func appendScores(b []byte, ov []indexer.Overlap, bs uint64) []byte {
+	slices.SortFunc(ov, func(x, y indexer.Overlap) int {
+		return cmp.Or(cmp.Compare(x.Rank.WorkerID, y.Rank.WorkerID), cmp.Compare(x.Rank.DPRank, y.Rank.DPRank))
+	})
+	// group returns the end of the run of ov[i]'s instance.
+	group := func(i int) int {
+		j := i + 1
+		for j < len(ov) && ov[j].Rank.WorkerID == ov[i].Rank.WorkerID {
+			j++
+		}
+		return j
+	}
+	// dp appends {"<rank>": device tokens} for ranks with a device match.
+	dp := func(b []byte, g []indexer.Overlap) []byte {
+		b = append(b, '{')
+		n := 0
+		for _, o := range g {
+			if o.Device == 0 {
+				continue
+			}
+			if n++; n > 1 {
+				b = append(b, ',')
+			}
+			b = append(b, '"')
+			b = strconv.AppendUint(b, uint64(o.Rank.DPRank), 10)
+			b = append(b, `":`...)
+			b = strconv.AppendUint(b, uint64(o.Device)*bs, 10)
+		}
+		return append(b, '}')
+	}
+	id := func(b []byte, o indexer.Overlap, first bool) []byte {
+		if !first {
+			b = append(b, ',')
+		}
+		b = append(b, '"')
+		b = strconv.AppendUint(b, o.Rank.WorkerID, 10)
+		return append(b, `":`...)
+	}
+
+	b = append(b, `{"scores":{`...)
+	first := true
+	for i := 0; i < len(ov); {
+		j := group(i)
+		if slices.ContainsFunc(ov[i:j], func(o indexer.Overlap) bool { return o.Device > 0 }) {
+			b = dp(id(b, ov[i], first), ov[i:j])
+			first = false
+		}
+		i = j
+	}
+	b = append(b, `},"frequencies":[],"instances":{`...)
+	for i := 0; i < len(ov); {
+		j := group(i)
+		var gpu, cpu, disk uint32
+		for _, o := range ov[i:j] {
+			gpu, cpu, disk = max(gpu, o.Device), max(cpu, o.Host), max(disk, o.Disk)
+		}
+		b = id(b, ov[i], i == 0)
+		b = append(b, `{"longest_matched":`...)
+		b = strconv.AppendUint(b, uint64(max(gpu, cpu, disk))*bs, 10)
+		b = append(b, `,"gpu":`...)
+		b = strconv.AppendUint(b, uint64(gpu)*bs, 10)
+		b = append(b, `,"dp":`...)
+		b = dp(b, ov[i:j])
+		b = append(b, `,"cpu":`...)
+		b = strconv.AppendUint(b, uint64(cpu)*bs, 10)
+		b = append(b, `,"disk":`...)
+		b = strconv.AppendUint(b, uint64(disk)*bs, 10)
+		b = append(b, '}')
+		i = j
+	}
+	return append(b, "}}\n"...)
+}
+
+// decodeQuery reads a /query body, appending the tokens to tokens (the
+// returned request's TokenIDs, also on error, so the caller can reuse it).
+func decodeQuery(body []byte, tokens []uint32, limit int) (QueryRequest, error) {
+	req := QueryRequest{TokenIDs: tokens}
+	var haveTokens bool
+	l := &lexer{data: body}
+	err := l.document(func(key string) error {
+		var err error
+		switch key {
+		case "token_ids":
+			var isNull bool
+			if isNull, err = l.null(); !isNull && err == nil {
+				req.TokenIDs, err = l.tokens(key, tokens[:0], limit)
+			}
+			haveTokens = !isNull
+		case "model_name":
+			req.ModelName, err = l.string(key, false)
+		case "routing_group":
+			req.RoutingGroup, err = l.string(key, true)
+		case "lora_name":
+			req.LoraName, err = l.string(key, true)
+		case "cache_salt":
+			req.CacheSalt, err = l.string(key, true)
+		default:
+			err = l.skip(key, 1) // unknown: tolerated for forward compatibility
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return req, err
+	case !haveTokens:
+		return req, badRequest("token_ids", "required")
+	case req.ModelName == "":
+		return req, badRequest("model_name", "required")
+	}
+	if req.RoutingGroup == "" {
+		req.RoutingGroup = DefaultRoutingGroup
+	}
+	return req, nil
+}
+
+// decodeQueryByHash reads a /query_by_hash body, appending the hashes to
+// hashes (returned also on error, for reuse).
+func decodeQueryByHash(body []byte, hashes []uint64, limit int) (indexer.PartitionKey, []uint64, error) {
+	var k indexer.PartitionKey
+	var have bool
+	l := &lexer{data: body}
+	err := l.document(func(key string) error {
+		var err error
+		switch key {
+		case "block_hashes":
+			var isNull bool
+			if isNull, err = l.null(); !isNull && err == nil {
+				hashes, err = l.hashes(key, hashes[:0], limit)
+			}
+			have = !isNull
+		case "model_name":
+			k.Model, err = l.string(key, false)
+		case "routing_group":
+			k.Group, err = l.string(key, true)
+		case "cache_salt":
+			var isNull bool
+			if isNull, err = l.null(); !isNull && err == nil {
+				err = badRequest(key, "must be omitted or null: block hashes are already salted")
+			}
+		default:
+			err = l.skip(key, 1)
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return k, hashes, err
+	case !have:
+		return k, hashes, badRequest("block_hashes", "required")
+	case k.Model == "":
+		return k, hashes, badRequest("model_name", "required")
+	}
+	if k.Group == "" {
+		k.Group = DefaultRoutingGroup
+	}
+	return k, hashes, nil
+}
+
+// dump streams {"<model>:<group>": <indexer.Snapshot JSON>, …}, partitions
+// in key order. A partition that cannot be dumped appears as
+// {"error": "…"} (and is logged); the others are still served.
+func (h *handler) dump(w http.ResponseWriter, r *http.Request) {
+	keys := h.cfg.Index.Partitions()
+	slices.SortFunc(keys, func(a, b indexer.PartitionKey) int {
+		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group))
+	})
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusOK)
+	b := []byte{'{'}
+	for i, k := range keys {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		name, _ := json.Marshal(k.String()) // a string always marshals
+		b = append(append(b, name...), ':')
+		snap, err := h.cfg.Index.Snapshot(k)
+		var data []byte
+		if err == nil {
+			data, err = snap.MarshalJSON()
+		}
+		if err != nil {
+			h.log.Error("dump partition", "partition", k.String(), "err", err)
+			data, _ = json.Marshal(map[string]string{"error": err.Error()})
+		}
+		if _, err := w.Write(append(b, data...)); err != nil {
+			return // the client went away
+		}
+		b = b[:0]
+	}
+	w.Write(append(b, "}\n"...))
+}

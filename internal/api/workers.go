@@ -1,0 +1,477 @@
+package api
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// Workers is what the API needs from the worker catalog and the stream
+// manager. Implementations must be safe for concurrent use.
+type Workers interface {
+	// Register records a worker rank's event stream. Errors: ErrInvalid
+	// (400; use Invalid to name the field), ErrConflict (409, e.g. another
+	// block size for an existing (model, group)), ErrUnavailable (503,
+	// e.g. etcd unreachable); anything else is a 500. The error text is
+	// sent to the client, so it should read "<field>: <problem>".
+	Register(ctx context.Context, r RegisterRequest) error
+	// Unregister removes an instance (or one rank of it); ErrNotFound →
+	// 404, other errors as for Register.
+	Unregister(ctx context.Context, r UnregisterRequest) error
+	// List returns the workers of model and group ("" matches any), in
+	// any order. The caller owns the slice and may modify it.
+	List(modelName, routingGroup string) []WorkerInfo
+}
+
+// Errors a Workers implementation wraps so that the API picks the status.
+var (
+	ErrInvalid     = errors.New("invalid request")         // 400
+	ErrConflict    = errors.New("conflict")                // 409
+	ErrNotFound    = errors.New("not found")               // 404
+	ErrUnavailable = errors.New("temporarily unavailable") // 503
+)
+
+// FieldError is an ErrInvalid that names the request field at fault. Its
+// text is "<field>: <problem>".
+type FieldError struct {
+	Field   string
+	Problem string
+}
+
+func (e *FieldError) Error() string        { return e.Field + ": " + e.Problem }
+func (e *FieldError) Is(target error) bool { return target == ErrInvalid }
+
+// Invalid returns a *FieldError for field.
+func Invalid(field, format string, args ...any) error {
+	return &FieldError{Field: field, Problem: fmt.Sprintf(format, args...)}
+}
+
+// DefaultRoutingGroup is the routing group of requests that name none.
+const DefaultRoutingGroup = "default"
+
+// RegisterRequest is the body of POST /register: Dynamo's standalone
+// indexer fields (instance_id … replay_endpoint) plus prefixd's optional
+// Extensions. The JSON tags are the wire names; additional_salt (alias
+// additionalsalt) and tenant_id are accepted and ignored, and unknown
+// fields are ignored, as Dynamo does.
+type RegisterRequest struct {
+	InstanceID   uint64 `json:"instance_id"`             // required
+	Endpoint     string `json:"endpoint"`                // required: ZMQ PUB address, tcp://host:port, ipc://path or inproc://name
+	ModelName    string `json:"model_name"`              // required
+	BlockSize    uint32 `json:"block_size"`              // required, > 0; the first registration fixes it for (model, group)
+	RoutingGroup string `json:"routing_group,omitempty"` // absent, null or "" → DefaultRoutingGroup
+	// DPRank is the rank this socket publishes (a batch's
+	// data_parallel_rank overrides it); default 0.
+	DPRank         uint32 `json:"dp_rank"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"` // ZMQ ROUTER for gap replay; optional
+	Extensions
+}
+
+// Extensions are prefixd's optional worker fields beyond Dynamo's
+// /register: the catalog record's fields. They have the same wire names
+// in RegisterRequest and WorkerInfo. Zero values mean "not given".
+//
+// The handler checks only their JSON types; what the values mean (known
+// roles, the §15 transfer-domain rules, well-formed taints) is checked by
+// the Workers implementation, i.e. by the catalog's record validation,
+// which reports a bad field as Invalid(field, …) → 400.
+type Extensions struct {
+	// Role is "aggregated", "prefill", "decode" or "encoder"; "" means
+	// aggregated.
+	Role string `json:"role,omitempty"`
+	// Topic is the ZMQ subscription prefix; "" subscribes to every topic.
+	Topic string `json:"topic,omitempty"`
+	// DataParallelSize > 1 registers ranks DPRank … DPRank+size-1 in one
+	// request, each at vLLM's per-rank endpoint (the tcp port, or the
+	// inproc name, offset by the rank's distance from DPRank); 0 means 1.
+	DataParallelSize uint32 `json:"data_parallel_size,omitempty"`
+	// TotalKVBlocks is the KV cache capacity of one rank, in blocks.
+	TotalKVBlocks uint64 `json:"total_kv_blocks,omitempty"`
+	// MaxNumBatchedTokens is the engine's prefill budget per step.
+	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens,omitempty"`
+	// EngineEndpoint is where clients send requests (e.g.
+	// http://10.0.0.2:8000); Endpoint is the KV-event stream.
+	EngineEndpoint string `json:"engine_endpoint,omitempty"`
+	// KVTransferDomain names the topology domain (a key of
+	// TopologyDomains) within which KV blocks must or should move;
+	// KVTransferEnforcement is "required" or "preferred", and
+	// KVTransferPreferredWeight, in [0, 1], weighs "preferred" (reference
+	// §15). 0 means absent.
+	KVTransferDomain          string  `json:"kv_transfer_domain,omitempty"`
+	KVTransferEnforcement     string  `json:"kv_transfer_enforcement,omitempty"`
+	KVTransferPreferredWeight float64 `json:"kv_transfer_preferred_weight,omitempty"`
+	// TopologyDomains are labels such as {"zone": "a", "rack": "r7"}.
+	TopologyDomains map[string]string `json:"topology_domains,omitempty"`
+	// Taints exclude the worker from requests that do not tolerate them.
+	Taints []string `json:"taints,omitempty"`
+}
+
+// UnregisterRequest is the body of POST /unregister.
+type UnregisterRequest struct {
+	InstanceID uint64 `json:"instance_id"` // required
+	ModelName  string `json:"model_name"`  // required
+	// RoutingGroup "" (absent) removes the instance from every group of
+	// the model.
+	RoutingGroup string `json:"routing_group,omitempty"`
+	// DPRank, with RoutingGroup, removes only that rank. The handler
+	// clears it when RoutingGroup is empty (Dynamo ignores it then).
+	DPRank *uint32 `json:"dp_rank,omitempty"`
+}
+
+// Listener statuses, best to worst as WorkerInfo.Status aggregates them
+// (paused < active < pending < failed).
+const (
+	StatusPaused  = "paused"
+	StatusActive  = "active"
+	StatusPending = "pending"
+	StatusFailed  = "failed"
+)
+
+// WorkerInfo is one element of GET /workers: Dynamo's standalone indexer
+// shape (instance_id … listeners) extended with prefixd's per-rank stream
+// state and the catalog fields, so indexer and selection clients read one
+// shape. Maps are keyed by dp rank (decimal strings on the wire).
+type WorkerInfo struct {
+	InstanceID uint64 `json:"instance_id"`
+	// Source is always "zmq"; the handler fills it in if empty.
+	Source string `json:"source"`
+	// Status is the worst listener status (failed > pending > active >
+	// paused); the handler computes it if empty.
+	Status       string              `json:"status"`
+	ModelName    string              `json:"model_name"`
+	RoutingGroup string              `json:"routing_group"`
+	BlockSize    uint32              `json:"block_size"`
+	Endpoints    map[uint32]string   `json:"endpoints"` // the handler fills it from Listeners if nil
+	Listeners    map[uint32]Listener `json:"listeners"`
+	// ReplayEndpoint is the registered replay endpoint (of the first rank).
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	// Lifecycle is the catalog's view ("schedulable", "draining", …).
+	Lifecycle string `json:"lifecycle,omitempty"`
+	Extensions
+}
+
+// Listener is the event stream of one rank.
+type Listener struct {
+	Endpoint       string `json:"endpoint"`
+	ReplayEndpoint string `json:"replay_endpoint,omitempty"`
+	Status         string `json:"status"`
+	LastError      string `json:"last_error,omitempty"`
+	// Degraded: a gap could not be replayed, so the rank's index may miss
+	// blocks until the engine clears or the gap ages out.
+	Degraded bool `json:"degraded"`
+	// LastSeq (the last batch applied, null before the first) and Blocks
+	// (blocks indexed for the rank) are filled in by the handler from the
+	// index; implementations leave them zero.
+	LastSeq *uint64 `json:"last_seq"`
+	Blocks  int     `json:"blocks"`
+}
+
+// statusOrder lists listener statuses best first.
+var statusOrder = []string{StatusPaused, StatusActive, StatusPending, StatusFailed}
+
+func (h *handler) register(w http.ResponseWriter, r *http.Request) {
+	s := h.getScratch()
+	defer h.putScratch(s)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	req, err := decodeRegister(body)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if h.cfg.Workers == nil {
+		writeError(w, &httpError{http.StatusServiceUnavailable, "register: no worker catalog in this process"})
+		return
+	}
+	if err := h.cfg.Workers.Register(r.Context(), req); err != nil {
+		h.fail(w, r, workersError(err))
+		return
+	}
+	writeRaw(w, http.StatusCreated, statusOK)
+}
+
+func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
+	s := h.getScratch()
+	defer h.putScratch(s)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	req, err := decodeUnregister(body)
+	if err != nil {
+		h.fail(w, r, err)
+		return
+	}
+	if h.cfg.Workers == nil {
+		writeError(w, &httpError{http.StatusServiceUnavailable, "unregister: no worker catalog in this process"})
+		return
+	}
+	if err := h.cfg.Workers.Unregister(r.Context(), req); err != nil {
+		h.fail(w, r, workersError(err))
+		return
+	}
+	writeRaw(w, http.StatusOK, statusOK)
+}
+
+// workersError maps a Workers error to its status.
+func workersError(err error) error {
+	status := http.StatusInternalServerError
+	switch {
+	case errors.Is(err, ErrInvalid):
+		status = http.StatusBadRequest
+	case errors.Is(err, ErrConflict):
+		status = http.StatusConflict
+	case errors.Is(err, ErrNotFound):
+		status = http.StatusNotFound
+	case errors.Is(err, ErrUnavailable), errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		status = http.StatusServiceUnavailable
+	}
+	if status == http.StatusInternalServerError {
+		return err // logged by fail
+	}
+	return &httpError{status, err.Error()}
+}
+
+func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	var list []WorkerInfo
+	if h.cfg.Workers != nil {
+		list = h.cfg.Workers.List(q.Get("model_name"), q.Get("routing_group"))
+	}
+	if list == nil {
+		list = []WorkerInfo{}
+	}
+	for i := range list {
+		h.fillWorker(&list[i])
+	}
+	slices.SortFunc(list, func(a, b WorkerInfo) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.RoutingGroup, b.RoutingGroup), cmp.Compare(a.InstanceID, b.InstanceID))
+	})
+	writeJSON(w, http.StatusOK, list)
+}
+
+// fillWorker completes what the handler derives: source, aggregate status,
+// endpoints, and each rank's block count and watermark from the index.
+func (h *handler) fillWorker(wi *WorkerInfo) {
+	if wi.Source == "" {
+		wi.Source = "zmq"
+	}
+	// The maps may be the implementation's: fill copies.
+	listeners := make(map[uint32]Listener, len(wi.Listeners))
+	if wi.Endpoints == nil {
+		wi.Endpoints = make(map[uint32]string, len(wi.Listeners))
+		for rank, l := range wi.Listeners {
+			wi.Endpoints[rank] = l.Endpoint
+		}
+	}
+	worst := -1
+	key := indexer.PartitionKey{Model: wi.ModelName, Group: wi.RoutingGroup}
+	for rank, l := range wi.Listeners {
+		worst = max(worst, slices.Index(statusOrder, l.Status))
+		if st, err := h.cfg.Index.Rank(key, indexer.Rank{WorkerID: wi.InstanceID, DPRank: rank}); err == nil {
+			l.Blocks = st.Blocks
+			if st.HasSeq {
+				seq := st.Watermark
+				l.LastSeq = &seq
+			}
+		}
+		listeners[rank] = l
+	}
+	wi.Listeners = listeners
+	if wi.Status == "" {
+		wi.Status = StatusPending // no listener (with a known status) yet
+		if worst >= 0 {
+			wi.Status = statusOrder[worst]
+		}
+	}
+}
+
+// decodeRegister reads and validates a /register body.
+func decodeRegister(body []byte) (RegisterRequest, error) {
+	var req RegisterRequest
+	var have struct{ id, endpoint, model, bs bool }
+	l := &lexer{data: body}
+	err := l.document(func(key string) error {
+		var err error
+		switch key {
+		case "instance_id":
+			req.InstanceID, err = l.uint(key, math.MaxUint64)
+			have.id = true
+		case "endpoint":
+			req.Endpoint, err = l.string(key, false)
+			have.endpoint = true
+		case "model_name":
+			req.ModelName, err = l.string(key, false)
+			have.model = true
+		case "block_size":
+			var v uint64
+			v, err = l.uint(key, math.MaxUint32)
+			req.BlockSize, have.bs = uint32(v), true
+		case "routing_group":
+			req.RoutingGroup, err = l.string(key, true)
+		case "dp_rank":
+			var v uint64
+			v, err = l.uint(key, math.MaxUint32)
+			req.DPRank = uint32(v)
+		case "replay_endpoint":
+			req.ReplayEndpoint, err = l.string(key, true)
+		case "additional_salt", "additionalsalt", "tenant_id":
+			_, err = l.string(key, true) // accepted and ignored, as Dynamo does
+		default:
+			return l.extension(key, &req.Extensions)
+		}
+		return err
+	})
+	if err != nil {
+		return req, err
+	}
+	switch {
+	case !have.id:
+		return req, badRequest("instance_id", "required")
+	case !have.endpoint || req.Endpoint == "":
+		return req, badRequest("endpoint", "required")
+	case !have.model || req.ModelName == "":
+		return req, badRequest("model_name", "required")
+	case !have.bs:
+		return req, badRequest("block_size", "required")
+	case req.BlockSize == 0:
+		return req, badRequest("block_size", "must be positive")
+	}
+	if req.RoutingGroup == "" {
+		req.RoutingGroup = DefaultRoutingGroup
+	}
+	if err := checkEndpoint("endpoint", req.Endpoint); err != nil {
+		return req, err
+	}
+	if req.ReplayEndpoint != "" {
+		if err := checkEndpoint("replay_endpoint", req.ReplayEndpoint); err != nil {
+			return req, err
+		}
+	}
+	return req, nil
+}
+
+// extension decodes one Extensions field, or skips an unknown key.
+func (l *lexer) extension(key string, x *Extensions) error {
+	var err error
+	switch key {
+	case "role":
+		x.Role, err = l.string(key, true)
+	case "topic":
+		x.Topic, err = l.string(key, true)
+	case "data_parallel_size":
+		var v uint64
+		v, err = l.uint(key, math.MaxUint32)
+		x.DataParallelSize = uint32(v)
+	case "total_kv_blocks":
+		x.TotalKVBlocks, err = l.uint(key, math.MaxUint64)
+	case "max_num_batched_tokens":
+		x.MaxNumBatchedTokens, err = l.uint(key, math.MaxUint64)
+	case "engine_endpoint":
+		x.EngineEndpoint, err = l.string(key, true)
+	case "kv_transfer_domain":
+		x.KVTransferDomain, err = l.string(key, true)
+	case "kv_transfer_enforcement":
+		x.KVTransferEnforcement, err = l.string(key, true)
+	case "kv_transfer_preferred_weight":
+		var isNull bool
+		if isNull, err = l.null(); !isNull && err == nil {
+			x.KVTransferPreferredWeight, err = l.float(key)
+		}
+	case "topology_domains":
+		x.TopologyDomains, err = l.stringMap(key)
+	case "taints":
+		x.Taints, err = l.strings(key)
+	default:
+		err = l.skip(key, 1) // unknown: tolerated for forward compatibility
+	}
+	return err
+}
+
+// checkEndpoint accepts the ZMQ endpoints an indexer can connect to:
+// tcp://host:port (host not a wildcard, port 1–65535), ipc://path and
+// inproc://name.
+func checkEndpoint(field, ep string) error {
+	scheme, addr, ok := strings.Cut(ep, "://")
+	if !ok {
+		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", ep)
+	}
+	switch scheme {
+	case "tcp":
+		host, port, err := net.SplitHostPort(addr)
+		if err != nil {
+			return badRequest(field, "%q: %v", ep, err)
+		}
+		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
+			return badRequest(field, "%q: host %q is not an address to connect to", ep, host)
+		}
+		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
+			return badRequest(field, "%q: port %q is not in 1–65535", ep, port)
+		}
+	case "ipc", "inproc":
+		if addr == "" {
+			return badRequest(field, "%q: empty %s address", ep, scheme)
+		}
+	default:
+		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", ep, scheme)
+	}
+	return nil
+}
+
+// decodeUnregister reads and validates an /unregister body.
+func decodeUnregister(body []byte) (UnregisterRequest, error) {
+	var req UnregisterRequest
+	var have struct{ id, model bool }
+	l := &lexer{data: body}
+	err := l.document(func(key string) error {
+		var err error
+		switch key {
+		case "instance_id":
+			req.InstanceID, err = l.uint(key, math.MaxUint64)
+			have.id = true
+		case "model_name":
+			req.ModelName, err = l.string(key, false)
+			have.model = true
+		case "routing_group":
+			req.RoutingGroup, err = l.string(key, true)
+		case "dp_rank":
+			var isNull bool
+			if isNull, err = l.null(); !isNull && err == nil {
+				var v uint64
+				v, err = l.uint(key, math.MaxUint32)
+				rank := uint32(v)
+				req.DPRank = &rank
+			}
+		default:
+			err = l.skip(key, 1) // tenant_id and unknown fields
+		}
+		return err
+	})
+	switch {
+	case err != nil:
+		return req, err
+	case !have.id:
+		return req, badRequest("instance_id", "required")
+	case !have.model || req.ModelName == "":
+		return req, badRequest("model_name", "required")
+	}
+	if req.RoutingGroup == "" {
+		req.DPRank = nil
+	}
+	return req, nil
+}
