@@ -1,0 +1,123 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/internal/daemon"
+)
+
+type serveOptions struct {
+	etcdEndpoints []string
+	etcdPrefix    string
+	etcdCert      string
+	etcdKey       string
+	etcdCA        string
+	etcdUser      string
+	etcdPassword  string
+	dataDir       string
+	listen        string
+	apiToken      string
+	maxEntries    int
+	readyTimeout  time.Duration
+	logLevel      string
+}
+
+func newServeOptions() *serveOptions {
+	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", listen: "127.0.0.1:8090",
+		readyTimeout: time.Minute, logLevel: "info"}
+}
+
+func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs; empty runs an embedded etcd in --data-dir")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog in etcd")
+	fs.StringVar(&o.etcdCert, "etcd-cert", o.etcdCert, "client certificate file for etcd TLS")
+	fs.StringVar(&o.etcdKey, "etcd-key", o.etcdKey, "client key file for etcd TLS")
+	fs.StringVar(&o.etcdCA, "etcd-ca", o.etcdCA, "CA file to verify etcd's certificate")
+	fs.StringVar(&o.etcdUser, "etcd-user", o.etcdUser, "etcd username")
+	fs.StringVar(&o.etcdPassword, "etcd-password", o.etcdPassword, "etcd password (prefer PREFIXD_ETCD_PASSWORD)")
+	fs.StringVar(&o.dataDir, "data-dir", o.dataDir, "directory for the embedded etcd's data")
+	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
+	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
+	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
+	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
+	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
+}
+
+// fromEnv sets every flag not given on the command line from
+// PREFIXD_<FLAG> (upper case, dashes as underscores).
+func fromEnv(fs *pflag.FlagSet) error {
+	var err error
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed || err != nil {
+			return
+		}
+		name := "PREFIXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
+		if v, ok := os.LookupEnv(name); ok && v != "" {
+			if e := fs.Set(f.Name, v); e != nil {
+				err = fmt.Errorf("%s=%q: %w", name, v, e)
+			}
+		}
+	})
+	return err
+}
+
+func (o *serveOptions) Validate() error {
+	if o.maxEntries < 0 {
+		return fmt.Errorf("--index-max-entries %d: must not be negative", o.maxEntries)
+	}
+	if o.readyTimeout <= 0 {
+		return fmt.Errorf("--ready-timeout %v: must be positive", o.readyTimeout)
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
+		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
+	}
+	if (o.etcdCert == "") != (o.etcdKey == "") {
+		return fmt.Errorf("--etcd-cert and --etcd-key go together")
+	}
+	if len(o.etcdEndpoints) == 0 {
+		return nil // embedded etcd
+	}
+	return o.etcd().Validate()
+}
+
+func (o *serveOptions) etcd() catalog.EtcdConfig {
+	return catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix, Username: o.etcdUser, Password: o.etcdPassword,
+		CertFile: o.etcdCert, KeyFile: o.etcdKey, CAFile: o.etcdCA}
+}
+
+func newServeCommand() *cobra.Command {
+	o := newServeOptions()
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run the daemon: worker catalog (etcd), KV-event streams, prefix index and HTTP API",
+		Long: "serve watches the worker catalog in etcd (an embedded etcd when --etcd-endpoints is empty),\n" +
+			"subscribes to every worker rank's KV-event stream with verified replay, keeps the prefix\n" +
+			"index, and serves the HTTP API (Dynamo standalone indexer compatible) on --listen.\n" +
+			"Every flag can also be set as PREFIXD_<FLAG>, e.g. PREFIXD_ETCD_ENDPOINTS.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fromEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			var lvl slog.Level
+			_ = lvl.UnmarshalText([]byte(o.logLevel))
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, Listen: o.listen,
+				APIToken: o.apiToken, MaxEntries: o.maxEntries, ReadyTimeout: o.readyTimeout, Logger: log})
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}

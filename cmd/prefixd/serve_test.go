@@ -1,0 +1,42 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{[]string{"serve", "--index-max-entries", "-1"}, nil, "--index-max-entries"},
+		{[]string{"serve", "--ready-timeout", "0s"}, nil, "--ready-timeout"},
+		{[]string{"serve", "--log-level", "loud"}, nil, "--log-level"},
+		{[]string{"serve", "--etcd-endpoints", "10.0.0.1:2379"}, nil, "not an http(s) or unix URL"},
+		{[]string{"serve", "--etcd-cert", "c.pem"}, nil, "--etcd-cert and --etcd-key"},
+		{[]string{"serve"}, map[string]string{"PREFIXD_INDEX_MAX_ENTRIES": "lots"}, "PREFIXD_INDEX_MAX_ENTRIES"},
+		{[]string{"serve"}, map[string]string{"PREFIXD_ETCD_ENDPOINTS": "localhost:2379"}, "not an http(s) or unix URL"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { checkServeError(t, tc.args, tc.env, tc.want) })
+	}
+}
+
+func checkServeError(t *testing.T, args []string, env map[string]string, want string) {
+	for k, v := range env {
+		t.Setenv(k, v)
+	}
+	var out, errOut bytes.Buffer
+	cmd := newRootCommand(&out, &errOut)
+	cmd.SetArgs(args)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := cmd.ExecuteContext(ctx)
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Errorf("%v %v: error %v, want one mentioning %q", args, env, err, want)
+	}
+}

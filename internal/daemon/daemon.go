@@ -1,0 +1,228 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// Config configures a daemon. Zero fields take the defaults noted.
+type Config struct {
+	// Etcd is the catalog's etcd; no Endpoints means an embedded etcd in
+	// DataDir (default ./prefixd-data) on a free loopback port.
+	Etcd    catalog.EtcdConfig
+	DataDir string
+	// Listen is the HTTP address (default 127.0.0.1:8090; port 0 picks one).
+	Listen string
+	// APIToken, when set, guards the endpoints that change the catalog.
+	APIToken string
+	// MaxEntries caps indexed (block, rank) entries (0 = no cap).
+	MaxEntries int
+	// ReadyTimeout opens /ready even if some streams have not finished
+	// their initial replay (default 60 s).
+	ReadyTimeout time.Duration
+	// ShutdownTimeout bounds draining in-flight HTTP requests (default 10 s).
+	ShutdownTimeout time.Duration
+	Subscriber      events.SubscriberConfig
+	Logger          *slog.Logger
+	// Registry receives every metric; nil makes a new one.
+	Registry *prometheus.Registry
+	// OnReady, if set, is called once with the HTTP address when the
+	// daemon serves (tests use it to find a port-0 listener).
+	OnReady func(httpAddr string)
+}
+
+// Run runs the daemon until ctx ends: (embedded) etcd, the catalog watch,
+// one stream per worker rank into the index, and the HTTP API. Shutdown
+// order: stop accepting HTTP and drain in-flight requests, stop the
+// catalog watch, stop the streams (closing their sockets), close the etcd
+// client, stop the embedded etcd.
+func Run(ctx context.Context, cfg Config) error {
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	if cfg.Listen == "" {
+		cfg.Listen = "127.0.0.1:8090"
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = time.Minute
+	}
+	if cfg.ShutdownTimeout <= 0 {
+		cfg.ShutdownTimeout = 10 * time.Second
+	}
+	reg := cfg.Registry
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
+	started := time.Now()
+
+	etcdCfg := cfg.Etcd
+	if len(etcdCfg.Endpoints) == 0 {
+		dir := cfg.DataDir
+		if dir == "" {
+			dir = "prefixd-data"
+		}
+		dir = filepath.Join(dir, "etcd")
+		if err := os.MkdirAll(dir, 0o700); err != nil {
+			return fmt.Errorf("embedded etcd data dir: %w", err)
+		}
+		emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir})
+		if err != nil {
+			return fmt.Errorf("embedded etcd: %w", err)
+		}
+		defer emb.Close()
+		etcdCfg.Endpoints = emb.Endpoints()
+		log.Info("no --etcd-endpoints: running an embedded etcd", "endpoints", etcdCfg.Endpoints, "data_dir", dir)
+	}
+	store, err := catalog.NewEtcdStore(ctx, etcdCfg)
+	if err != nil {
+		return fmt.Errorf("etcd: %w", err)
+	}
+	defer store.Close()
+
+	ix := indexer.New(indexer.Options{MaxEntries: cfg.MaxEntries})
+	reg.MustRegister(NewIndexCollector(ix, cfg.MaxEntries))
+	subCfg := cfg.Subscriber
+	if subCfg.Metrics == nil {
+		subCfg.Metrics = events.NewMetrics(reg)
+	}
+	if subCfg.Logger == nil {
+		subCfg.Logger = log
+	}
+	streams := NewStreams(ix, subCfg, log)
+	view := &workerView{store: store, ix: ix, streams: streams, known: map[catalog.Key]catalog.Worker{}}
+	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
+		Help: "Worker records in etcd that failed to decode or validate, ignored."})
+	reg.MustRegister(badRecords)
+
+	g, gctx := errgroup.WithContext(ctx)
+	streamsCtx, stopStreams := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopStreams()
+	streamsDone := make(chan error, 1)
+	go func() { streamsDone <- streams.Run(streamsCtx) }()
+
+	watcher := catalog.NewWatcher(store, catalog.WatcherConfig{
+		Logger:   log,
+		OnChange: func(c catalog.Change) { view.apply(gctx, c, log) },
+		OnBadRecord: func(path string, err error) {
+			badRecords.Inc()
+			log.Warn("bad worker record ignored", "key", path, "err", err)
+		},
+	})
+	g.Go(func() error { return watcher.Run(gctx) })
+
+	ready := func() (bool, string) {
+		select {
+		case <-watcher.Synced():
+		default:
+			return false, "catalog not synced yet"
+		}
+		if streams.Synced() || time.Since(started) > cfg.ReadyTimeout {
+			return true, ""
+		}
+		return false, "streams still replaying"
+	}
+	handler := api.NewHandler(api.Config{
+		Index: ix, Workers: view, Ready: ready, APIToken: cfg.APIToken, Logger: log,
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+	})
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), cfg.ShutdownTimeout)
+		defer cancel()
+		return srv.Shutdown(sctx) // drains in-flight requests
+	})
+	log.Info("prefixd serving", "http", ln.Addr().String())
+	if cfg.OnReady != nil {
+		cfg.OnReady(ln.Addr().String())
+	}
+	err = g.Wait()
+	stopStreams()
+	<-streamsDone
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// workerView is the catalog and streams as the API sees them. It keeps
+// the latest record of every worker the watch delivered.
+type workerView struct {
+	store   *catalog.EtcdStore
+	ix      *indexer.Index
+	streams *Streams
+
+	mu    sync.Mutex // guards known
+	known map[catalog.Key]catalog.Worker
+}
+
+var _ api.Workers = (*workerView)(nil)
+
+// apply turns a catalog change into stream changes. It runs on the
+// watcher's goroutine.
+func (v *workerView) apply(ctx context.Context, c catalog.Change, log *slog.Logger) {
+	v.mu.Lock()
+	if c.Kind == catalog.Removed {
+		delete(v.known, c.Key)
+	} else {
+		v.known[c.Key] = c.Worker
+	}
+	v.mu.Unlock()
+	if c.Kind == catalog.Removed {
+		if err := v.streams.Remove(ctx, c.Key.WorkerID); err != nil && ctx.Err() == nil {
+			log.Error("remove worker streams", "worker", c.Key.WorkerID, "err", err)
+		}
+		return
+	}
+	ws, err := workerStreams(c.Worker)
+	if err == nil {
+		err = v.streams.Set(ctx, ws)
+	}
+	if err != nil && ctx.Err() == nil {
+		log.Error("worker not indexed", "worker", c.Key.WorkerID, "model", c.Key.Model, "group", c.Key.Group, "err", err)
+	}
+}
+
+func workerStreams(w catalog.Worker) (WorkerStreams, error) {
+	ss, err := w.Streams()
+	if err != nil {
+		return WorkerStreams{}, err
+	}
+	ranks := w.Ranks()
+	out := WorkerStreams{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
+	for _, s := range ss {
+		out.Sources = append(out.Sources, events.Source{Worker: w.WorkerID, Rank: s.Rank, Ranks: ranks,
+			Endpoint: s.Endpoint, ReplayEndpoint: s.ReplayEndpoint, Topic: w.Topic, SeqBase: w.SeqBase})
+	}
+	return out, nil
+}

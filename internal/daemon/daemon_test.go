@@ -1,0 +1,179 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/events"
+)
+
+type testDaemon struct {
+	url  string
+	stop context.CancelFunc
+	done chan error
+}
+
+func startDaemon(t *testing.T, etcd []string, token string) *testDaemon {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	addr := make(chan string, 1)
+	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
+	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0", APIToken: token,
+		ReadyTimeout: 30 * time.Second, OnReady: func(a string) { addr <- a },
+		Subscriber: events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
+	go func() { d.done <- Run(ctx, cfg) }()
+	select {
+	case a := <-addr:
+		d.url = "http://" + a
+	case err := <-d.done:
+		t.Fatalf("daemon exited: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("daemon did not start")
+	}
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-d.done:
+			if err != nil {
+				t.Errorf("daemon: %v", err)
+			}
+		case <-time.After(20 * time.Second):
+			t.Error("daemon did not stop")
+		}
+	})
+	return d
+}
+
+func call(t *testing.T, method, url, token string, body any) (int, []byte) {
+	t.Helper()
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
+	}
+	req, _ := http.NewRequest(method, url, rd)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// storeTokens publishes one root BlockStored of the given tokens (block
+// size 16) and returns them.
+func (e *testEngine) storeTokens(tokens []uint32) {
+	e.t.Helper()
+	ev := events.Event{Kind: events.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
+	for i := 0; i < len(tokens)/16; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, e.blk)
+		e.blk++
+	}
+	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: []events.Event{ev}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+// TestDaemonRegisterQueryUnregister: the whole serve path on a real etcd:
+// POST /register writes the catalog, the watch starts the stream, the
+// engine's blocks answer POST /query, /workers shows the rank, and POST
+// /unregister takes it all away. With --api-token, writes need it.
+func TestDaemonRegisterQueryUnregister(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "s3cret")
+	e := startTestEngine(t)
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(1000 + i)
+	}
+	e.storeTokens(tokens)
+	reg := map[string]any{"instance_id": 42, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+		"model_name": "meta-llama/Llama-3-8B", "block_size": 16}
+	if code, body := call(t, "POST", d.url+"/register", "", reg); code != http.StatusUnauthorized {
+		t.Fatalf("register without token: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/register", "s3cret", reg); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	query := map[string]any{"token_ids": tokens, "model_name": "meta-llama/Llama-3-8B"}
+	storetest.Eventually(t, 20*time.Second, "the engine's blocks to be queryable", func() bool {
+		code, body := call(t, "POST", d.url+"/query", "", query)
+		return code == 200 && bytes.Contains(body, []byte(`"scores":{"42":{"0":64}}`))
+	})
+	storetest.Eventually(t, 20*time.Second, "ready", func() bool {
+		code, _ := call(t, "GET", d.url+"/ready", "", nil)
+		return code == 200
+	})
+	code, body := call(t, "GET", d.url+"/workers?model_name=meta-llama/Llama-3-8B", "", nil)
+	if code != 200 || !bytes.Contains(body, []byte(`"instance_id":42`)) || !bytes.Contains(body, []byte(`"status":"active"`)) {
+		t.Fatalf("workers: %d %s", code, body)
+	}
+	code, body = call(t, "GET", d.url+"/metrics", "", nil)
+	if code != 200 || !bytes.Contains(body, []byte(`prefixd_stream_batches_total{rank="0",status="applied",worker="42"} 1`)) ||
+		!bytes.Contains(body, []byte(`prefixd_index_entries{model="meta-llama/Llama-3-8B",routing_group="default"} 4`)) {
+		t.Fatalf("metrics: %d\n%s", code, body)
+	}
+	bad := map[string]any{"instance_id": 43, "endpoint": e.pub.Endpoint(), "model_name": "meta-llama/Llama-3-8B", "block_size": 32}
+	if code, body := call(t, "POST", d.url+"/register", "s3cret", bad); code != http.StatusConflict {
+		t.Fatalf("block size conflict: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/unregister", "s3cret", map[string]any{"instance_id": 42, "model_name": "meta-llama/Llama-3-8B"}); code != 200 {
+		t.Fatalf("unregister: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "the worker's blocks to leave the index", func() bool {
+		code, body := call(t, "POST", d.url+"/query", "", query)
+		return code == 200 && bytes.Contains(body, []byte(`"scores":{}`))
+	})
+	if code, _ := call(t, "POST", d.url+"/unregister", "s3cret", map[string]any{"instance_id": 42, "model_name": "meta-llama/Llama-3-8B"}); code != http.StatusNotFound {
+		t.Fatalf("second unregister: %d", code)
+	}
+}
+
+// TestDaemonLeaseExpiry: a sidecar-registered worker (leased record) whose
+// sidecar stops renewing disappears with its blocks within TTL + 2 s.
+func TestDaemonLeaseExpiry(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	e := startTestEngine(t)
+	e.store(4)
+	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	w := catalog.Worker{WorkerID: 5, ModelName: "m", BlockSize: 16, EventsEndpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint(), DataParallelSize: 1}.WithDefaults()
+	sess, err := catalog.Register(context.Background(), store, w, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, stopRenewing := context.WithCancel(context.Background())
+	go func() { _ = sess.Run(sctx) }()
+	blocks := func() string {
+		_, body := call(t, "GET", d.url+"/workers", "", nil)
+		return string(body)
+	}
+	storetest.Eventually(t, 20*time.Second, "the worker's 4 blocks", func() bool {
+		return bytes.Contains([]byte(blocks()), []byte(`"blocks":4`))
+	})
+	stopRenewing() // a crashed sidecar: no revoke, the lease lapses
+	start := time.Now()
+	storetest.Eventually(t, 10*time.Second, "the worker to leave", func() bool { return !bytes.Contains([]byte(blocks()), []byte(`"instance_id"`)) })
+	if el := time.Since(start); el > 4*time.Second {
+		t.Fatalf("worker left %v after its sidecar stopped; want within TTL + 2 s", el)
+	}
+}
