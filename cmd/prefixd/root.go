@@ -49,6 +49,9 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newVersionCommand(),
 		newIndexDemoCommand(),
 		newServeCommand(),
+		newSidecarCommand(),
+		newWorkersCommand(),
+		newQueryCommand(),
 	)
 	return root
 }

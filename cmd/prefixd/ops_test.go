@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+type fixedWorkers []api.WorkerInfo
+
+func (f fixedWorkers) Register(context.Context, api.RegisterRequest) error     { return nil }
+func (f fixedWorkers) Unregister(context.Context, api.UnregisterRequest) error { return nil }
+func (f fixedWorkers) List(string, string) []api.WorkerInfo {
+	return append([]api.WorkerInfo(nil), f...)
+}
+
+func runCommand(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	cmd := newRootCommand(&out, &errOut)
+	cmd.SetArgs(args)
+	err := cmd.Execute()
+	return out.String(), err
+}
+
+func TestWorkersAndQueryCommands(t *testing.T) {
+	ix := indexer.New(indexer.Options{})
+	k := indexer.PartitionKey{Model: "m", Group: "default"}
+	if err := ix.AddPartition(k, 4); err != nil {
+		t.Fatal(err)
+	}
+	st := indexer.Stored{Hashes: []uint64{10, 11}, Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8}, BlockSize: 4, Seed: indexer.BaseSeed}
+	if _, err := ix.Apply(k, indexer.Rank{WorkerID: 3}, 9, []indexer.Op{{Kind: indexer.OpStore, Store: st}}); err != nil {
+		t.Fatal(err)
+	}
+	workers := fixedWorkers{{InstanceID: 3, ModelName: "m", RoutingGroup: "default", BlockSize: 4,
+		Listeners: map[uint32]api.Listener{0: {Endpoint: "tcp://10.0.0.3:5557", Status: api.StatusActive}}}}
+	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Workers: workers}))
+	defer srv.Close()
+
+	got, err := runCommand(t, "workers", "--server", srv.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(got, "\n")
+	// WORKER MODEL GROUP ROLE RANK STATUS LAST-SEQ BLOCKS DEGRADED ENDPOINT
+	if len(lines) < 2 || strings.Join(strings.Fields(lines[1]), " ") != "3 m default aggregated 0 active 9 2 false tcp://10.0.0.3:5557" {
+		t.Fatalf("workers output:\n%s", got)
+	}
+	got, err = runCommand(t, "query", "--server", srv.URL, "--model", "m", "--tokens", "1,2,3,4,5,6,7,8,9")
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines = strings.Split(got, "\n")
+	if len(lines) < 2 || strings.Join(strings.Fields(lines[1]), " ") != "3 0 8 8 8 8" {
+		t.Fatalf("query output (want worker 3 rank 0 holding 8 tokens):\n%s", got)
+	}
+	if _, err := runCommand(t, "query", "--server", srv.URL, "--model", "nope", "--tokens", "1"); err == nil || !strings.Contains(err.Error(), "no indexer for model") {
+		t.Fatalf("query of an unknown model: %v", err)
+	}
+	if _, err := runCommand(t, "query", "--model", "m", "--tokens", "x"); err == nil || !strings.Contains(err.Error(), "--tokens") {
+		t.Fatalf("bad tokens: %v", err)
+	}
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/internal/sidecar"
+)
+
+type sidecarOptions struct {
+	etcdEndpoints []string
+	etcdPrefix    string
+	etcdUser      string
+	etcdPassword  string
+	etcdCert      string
+	etcdKey       string
+	etcdCA        string
+	workerID      uint64
+	model         string
+	group         string
+	role          string
+	blockSize     uint32
+	events        string
+	replay        string
+	topic         string
+	dpStart       uint32
+	dpSize        uint32
+	totalBlocks   uint64
+	maxBatched    uint64
+	engineURL     string
+	healthPath    string
+	advertise     string
+	ttl           time.Duration
+	kvDomain      string
+	kvEnforce     string
+	topology      map[string]string
+	taints        []string
+}
+
+func newSidecarOptions() *sidecarOptions {
+	return &sidecarOptions{etcdEndpoints: []string{"http://127.0.0.1:2379"}, etcdPrefix: catalog.DefaultPrefix,
+		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), blockSize: 16,
+		events: "tcp://*:5557", dpSize: 1, healthPath: "/health", ttl: catalog.DefaultSessionTTL}
+}
+
+func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs of the catalog")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog")
+	fs.StringVar(&o.etcdUser, "etcd-user", o.etcdUser, "etcd username")
+	fs.StringVar(&o.etcdPassword, "etcd-password", o.etcdPassword, "etcd password (prefer PREFIXD_ETCD_PASSWORD)")
+	fs.StringVar(&o.etcdCert, "etcd-cert", o.etcdCert, "client certificate file for etcd TLS")
+	fs.StringVar(&o.etcdKey, "etcd-key", o.etcdKey, "client key file for etcd TLS")
+	fs.StringVar(&o.etcdCA, "etcd-ca", o.etcdCA, "CA file to verify etcd's certificate")
+	fs.Uint64Var(&o.workerID, "worker-id", o.workerID, "stable worker id (required; not a lease id)")
+	fs.StringVar(&o.model, "model", o.model, "model name as served (required)")
+	fs.StringVar(&o.group, "routing-group", o.group, "routing group within the model")
+	fs.StringVar(&o.role, "role", o.role, "aggregated, prefill, decode or encoder")
+	fs.Uint32Var(&o.blockSize, "block-size", o.blockSize, "engine KV block size in tokens (vLLM --block-size)")
+	fs.StringVar(&o.events, "events-endpoint", o.events, "the engine's kv-events endpoint (vLLM kv_events_config.endpoint; * is advertised)")
+	fs.StringVar(&o.replay, "replay-endpoint", o.replay, "the engine's replay endpoint (vLLM kv_events_config.replay_endpoint)")
+	fs.StringVar(&o.topic, "topic", o.topic, "the engine's kv-events topic")
+	fs.Uint32Var(&o.dpStart, "data-parallel-start-rank", o.dpStart, "first dp rank of this engine")
+	fs.Uint32Var(&o.dpSize, "data-parallel-size", o.dpSize, "dp ranks of this engine (ports offset by rank)")
+	fs.Uint64Var(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of one rank, in blocks")
+	fs.Uint64Var(&o.maxBatched, "max-num-batched-tokens", o.maxBatched, "the engine's prefill budget per step")
+	fs.StringVar(&o.engineURL, "engine-url", o.engineURL, "the engine's HTTP base URL (registered, and probed at --health-path)")
+	fs.StringVar(&o.healthPath, "health-path", o.healthPath, "health path on --engine-url; empty disables probing")
+	fs.StringVar(&o.advertise, "advertise-host", o.advertise, "host to advertise for wildcard endpoints (default: first non-loopback IPv4)")
+	fs.DurationVar(&o.ttl, "ttl", o.ttl, "registration lease TTL")
+	fs.StringVar(&o.kvDomain, "kv-transfer-domain", o.kvDomain, "topology domain that constrains KV transfers")
+	fs.StringVar(&o.kvEnforce, "kv-transfer-enforcement", o.kvEnforce, "required or preferred")
+	fs.StringToStringVar(&o.topology, "topology", o.topology, "topology domains, e.g. rack=r7,zone=a")
+	fs.StringSliceVar(&o.taints, "taint", o.taints, "taints (repeatable)")
+}
+
+func (o *sidecarOptions) options() sidecar.Options {
+	w := catalog.Worker{WorkerID: o.workerID, ModelName: o.model, RoutingGroup: o.group, Role: catalog.Role(o.role),
+		Endpoint: o.engineURL, EventsEndpoint: o.events, ReplayEndpoint: o.replay, Topic: o.topic, BlockSize: o.blockSize,
+		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize, TotalKVBlocks: o.totalBlocks, MaxNumBatchedTokens: o.maxBatched,
+		TopologyDomains: o.topology, KVTransferDomain: o.kvDomain, KVTransferEnforcement: catalog.Enforcement(o.kvEnforce), Taints: o.taints}
+	so := sidecar.Options{Worker: w, AdvertiseHost: o.advertise, TTL: o.ttl,
+		Etcd: catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix, Username: o.etcdUser, Password: o.etcdPassword,
+			CertFile: o.etcdCert, KeyFile: o.etcdKey, CAFile: o.etcdCA}}
+	if o.engineURL != "" && o.healthPath != "" {
+		so.HealthURL = o.engineURL + o.healthPath
+	}
+	return so
+}
+
+func (o *sidecarOptions) Validate() error {
+	if o.workerID == 0 {
+		return fmt.Errorf("--worker-id: required (a stable id of your choosing)")
+	}
+	if o.model == "" {
+		return fmt.Errorf("--model: required")
+	}
+	if o.ttl < 2*time.Second {
+		return fmt.Errorf("--ttl %v: etcd's minimum lease is 2s", o.ttl)
+	}
+	so := o.options()
+	if err := so.Etcd.Validate(); err != nil {
+		return err
+	}
+	_, err := so.Record()
+	return err
+}
+
+func newSidecarCommand() *cobra.Command {
+	o := newSidecarOptions()
+	cmd := &cobra.Command{
+		Use:   "sidecar",
+		Short: "Register an engine in the worker catalog and keep it there while it is healthy",
+		Long: "sidecar runs next to a vLLM or SGLang engine started with KV events, e.g.\n\n" +
+			"  vllm serve MODEL --block-size 16 --kv-events-config \\\n" +
+			"    '{\"enable_kv_cache_events\":true,\"publisher\":\"zmq\",\"endpoint\":\"tcp://*:5557\",\"replay_endpoint\":\"tcp://*:5600\"}'\n" +
+			"  prefixd sidecar --worker-id 1 --model MODEL --block-size 16 \\\n" +
+			"    --events-endpoint 'tcp://*:5557' --replay-endpoint 'tcp://*:5600' --engine-url http://127.0.0.1:8000\n\n" +
+			"It writes the worker's record under a lease (TTL --ttl), advertises a routable host for\n" +
+			"wildcard endpoints, deregisters while the engine's health check fails, and revokes the\n" +
+			"lease on exit. Flags can also be set as PREFIXD_<FLAG>.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := fromEnv(cmd.Flags()); err != nil {
+				return err
+			}
+			if err := o.Validate(); err != nil {
+				return err
+			}
+			so := o.options()
+			so.Logger = slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return sidecar.Run(cmd.Context(), so)
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}

@@ -1,0 +1,149 @@
+// Package client is a small HTTP client of the prefixd API for the
+// operator commands (prefixd workers, prefixd query), with plain-text
+// table rendering.
+package client
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"slices"
+	"strconv"
+	"text/tabwriter"
+
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// Client talks to one prefixd server.
+type Client struct {
+	BaseURL string // e.g. http://127.0.0.1:8090
+	Token   string // bearer token, for writes
+	HTTP    *http.Client
+}
+
+func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	hc := c.HTTP
+	if hc == nil {
+		hc = http.DefaultClient
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+		}
+		if json.Unmarshal(raw, &e) == nil && e.Error != "" {
+			return fmt.Errorf("%s %s: %s (%d)", method, path, e.Error, resp.StatusCode)
+		}
+		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+	}
+	return json.Unmarshal(raw, out)
+}
+
+// Workers lists the workers (filters optional).
+func (c *Client) Workers(ctx context.Context, model, group string) ([]api.WorkerInfo, error) {
+	q := url.Values{}
+	if model != "" {
+		q.Set("model_name", model)
+	}
+	if group != "" {
+		q.Set("routing_group", group)
+	}
+	var out []api.WorkerInfo
+	err := c.do(ctx, http.MethodGet, "/workers?"+q.Encode(), nil, &out)
+	return out, err
+}
+
+// Query scores a prompt.
+func (c *Client) Query(ctx context.Context, q api.QueryRequest) (api.ScoreResponse, error) {
+	var out api.ScoreResponse
+	err := c.do(ctx, http.MethodPost, "/query", q, &out)
+	return out, err
+}
+
+// RenderWorkers writes one line per worker rank.
+func RenderWorkers(w io.Writer, ws []api.WorkerInfo) error {
+	slices.SortFunc(ws, func(a, b api.WorkerInfo) int {
+		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.RoutingGroup, b.RoutingGroup), cmp.Compare(a.InstanceID, b.InstanceID))
+	})
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tMODEL\tGROUP\tROLE\tRANK\tSTATUS\tLAST SEQ\tBLOCKS\tDEGRADED\tENDPOINT")
+	for _, wi := range ws {
+		ranks := make([]uint32, 0, len(wi.Listeners))
+		for r := range wi.Listeners {
+			ranks = append(ranks, r)
+		}
+		slices.Sort(ranks)
+		for _, r := range ranks {
+			l := wi.Listeners[r]
+			seq := "-"
+			if l.LastSeq != nil {
+				seq = strconv.FormatUint(*l.LastSeq, 10)
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%d\t%v\t%s\n", wi.InstanceID, wi.ModelName, wi.RoutingGroup,
+				cmp.Or(wi.Role, "aggregated"), r, l.Status, seq, l.Blocks, l.Degraded, l.Endpoint)
+		}
+	}
+	return tw.Flush()
+}
+
+// RenderScores writes one line per matching worker rank, in tokens,
+// longest device match first.
+func RenderScores(w io.Writer, s api.ScoreResponse) error {
+	type row struct {
+		id                   uint64
+		rank                 uint32
+		gpu, cpu, disk, best uint64
+	}
+	var rows []row
+	for id, inst := range s.Instances {
+		for r, tok := range inst.DP {
+			rows = append(rows, row{id, r, tok, inst.CPU, inst.Disk, inst.LongestMatched})
+		}
+		if len(inst.DP) == 0 {
+			rows = append(rows, row{id, 0, 0, inst.CPU, inst.Disk, inst.LongestMatched})
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int {
+		return cmp.Or(cmp.Compare(b.gpu, a.gpu), cmp.Compare(a.id, b.id), cmp.Compare(a.rank, b.rank))
+	})
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "WORKER\tRANK\tGPU TOKENS\tWORKER CPU\tWORKER DISK\tLONGEST")
+	for _, r := range rows {
+		fmt.Fprintf(tw, "%d\t%d\t%d\t%d\t%d\t%d\n", r.id, r.rank, r.gpu, r.cpu, r.disk, r.best)
+	}
+	if len(rows) == 0 {
+		fmt.Fprintln(tw, "(no worker holds the first block)")
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,187 @@
+// Package sidecar registers one engine in the worker catalog and keeps it
+// there while the engine is healthy: `prefixd sidecar` runs next to each
+// vLLM or SGLang engine. The record is held by a lease (a crashed sidecar's
+// worker disappears when the lease expires); it advertises routable
+// addresses for endpoints the engine binds on a wildcard host.
+package sidecar
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+)
+
+// Options configure a sidecar. Worker is the record to register; its
+// endpoints may use a wildcard host (tcp://*:5557, as vLLM binds), which
+// Run replaces with AdvertiseHost.
+type Options struct {
+	Etcd          catalog.EtcdConfig
+	Worker        catalog.Worker
+	AdvertiseHost string        // default: the first non-loopback IPv4 address of this host
+	TTL           time.Duration // lease TTL (default 10 s)
+	// HealthURL, when set, is polled every HealthInterval (default 5 s):
+	// the worker is registered only while it answers 2xx, and
+	// deregistered after HealthFailures (default 3) failures in a row.
+	HealthURL      string
+	HealthInterval time.Duration
+	HealthFailures int
+	Client         *http.Client
+	Logger         *slog.Logger
+}
+
+// Advertise replaces a wildcard host (*, 0.0.0.0, [::], ::) in a ZMQ
+// endpoint with host; other endpoints are returned unchanged.
+func Advertise(endpoint, host string) string {
+	for _, wild := range []string{"tcp://*:", "tcp://0.0.0.0:", "tcp://[::]:", "tcp://:::"} {
+		if strings.HasPrefix(endpoint, wild) {
+			if strings.Contains(host, ":") {
+				host = "[" + host + "]"
+			}
+			return "tcp://" + host + ":" + strings.TrimPrefix(endpoint, wild)
+		}
+	}
+	return endpoint
+}
+
+// DefaultHost returns the first non-loopback IPv4 address of this host.
+func DefaultHost() (string, error) {
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return "", err
+	}
+	for _, a := range addrs {
+		if ipn, ok := a.(*net.IPNet); ok && !ipn.IP.IsLoopback() && ipn.IP.To4() != nil {
+			return ipn.IP.String(), nil
+		}
+	}
+	return "", errors.New("no non-loopback IPv4 address; set --advertise-host")
+}
+
+// Record returns the worker record Run registers: defaults applied and
+// wildcard endpoints advertised. It is validated.
+func (o Options) Record() (catalog.Worker, error) {
+	w := o.Worker
+	host := o.AdvertiseHost
+	wild := false
+	for _, ep := range append([]string{w.EventsEndpoint, w.ReplayEndpoint}, mapValues(w.EventsEndpoints, w.ReplayEndpoints)...) {
+		wild = wild || Advertise(ep, "h") != ep
+	}
+	if wild && host == "" {
+		var err error
+		if host, err = DefaultHost(); err != nil {
+			return w, err
+		}
+	}
+	w.EventsEndpoint, w.ReplayEndpoint = Advertise(w.EventsEndpoint, host), Advertise(w.ReplayEndpoint, host)
+	for _, m := range []map[uint32]string{w.EventsEndpoints, w.ReplayEndpoints} {
+		for r, ep := range m {
+			m[r] = Advertise(ep, host)
+		}
+	}
+	w = w.WithDefaults()
+	return w, w.Validate()
+}
+
+func mapValues(ms ...map[uint32]string) []string {
+	var out []string
+	for _, m := range ms {
+		for _, v := range m {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// Run registers the worker (while the engine is healthy, if HealthURL is
+// set) until ctx ends, then revokes the lease so the worker leaves at
+// once. It re-registers after etcd outages and engine recoveries.
+func Run(ctx context.Context, o Options) error {
+	if o.TTL <= 0 {
+		o.TTL = catalog.DefaultSessionTTL
+	}
+	if o.HealthInterval <= 0 {
+		o.HealthInterval = 5 * time.Second
+	}
+	if o.HealthFailures <= 0 {
+		o.HealthFailures = 3
+	}
+	if o.Client == nil {
+		o.Client = &http.Client{Timeout: 2 * time.Second}
+	}
+	log := o.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	w, err := o.Record()
+	if err != nil {
+		return fmt.Errorf("worker record: %w", err)
+	}
+	store, err := catalog.NewEtcdStore(ctx, o.Etcd)
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	tick := time.NewTicker(o.HealthInterval)
+	defer tick.Stop()
+	var sess *catalog.Session
+	var sessDone chan error
+	stopSession := func(reason string) {
+		if sess == nil {
+			return
+		}
+		if err := sess.Close(); err != nil {
+			log.Warn("revoke lease", "err", err)
+		}
+		<-sessDone
+		sess = nil
+		log.Info("worker deregistered", "worker", w.WorkerID, "reason", reason)
+	}
+	defer stopSession("sidecar stopping")
+	failures := 0
+	for {
+		healthy := o.HealthURL == "" || o.probe(ctx)
+		if healthy {
+			failures = 0
+		} else {
+			failures++
+		}
+		switch {
+		case healthy && sess == nil:
+			s, err := catalog.Register(ctx, store, w, o.TTL, catalog.WithLogger(log))
+			if err != nil {
+				log.Warn("register worker", "worker", w.WorkerID, "err", err)
+				break
+			}
+			sess, sessDone = s, make(chan error, 1)
+			go func(s *catalog.Session, done chan error) { done <- s.Run(ctx) }(sess, sessDone)
+			log.Info("worker registered", "worker", w.WorkerID, "model", w.ModelName, "events", w.EventsEndpoint+fmt.Sprint(w.EventsEndpoints))
+		case failures >= o.HealthFailures && sess != nil:
+			stopSession("engine unhealthy")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+func (o Options) probe(ctx context.Context) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.HealthURL, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := o.Client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode >= 200 && resp.StatusCode < 300
+}
