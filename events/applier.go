@@ -22,11 +22,11 @@ type IndexApplier struct {
 var _ Applier = (*IndexApplier)(nil)
 
 // ApplyBatch implements Applier.
-func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq uint64, b *Batch) error {
+func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
-	res, err := a.Index.Apply(a.Partition, r, seq, a.ops)
+	res, err := a.Index.ApplyBatch(a.Partition, r, seq, digest, a.ops)
 	for i, n := range res.Skipped {
 		a.skipped[i] += n
 	}

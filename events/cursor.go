@@ -76,6 +76,7 @@ type Action struct {
 	From    uint64
 	At      time.Time
 	Attempt uint64
+	Digest  uint64 // ActApply: xxh3 of Payload, to record with the watermark
 }
 
 func (a Action) String() string {
@@ -215,6 +216,16 @@ func (c *Cursor) Connected(now time.Time) []Action {
 		c.mode = ModeAwaitLive
 	}
 	return c.out
+}
+
+// Resume seeds a cursor that has never been connected with state restored
+// from elsewhere (a peer's dump): the rank's index already holds the
+// batches up to seq, the last of which had digest. The first Connected
+// then verifies, as after a reconnect, that the engine still has that
+// batch before resuming after it; otherwise it resets and replays from
+// SeqBase.
+func (c *Cursor) Resume(seq, digest uint64) {
+	c.applied, c.hasApplied, c.digest = seq, true, digest
 }
 
 // Disconnected is called when the socket is gone (EOF or error); the
@@ -446,9 +457,9 @@ func (c *Cursor) ReplayIncomplete(a uint64, now time.Time) []Action {
 func (c *Cursor) emit(a Action) { c.out = append(c.out, a) }
 
 func (c *Cursor) apply(seq uint64, payload []byte) {
-	c.emit(Action{Kind: ActApply, Seq: seq, Payload: payload})
-	c.applied, c.hasApplied = seq, true
 	c.digest = xxh3.Hash(payload)
+	c.emit(Action{Kind: ActApply, Seq: seq, Payload: payload, Digest: c.digest})
+	c.applied, c.hasApplied = seq, true
 }
 
 func (c *Cursor) reset() {

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/zeebo/xxh3"
 )
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor scenario files")
@@ -29,6 +31,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	cleared                              the last applied batch held AllBlocksCleared
 //	corrupt                              the last applied batch could not be decoded
 //	probe [t=MS]                         the live socket has been quiet
+//	resume seq=N [p=PAYLOAD]             state restored from a peer up to seq N (digest of the payload)
 //	stats
 func TestCursorScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/cursor/*.txt")
@@ -173,6 +176,9 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		acts = sc.c.Corrupt()
 	case "probe":
 		acts = sc.c.Probe(sc.now)
+	case "resume":
+		seq := num("seq", 0)
+		sc.c.Resume(seq, xxh3.Hash(payload(seq)))
 	case "stats":
 		s := sc.c.Stats()
 		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d lost=%d probes=%d peak=%d",

@@ -26,6 +26,15 @@ type Source struct {
 	ReplayEndpoint string // ZMQ ROUTER address; "" when the engine has none
 	Topic          string // topic prefix to subscribe to ("" = everything)
 	SeqBase        uint64 // first seq of an incarnation (0 for vLLM)
+	// Resume, when set, says the index already holds the rank's batches
+	// up to Resume.Seq (restored from a peer): the subscriber verifies the
+	// engine still has that batch (by Resume.Digest) and resumes after it.
+	Resume *Watermark
+}
+
+// Watermark is a rank's last applied batch and its digest.
+type Watermark struct {
+	Seq, Digest uint64
 }
 
 func (s Source) rank() indexer.Rank { return indexer.Rank{WorkerID: s.Worker, DPRank: s.Rank} }
@@ -48,9 +57,10 @@ func (s Source) registered(r uint32) bool {
 // goroutine; an Applier shared by several Subscribers must be safe for
 // concurrent use.
 type Applier interface {
-	// ApplyBatch applies one decoded batch for rank r as batch seq. The
+	// ApplyBatch applies one decoded batch for rank r as batch seq, whose
+	// payload had the given digest (to record with the watermark). The
 	// batch and its slices are only valid during the call.
-	ApplyBatch(r indexer.Rank, seq uint64, b *Batch) error
+	ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error
 	// ResetRank drops everything rank r holds.
 	ResetRank(r indexer.Rank) error
 }
@@ -177,7 +187,7 @@ type run struct {
 func (s *Subscriber) Run(ctx context.Context) error {
 	r := &run{
 		s:        s,
-		cur:      NewCursor(s.cfg.Cursor),
+		cur:      newCursorFor(s),
 		labels:   [2]string{strconv.FormatUint(s.src.Worker, 10), strconv.FormatUint(uint64(s.src.Rank), 10)},
 		replayCh: make(chan replayMsg, 64),
 	}
@@ -212,6 +222,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		delay = min(2*delay, s.cfg.RetryMax)
 	}
+}
+
+func newCursorFor(s *Subscriber) *Cursor {
+	c := NewCursor(s.cfg.Cursor)
+	if w := s.src.Resume; w != nil && s.src.ReplayEndpoint != "" {
+		c.Resume(w.Seq, w.Digest)
+	}
+	return c
 }
 
 // connection dials the live socket and serves it until it fails.
@@ -322,7 +340,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 		a := acts[i]
 		switch a.Kind {
 		case ActApply:
-			if more := r.apply(a.Seq, a.Payload); len(more) > 0 {
+			if more := r.apply(a.Seq, a.Digest, a.Payload); len(more) > 0 {
 				// The batch was corrupt: the cursor reset the rank. Its
 				// actions come first; the rest of this list follows.
 				rest := append([]Action(nil), acts[i+1:]...)
@@ -354,7 +372,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 
 // apply decodes and applies one batch. A batch that cannot be decoded is
 // dropped and the cursor told: it returns the cursor's reset actions.
-func (r *run) apply(seq uint64, payload []byte) []Action {
+func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
@@ -368,7 +386,7 @@ func (r *run) apply(seq uint64, payload []byte) []Action {
 		}
 		rank.DPRank = uint32(r.batch.DPRank)
 	}
-	if err := r.s.app.ApplyBatch(rank, seq, &r.batch); err != nil {
+	if err := r.s.app.ApplyBatch(rank, seq, digest, &r.batch); err != nil {
 		r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
 		r.drop("apply_error")
 		return nil

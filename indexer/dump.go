@@ -22,6 +22,7 @@ type RankWatermark struct {
 	Rank   Rank
 	Seq    uint64
 	HasSeq bool
+	Digest uint64 // of the batch applied as Seq; 0 = unknown
 }
 
 // DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
@@ -57,7 +58,7 @@ func (t *Tree) Dump() *Snapshot {
 	s := &Snapshot{BlockSize: t.blockSize}
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
-		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq})
+		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest})
 	}
 	queue := []uint32{}
 	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
@@ -221,7 +222,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 	}
 	for _, w := range s.Ranks {
 		rid := t.rankID(w.Rank)
-		t.ranks[rid].seq, t.ranks[rid].hasSeq = w.Seq, w.HasSeq
+		t.ranks[rid].seq, t.ranks[rid].hasSeq, t.ranks[rid].digest = w.Seq, w.HasSeq, w.Digest
 	}
 	for i := range s.Events {
 		ev := &s.Events[i]
@@ -293,6 +294,7 @@ type jsonWatermark struct {
 	WorkerID uint64  `json:"worker_id"`
 	DPRank   uint32  `json:"dp_rank"`
 	Seq      *uint64 `json:"last_event_id"`
+	Digest   uint64  `json:"digest,omitempty"`
 }
 
 type jsonNode struct {
@@ -340,7 +342,7 @@ type jsonBlock struct {
 func (s *Snapshot) MarshalJSON() ([]byte, error) {
 	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
 	for _, w := range s.Ranks {
-		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank}
+		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest}
 		if w.HasSeq {
 			seq := w.Seq
 			jw.Seq = &seq
@@ -387,7 +389,7 @@ func (s *Snapshot) UnmarshalJSON(data []byte) error {
 	}
 	*s = Snapshot{BlockSize: js.BlockSize}
 	for _, w := range js.Watermarks {
-		rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}}
+		rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest}
 		if w.Seq != nil {
 			rw.Seq, rw.HasSeq = *w.Seq, true
 		}

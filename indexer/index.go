@@ -114,6 +114,12 @@ type BatchResult struct {
 // Apply applies the ops of one engine batch for rank r in order and records
 // seq as r's watermark, atomically with respect to Snapshot and Match.
 func (ix *Index) Apply(k PartitionKey, r Rank, seq uint64, ops []Op) (BatchResult, error) {
+	return ix.ApplyBatch(k, r, seq, 0, ops)
+}
+
+// ApplyBatch is Apply that also records the batch's digest with the
+// watermark (see Tree.SetWatermarkDigest).
+func (ix *Index) ApplyBatch(k PartitionKey, r Rank, seq, digest uint64, ops []Op) (BatchResult, error) {
 	var res BatchResult
 	p, err := ix.partition(k)
 	if err != nil {
@@ -126,7 +132,7 @@ func (ix *Index) Apply(k PartitionKey, r Rank, seq uint64, ops []Op) (BatchResul
 			res.Errs = append(res.Errs, err)
 		}
 	}
-	p.tree.SetWatermark(r, seq)
+	p.tree.SetWatermarkDigest(r, seq, digest)
 	ix.settle(p)
 	for i := range res.Skipped {
 		res.Skipped[i] = p.tree.counts[i] - before[i]
@@ -283,6 +289,7 @@ type RankState struct {
 	Blocks    int
 	Watermark uint64
 	HasSeq    bool
+	Digest    uint64
 }
 
 // Rank reports r's block count and watermark in partition k.
@@ -294,7 +301,7 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	seq, ok := p.tree.Watermark(r)
-	return RankState{Blocks: p.tree.RankBlocks(r), Watermark: seq, HasSeq: ok}, nil
+	return RankState{Blocks: p.tree.RankBlocks(r), Watermark: seq, HasSeq: ok, Digest: p.tree.WatermarkDigest(r)}, nil
 }
 
 // Read runs f on partition k's tree under the read lock, for inspection

@@ -117,6 +117,10 @@ type rankState struct {
 	lookup map[uint64]ref // engine hash → block
 	seq    uint64
 	hasSeq bool
+	// digest identifies the batch applied as seq (the stream layer's xxh3
+	// of its payload; 0 = unknown), so a restored rank can check that the
+	// engine still has that batch before resuming after it.
+	digest uint64
 }
 
 type ovKey struct {
@@ -235,6 +239,21 @@ func (t *Tree) Watermark(r Rank) (seq uint64, ok bool) {
 		return t.ranks[rid].seq, t.ranks[rid].hasSeq
 	}
 	return 0, false
+}
+
+// WatermarkDigest returns the digest recorded with r's watermark (0 if none).
+func (t *Tree) WatermarkDigest(r Rank) uint64 {
+	if rid, found := t.rankIDs[r]; found {
+		return t.ranks[rid].digest
+	}
+	return 0
+}
+
+// SetWatermarkDigest records seq as the last batch applied for r, and the
+// digest of that batch.
+func (t *Tree) SetWatermarkDigest(r Rank, seq, digest uint64) {
+	rid := t.rankID(r)
+	t.ranks[rid].seq, t.ranks[rid].hasSeq, t.ranks[rid].digest = seq, true, digest
 }
 
 // SetWatermark records seq as the last batch applied for r.

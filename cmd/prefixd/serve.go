@@ -26,6 +26,7 @@ type serveOptions struct {
 	listen        string
 	apiToken      string
 	maxEntries    int
+	peers         []string
 	readyTimeout  time.Duration
 	logLevel      string
 }
@@ -47,6 +48,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
+	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas (base URLs); the index is restored from the first healthy one's /dump at start")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 }
@@ -115,7 +117,7 @@ func newServeCommand() *cobra.Command {
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, Listen: o.listen,
-				APIToken: o.apiToken, MaxEntries: o.maxEntries, ReadyTimeout: o.readyTimeout, Logger: log})
+				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, ReadyTimeout: o.readyTimeout, Logger: log})
 		},
 	}
 	o.AddFlags(cmd.Flags())

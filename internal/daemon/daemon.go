@@ -35,6 +35,9 @@ type Config struct {
 	APIToken string
 	// MaxEntries caps indexed (block, rank) entries (0 = no cap).
 	MaxEntries int
+	// Peers are other prefixd replicas (base URLs): the daemon restores its
+	// index from the first healthy one's /dump before it serves.
+	Peers []string
 	// ReadyTimeout opens /ready even if some streams have not finished
 	// their initial replay (default 60 s).
 	ReadyTimeout time.Duration
@@ -101,6 +104,16 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ix := indexer.New(indexer.Options{MaxEntries: cfg.MaxEntries})
 	reg.MustRegister(NewIndexCollector(ix, cfg.MaxEntries))
+	if len(cfg.Peers) > 0 {
+		bctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
+		peer, err := Bootstrap(bctx, cfg.Peers, ix, nil, log)
+		cancel()
+		if err != nil {
+			log.Warn("starting without a peer's index; streams replay from the engines", "err", err)
+		} else {
+			log.Info("index restored from peer", "peer", peer)
+		}
+	}
 	subCfg := cfg.Subscriber
 	if subCfg.Metrics == nil {
 		subCfg.Metrics = events.NewMetrics(reg)

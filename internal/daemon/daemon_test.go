@@ -4,14 +4,17 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
 )
 
 type testDaemon struct {
@@ -20,13 +23,13 @@ type testDaemon struct {
 	done chan error
 }
 
-func startDaemon(t *testing.T, etcd []string, token string) *testDaemon {
+func startDaemon(t *testing.T, etcd []string, token string, peers ...string) *testDaemon {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
 	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0", APIToken: token,
-		ReadyTimeout: 30 * time.Second, OnReady: func(a string) { addr <- a },
+		ReadyTimeout: 30 * time.Second, OnReady: func(a string) { addr <- a }, Peers: peers,
 		Subscriber: events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
 	go func() { d.done <- Run(ctx, cfg) }()
 	select {
@@ -176,4 +179,87 @@ func TestDaemonLeaseExpiry(t *testing.T) {
 	if el := time.Since(start); el > 4*time.Second {
 		t.Fatalf("worker left %v after its sidecar stopped; want within TTL + 2 s", el)
 	}
+}
+
+// TestDaemonPeerBootstrap: a replica started with --peers restores its
+// index from a peer's /dump and resumes each rank after its watermark once
+// the engine confirms that batch, so it is exact even though the engine's
+// replay buffer no longer reaches back to seq 0 — where a replica without
+// a peer can only be degraded.
+func TestDaemonPeerBootstrap(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	a := startDaemon(t, etcd.Endpoints(), "")
+	e := startTestEngineBuffer(t, 5)
+	reg := map[string]any{"instance_id": 1, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(), "model_name": "m", "block_size": 16}
+	if code, body := call(t, "POST", a.url+"/register", "", reg); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "a ready", func() bool { code, _ := call(t, "GET", a.url+"/ready", "", nil); return code == 200 })
+	tokens := make([]uint32, 0, 20*16)
+	for i := 0; i < 20; i++ {
+		blk := make([]uint32, 16)
+		for j := range blk {
+			blk[j] = uint32(i*100 + j)
+		}
+		tokens = append(tokens, blk...)
+		e.storeTokens(blk)
+	}
+	rankLine := func(d *testDaemon) string {
+		_, body := call(t, "GET", d.url+"/workers", "", nil)
+		return string(body)
+	}
+	storetest.Eventually(t, 20*time.Second, "a to apply all 20 batches", func() bool {
+		return bytes.Contains([]byte(rankLine(a)), []byte(`"last_seq":19`))
+	})
+	if bytes.Contains([]byte(rankLine(a)), []byte(`"degraded":true`)) {
+		t.Fatalf("a degraded: %s", rankLine(a))
+	}
+	b := startDaemon(t, etcd.Endpoints(), "", a.url)
+	c := startDaemon(t, etcd.Endpoints(), "")
+	for _, d := range []*testDaemon{b, c} {
+		storetest.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
+	}
+	if l := rankLine(b); !bytes.Contains([]byte(l), []byte(`"degraded":false`)) || !bytes.Contains([]byte(l), []byte(`"last_seq":19`)) {
+		t.Fatalf("bootstrapped replica: %s", l)
+	}
+	storetest.Eventually(t, 20*time.Second, "c to give up on the rolled-over history", func() bool {
+		return bytes.Contains([]byte(rankLine(c)), []byte(`"degraded":true`))
+	})
+	// The first block's chain: each batch stored one root block, so ask
+	// for block 0 and block 19 separately and compare all three replicas.
+	for _, q := range [][]uint32{tokens[:16], tokens[19*16:]} {
+		_, wantBody := call(t, "POST", a.url+"/query", "", map[string]any{"token_ids": q, "model_name": "m"})
+		_, gotBody := call(t, "POST", b.url+"/query", "", map[string]any{"token_ids": q, "model_name": "m"})
+		if !bytes.Equal(wantBody, gotBody) || !bytes.Contains(gotBody, []byte(`"1":{"0":16}`)) {
+			t.Fatalf("bootstrapped replica answers %s, peer %s", gotBody, wantBody)
+		}
+	}
+	_, dumpA := call(t, "GET", a.url+"/dump", "", nil)
+	_, dumpB := call(t, "GET", b.url+"/dump", "", nil)
+	if ca, cb := canonicalDump(t, dumpA), canonicalDump(t, dumpB); !slices.Equal(ca, cb) || len(ca) != 21 {
+		t.Fatalf("indexes differ:\n%v\n%v", ca, cb)
+	}
+}
+
+// canonicalDump lists a /dump's blocks and watermarks in a stable order,
+// independent of how each replica numbered its tree's nodes.
+func canonicalDump(t *testing.T, raw []byte) []string {
+	t.Helper()
+	var parts map[string]indexer.Snapshot
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for name, s := range parts {
+		for _, ev := range s.Events {
+			for _, b := range ev.Blocks {
+				out = append(out, fmt.Sprintf("%s %v parent=%d/%v %d %d %v", name, ev.Rank, ev.ParentHash, ev.HasParent, b.Hash, b.TokensHash, b.Counts))
+			}
+		}
+		for _, w := range s.Ranks {
+			out = append(out, fmt.Sprintf("%s watermark %v %d %v %d", name, w.Rank, w.Seq, w.HasSeq, w.Digest))
+		}
+	}
+	slices.Sort(out)
+	return out
 }

@@ -176,6 +176,11 @@ func sameSource(a, b events.Source) bool {
 }
 
 func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, part indexer.PartitionKey) error {
+	// A rank the index already holds (restored from a peer's dump) resumes
+	// after its watermark once the engine confirms the batch's digest.
+	if rs, err := s.ix.Rank(part, indexer.Rank{WorkerID: k.worker, DPRank: k.rank}); err == nil && rs.HasSeq && rs.Digest != 0 {
+		src.Resume = &events.Watermark{Seq: rs.Watermark, Digest: rs.Digest}
+	}
 	app := &events.IndexApplier{Index: s.ix, Partition: part}
 	sub, err := events.NewSubscriber(src, app, s.cfg)
 	if err != nil {

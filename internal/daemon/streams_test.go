@@ -21,7 +21,14 @@ type testEngine struct {
 
 func startTestEngine(t *testing.T) *testEngine {
 	t.Helper()
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	return startTestEngineBuffer(t, 0)
+}
+
+// startTestEngineBuffer starts an engine whose replay buffer holds steps
+// batches (0 = the default).
+func startTestEngineBuffer(t *testing.T, steps int) *testEngine {
+	t.Helper()
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: steps})
 	if err != nil {
 		t.Fatal(err)
 	}
