@@ -94,10 +94,7 @@ func newQueryCommand() *cobra.Command {
 		Short: "Show how many tokens of a prompt each worker rank already caches",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := fromEnv(cmd.Flags()); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
+			if err := prepare(cmd.Flags(), &o); err != nil {
 				return err
 			}
 			resp, err := o.client().Query(cmd.Context(), o.req)

@@ -53,6 +53,15 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 }
 
+// prepare reads PREFIXD_* variables into the flags not given on the
+// command line, then validates the options.
+func prepare(fs *pflag.FlagSet, o interface{ Validate() error }) error {
+	if err := fromEnv(fs); err != nil {
+		return err
+	}
+	return o.Validate()
+}
+
 // fromEnv sets every flag not given on the command line from
 // PREFIXD_<FLAG> (upper case, dashes as underscores).
 func fromEnv(fs *pflag.FlagSet) error {
@@ -107,10 +116,7 @@ func newServeCommand() *cobra.Command {
 			"Every flag can also be set as PREFIXD_<FLAG>, e.g. PREFIXD_ETCD_ENDPOINTS.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := fromEnv(cmd.Flags()); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
+			if err := prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			var lvl slog.Level

@@ -125,10 +125,7 @@ func newSidecarCommand() *cobra.Command {
 			"lease on exit. Flags can also be set as PREFIXD_<FLAG>.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := fromEnv(cmd.Flags()); err != nil {
-				return err
-			}
-			if err := o.Validate(); err != nil {
+			if err := prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			so := o.options()
