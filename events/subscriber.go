@@ -80,6 +80,7 @@ type SubscriberConfig struct {
 	Logger        *slog.Logger // default slog.Default()
 	Metrics       *Metrics     // nil: no metrics
 	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
+	ReplaySlots   ReplaySlots  // shared bound on concurrent replay attempts; nil = unbounded
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -156,8 +157,24 @@ func (s *Subscriber) State() State {
 // replayMsg is one message (or the end) of a replay attempt.
 type replayMsg struct {
 	attempt uint64
+	started bool // the attempt got a replay slot and sent its request
 	frames  [][]byte
 	err     error // the attempt's socket failed (EOF, dial error)
+}
+
+// ReplaySlots bounds how many replay attempts run at once across the
+// Subscribers that share it (a replay costs the engine a burst of sends
+// and the daemon a burst of applies; a restarted daemon with hundreds of
+// ranks would otherwise ask every engine at once). Waiting for a slot does
+// not count against an attempt's idle timeout.
+type ReplaySlots chan struct{}
+
+// NewReplaySlots returns n slots (n ≤ 0 means unbounded: nil).
+func NewReplaySlots(n int) ReplaySlots {
+	if n <= 0 {
+		return nil
+	}
+	return make(ReplaySlots, n)
 }
 
 // run is the state of one Run: the cursor and the sockets it drives.
@@ -315,6 +332,10 @@ func (r *run) onReplay(ctx context.Context, m replayMsg) {
 		return // a stale attempt
 	}
 	now := time.Now()
+	if m.started {
+		r.resetIdle() // the idle timeout runs from when the attempt got its slot
+		return
+	}
 	if m.err != nil {
 		r.exec(ctx, r.cur.ReplayIncomplete(m.attempt, now))
 		return
@@ -427,8 +448,7 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 	r.stopReplay()
 	actx, cancel := context.WithCancel(ctx)
 	r.attemptStop = cancel
-	r.resetIdle()
-	ep, timeout := r.s.src.ReplayEndpoint, r.s.cfg.DialTimeout
+	ep, timeout, slots := r.s.src.ReplayEndpoint, r.s.cfg.DialTimeout, r.s.cfg.ReplaySlots
 	send := func(m replayMsg) bool {
 		select {
 		case r.replayCh <- m:
@@ -440,6 +460,17 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 	r.attemptWG.Add(1)
 	go func() {
 		defer r.attemptWG.Done()
+		if slots != nil {
+			select {
+			case slots <- struct{}{}:
+				defer func() { <-slots }()
+			case <-actx.Done():
+				return
+			}
+		}
+		if !send(replayMsg{attempt: a.Attempt, started: true}) {
+			return
+		}
 		d := zmq4.NewDealer(actx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
 		defer d.Close()
 		if err := d.Dial(ep); err != nil {

@@ -529,3 +529,47 @@ prefixd_stream_up{rank="1",worker="2"} 1
 		t.Fatalf("replays ok = %v, want 1 (the join)", n)
 	}
 }
+
+// TestSubscriberReplaySlots: subscribers sharing one replay slot replay one
+// at a time (the others wait without timing out), and all end exact.
+func TestSubscriberReplaySlots(t *testing.T) {
+	ops := e2eOps(t, 14, 1, 600)[0]
+	ix, app := newE2EIndex(t)
+	slots := NewReplaySlots(1)
+	gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
+	var engines []*e2eEngine
+	var subs []*e2eSub
+	for i := 0; i < 3; i++ {
+		e := startEngine(t, indexer.Rank{WorkerID: uint64(20 + i)}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		e.feed(ops)
+		engines = append(engines, e)
+	}
+	// The first subscriber takes the slot and blocks applying its replay.
+	var a Applier = gated
+	for i, e := range engines {
+		subs = append(subs, startSubscriber(t, Source{Worker: e.rank.WorkerID, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()},
+			a, SubscriberConfig{ReplaySlots: slots, IdleTimeout: 200 * time.Millisecond}))
+		if i == 0 {
+			waitUntil(t, 10*time.Second, "the first replay to start", func() bool { return e.pub.Stats().ReplayRequests > 0 })
+			a = app
+		}
+	}
+	for _, s := range subs[1:] {
+		waitUntil(t, 10*time.Second, "the others to connect", func() bool { return s.s.State().Connected })
+	}
+	// Hold the slot for longer than two idle timeouts: waiting for a slot
+	// must not count as an idle replay.
+	held := time.Now()
+	waitUntil(t, 10*time.Second, "two idle timeouts to pass", func() bool { return time.Since(held) > 500*time.Millisecond })
+	if n := engines[1].pub.Stats().ReplayRequests + engines[2].pub.Stats().ReplayRequests; n != 0 {
+		t.Fatalf("%d replays ran while the only slot was taken", n)
+	}
+	close(gated.gate)
+	for i, e := range engines {
+		caughtUp(t, subs[i], e)
+		checkIndex(t, ix, e, false)
+		if st := subs[i].s.State().Stats; i > 0 && st.Incomplete != 0 {
+			t.Errorf("subscriber %d timed out while waiting for a slot: %+v", i, st)
+		}
+	}
+}

@@ -27,12 +27,13 @@ type serveOptions struct {
 	apiToken      string
 	maxEntries    int
 	peers         []string
+	replays       int
 	readyTimeout  time.Duration
 	logLevel      string
 }
 
 func newServeOptions() *serveOptions {
-	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", listen: "127.0.0.1:8090",
+	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", listen: "127.0.0.1:8090", replays: 8,
 		readyTimeout: time.Minute, logLevel: "info"}
 }
 
@@ -49,6 +50,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas (base URLs); the index is restored from the first healthy one's /dump at start")
+	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 }
@@ -123,9 +125,18 @@ func newServeCommand() *cobra.Command {
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, Listen: o.listen,
-				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, ReadyTimeout: o.readyTimeout, Logger: log})
+				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), ReadyTimeout: o.readyTimeout, Logger: log})
 		},
 	}
 	o.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// concurrency maps the flag (0 = unbounded) onto daemon.Config's field
+// (0 = default, negative = unbounded).
+func concurrency(n int) int {
+	if n == 0 {
+		return -1
+	}
+	return n
 }

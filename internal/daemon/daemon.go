@@ -43,8 +43,11 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// ShutdownTimeout bounds draining in-flight HTTP requests (default 10 s).
 	ShutdownTimeout time.Duration
-	Subscriber      events.SubscriberConfig
-	Logger          *slog.Logger
+	// MaxConcurrentReplays bounds replay attempts running at once over all
+	// streams (default 8; negative = unbounded).
+	MaxConcurrentReplays int
+	Subscriber           events.SubscriberConfig
+	Logger               *slog.Logger
 	// Registry receives every metric; nil makes a new one.
 	Registry *prometheus.Registry
 	// OnReady, if set, is called once with the HTTP address when the
@@ -120,6 +123,13 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	if subCfg.Logger == nil {
 		subCfg.Logger = log
+	}
+	if subCfg.ReplaySlots == nil {
+		n := cfg.MaxConcurrentReplays
+		if n == 0 {
+			n = 8
+		}
+		subCfg.ReplaySlots = events.NewReplaySlots(n)
 	}
 	streams := NewStreams(ix, subCfg, log)
 	view := &workerView{store: store, ix: ix, streams: streams, known: map[catalog.Key]catalog.Worker{}}
