@@ -12,6 +12,9 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -47,6 +50,9 @@ type Config struct {
 	// MaxTokens limits token_ids per /query and block_hashes per
 	// /query_by_hash (413 beyond); 0 means DefaultMaxTokens.
 	MaxTokens int
+	// Registerer, when set, receives prefixd_http_request_duration_seconds
+	// {handler, method, code} for every route.
+	Registerer prometheus.Registerer
 	// Logger receives one line per 5xx response (client errors are the
 	// client's to log); nil discards.
 	Logger *slog.Logger
@@ -82,15 +88,30 @@ func NewHandler(cfg Config) http.Handler {
 	h.scratch.New = func() any { return new(scratch) }
 
 	mux := http.NewServeMux()
-	mux.Handle("/register", methods{http.MethodPost: h.auth(h.register)})
-	mux.Handle("/unregister", methods{http.MethodPost: h.auth(h.unregister)})
-	mux.Handle("/workers", methods{http.MethodGet: h.workers})
-	mux.Handle("/query", methods{http.MethodPost: h.query})
-	mux.Handle("/query_by_hash", methods{http.MethodPost: h.queryByHash})
-	mux.Handle("/dump", methods{http.MethodGet: h.dump})
-	mux.Handle("/health", methods{http.MethodGet: h.health})
-	mux.Handle("/ready", methods{http.MethodGet: h.ready})
-	mux.Handle("/metrics", methods{http.MethodGet: h.metrics})
+	var duration *prometheus.HistogramVec
+	if cfg.Registerer != nil {
+		duration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_http_request_duration_seconds",
+			Help:    "HTTP API request latency by route, method and status code.",
+			Buckets: []float64{.00005, .0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1}},
+			[]string{"handler", "method", "code"})
+		cfg.Registerer.MustRegister(duration)
+	}
+	route := func(path string, m methods) {
+		if duration == nil {
+			mux.Handle(path, m)
+			return
+		}
+		mux.Handle(path, promhttp.InstrumentHandlerDuration(duration.MustCurryWith(prometheus.Labels{"handler": path}), m))
+	}
+	route("/register", methods{http.MethodPost: h.auth(h.register)})
+	route("/unregister", methods{http.MethodPost: h.auth(h.unregister)})
+	route("/workers", methods{http.MethodGet: h.workers})
+	route("/query", methods{http.MethodPost: h.query})
+	route("/query_by_hash", methods{http.MethodPost: h.queryByHash})
+	route("/dump", methods{http.MethodGet: h.dump})
+	route("/health", methods{http.MethodGet: h.health})
+	route("/ready", methods{http.MethodGet: h.ready})
+	route("/metrics", methods{http.MethodGet: h.metrics})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + r.URL.Path})
 	})

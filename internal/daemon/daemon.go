@@ -165,7 +165,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return false, "streams still replaying"
 	}
 	handler := api.NewHandler(api.Config{
-		Index: ix, Workers: view, Ready: ready, APIToken: cfg.APIToken, Logger: log,
+		Index: ix, Workers: view, Ready: ready, APIToken: cfg.APIToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
