@@ -1,7 +1,24 @@
 // Package coordinator owns worker selection, reservations and decode-first
-// disaggregated coordination. It does no I/O: it declares the small
-// interfaces it needs (overlap source, clock, random source).
+// disaggregated coordination (reference §9–§15). It does no I/O, starts no
+// goroutines and reads no clock: every time-dependent method takes now, and
+// randomness comes from an injected Rand. Nothing here is safe for
+// concurrent use; callers wrap it in one lock.
 //
-// Implemented by the coordinator issue; the package exists so the layout is
-// fixed.
+//   - Worker, PoolKey: a schedulable (worker id, dp rank) of one pool
+//     (model, routing group, role), with capacities, taints, topology
+//     domains and KV-transfer metadata.
+//   - Pool: filtering (pin, allow-set, required taints, busy thresholds),
+//     the cost function with tier-weighted overlap credit and preferred-taint
+//     multiplier, argmin/softmax sampling (Select), and reservations booked
+//     by sequence hash so shared prefixes count once (SelectAndReserve,
+//     PrefillComplete, Free, Expire; bounded by MaxReservations).
+//   - Pools: one Pool per key, created on the first worker.
+//   - Policy: conditional disaggregation (isl_bounding, prefill_load,
+//     isl_or_load) and the decode busy gate.
+//   - Coordinator: linked plans across a decode and a prefill pool,
+//     decode-first (preview, probe, decide, book decode pinned to the
+//     preview, book prefill inside the decode worker's KV-transfer domain) or
+//     prefill-first; every LinkedBookingState transition is recorded on the
+//     Plan with a reason. Expire and WorkerRemoved are driven, and return the
+//     plans they changed.
 package coordinator

@@ -1,0 +1,628 @@
+package coordinator
+
+import (
+	"fmt"
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// Defaults of PoolConfig and CoordinatorConfig.
+const (
+	// DefaultReservationTTL is how long a reservation lives without being
+	// freed (Dynamo's DEFAULT_ACTIVE_REQUEST_EXPIRY_DURATION).
+	DefaultReservationTTL = 300 * time.Second
+	// DefaultMaxReservations bounds a pool's live reservations.
+	DefaultMaxReservations = 1 << 16
+)
+
+// Rand is the random source of selection: tie-breaks at temperature 0 and
+// softmax draws otherwise. *math/rand/v2.Rand satisfies it; a seeded source
+// makes selection reproducible.
+type Rand interface {
+	Float64() float64
+	IntN(n int) int
+}
+
+// Options are the per-request parameters of the cost function (§9.2 of the
+// reference). DefaultOptions returns Dynamo's defaults; the zero value is
+// not useful.
+type Options struct {
+	// OverlapCredit weighs device-tier overlap blocks. 0 ignores prefix
+	// matching entirely (no host or disk credit either); > 1 gives extra credit.
+	OverlapCredit float64
+	// OverlapCreditDecay shrinks the device credit on workers carrying more
+	// prefill load than the least-loaded candidate (only when prefill tokens are tracked).
+	OverlapCreditDecay float64
+	// PrefillLoadScale multiplies the prefill term, after the credit.
+	PrefillLoadScale float64
+	// DecodeActiveRequestWeight is the cost of each active request.
+	DecodeActiveRequestWeight float64
+	// HostWeight and DiskWeight credit blocks that extend the device prefix
+	// in host memory and on disk.
+	HostWeight float64
+	DiskWeight float64
+	// Temperature 0 picks the cheapest worker (ties at random); T > 0
+	// samples a softmax over range-normalised costs.
+	Temperature float64
+	// AssumeKVReuse books the prompt's blocks by sequence hash, so blocks
+	// already active on the worker count once. Without it every block is
+	// booked as new.
+	AssumeKVReuse bool
+	// TrackPrefillTokens adds the effective prefill tokens to the worker's
+	// prefill load until PrefillComplete or Free.
+	TrackPrefillTokens bool
+	// DecodeCostRule applies the decode-worker cost of conditional
+	// disaggregation when prefill tokens are not tracked and the credit is
+	// positive: max(0, decode blocks − credit) + active-request cost.
+	DecodeCostRule bool
+}
+
+// DefaultOptions returns Dynamo's defaults: credit 1, no decay, prefill
+// scale 1, request weight 0, host 0.75, disk 0.25, temperature 0, KV reuse
+// assumed and prefill tokens tracked.
+func DefaultOptions() Options {
+	return Options{
+		OverlapCredit:      1,
+		PrefillLoadScale:   1,
+		HostWeight:         0.75,
+		DiskWeight:         0.25,
+		AssumeKVReuse:      true,
+		TrackPrefillTokens: true,
+	}
+}
+
+// Thresholds are the busy thresholds that filter workers before scoring.
+// A value ≤ 0 disables its check. The prefill checks combine with OR.
+type Thresholds struct {
+	// DecodeBlocksFrac: busy when active blocks > frac · TotalKVBlocks
+	// (skipped for a worker with unknown TotalKVBlocks).
+	DecodeBlocksFrac float64
+	// PrefillTokens: busy when active prefill tokens > this many.
+	PrefillTokens int
+	// PrefillTokensFrac: busy when active prefill tokens > frac · MaxNumBatchedTokens
+	// (skipped for a worker with unknown MaxNumBatchedTokens).
+	PrefillTokensFrac float64
+}
+
+// PoolConfig configures a pool. Start from DefaultPoolConfig.
+type PoolConfig struct {
+	// Options are the defaults of a Query with nil Options.
+	Options    Options
+	Thresholds Thresholds
+	// ReservationTTL: a reservation not freed within it is dropped by
+	// Expire. Zero means DefaultReservationTTL.
+	ReservationTTL time.Duration
+	// MaxReservations bounds live reservations. Zero means DefaultMaxReservations.
+	MaxReservations int
+}
+
+// DefaultPoolConfig returns DefaultOptions, no thresholds and the default TTL and cap.
+func DefaultPoolConfig() PoolConfig {
+	return PoolConfig{Options: DefaultOptions(), ReservationTTL: DefaultReservationTTL, MaxReservations: DefaultMaxReservations}
+}
+
+// Prompt is what selection knows of a request's prompt.
+type Prompt struct {
+	// Tokens is the input sequence length.
+	Tokens int
+	// BlockSize is the KV block size in tokens; it must be positive.
+	BlockSize int
+	// Hashes are the local block hashes of the prompt's complete blocks; the
+	// pool books their sequence hashes (indexer.HashSequence).
+	Hashes []uint64
+	// Overlaps are the cached prefix lengths per rank, in blocks, tiers
+	// cumulative (Device ≤ Host ≤ Disk). Ranks absent have no overlap.
+	Overlaps []indexer.Overlap
+}
+
+// NewPrompt hashes tokens into a Prompt with the block size and the LoRA and
+// cache-namespace salt of indexer.Seed. overlaps is kept, not copied.
+func NewPrompt(tokens []uint32, blockSize int, lora, salt string, overlaps []indexer.Overlap) Prompt {
+	return Prompt{
+		Tokens:    len(tokens),
+		BlockSize: blockSize,
+		Hashes:    indexer.HashBlocks(nil, tokens, blockSize, indexer.Seed(lora, salt)),
+		Overlaps:  overlaps,
+	}
+}
+
+// Query is one selection request to a pool.
+type Query struct {
+	Prompt Prompt
+	// Options nil means the pool's defaults.
+	Options *Options
+	// Pin, when set, is the only candidate; it is never rerouted.
+	Pin *indexer.Rank
+	// Allowed restricts candidates to these worker ids; empty allows all.
+	Allowed     []uint64
+	Constraints Constraints
+}
+
+// Selection is the outcome of a selection: the chosen rank and its view of
+// the request, measured before any booking.
+type Selection struct {
+	Rank indexer.Rank
+	Cost float64
+	// Overlap is the chosen rank's entry of Prompt.Overlaps (zero if absent).
+	Overlap indexer.Overlap
+	// CachedTokens is the tier-weighted credit in tokens (not rounded to a
+	// block); EffectivePrefillTokens = max(0, Prompt.Tokens − CachedTokens).
+	CachedTokens           float64
+	EffectivePrefillTokens float64
+	// The rank's load if the request were booked there.
+	PotentialPrefillTokens int
+	PotentialDecodeBlocks  int
+	ActiveRequests         int
+}
+
+// Load is a rank's booked load.
+type Load struct {
+	// Blocks counts distinct booked blocks (shared prefixes once).
+	Blocks        int
+	PrefillTokens int
+	Requests      int
+}
+
+// Freed names a reservation dropped by Expire or RemoveWorker.
+type Freed struct {
+	Pool PoolKey
+	ID   string
+	Rank indexer.Rank
+}
+
+type workerState struct {
+	w       Worker
+	taints  []string // sorted
+	refs    map[uint64]int
+	private int // blocks booked without KV reuse
+	prefill int
+	reqs    int
+}
+
+func (ws *workerState) blocks() int { return len(ws.refs) + ws.private }
+
+func (ws *workerState) load() Load {
+	return Load{Blocks: ws.blocks(), PrefillTokens: ws.prefill, Requests: ws.reqs}
+}
+
+func (ws *workerState) hasTaint(t string) bool {
+	_, ok := slices.BinarySearch(ws.taints, t)
+	return ok
+}
+
+type reservation struct {
+	id      string
+	rank    indexer.Rank
+	seq     []uint64
+	private int
+	prefill int
+	created time.Time
+}
+
+// Pool is the workers of one (model, group, role) and their bookings. It
+// selects workers (§9), books reservations (§10) and filters busy workers
+// (§11). It is not safe for concurrent use; it does no I/O and reads no
+// clock: every time-dependent method takes now.
+type Pool struct {
+	key     PoolKey
+	cfg     PoolConfig
+	rng     Rand
+	workers map[indexer.Rank]*workerState
+	order   []indexer.Rank // sorted, for reproducible selection
+	res     map[string]*reservation
+}
+
+// NewPool returns an empty pool. rng must not be nil.
+func NewPool(key PoolKey, cfg PoolConfig, rng Rand) *Pool {
+	if cfg.ReservationTTL <= 0 {
+		cfg.ReservationTTL = DefaultReservationTTL
+	}
+	if cfg.MaxReservations <= 0 {
+		cfg.MaxReservations = DefaultMaxReservations
+	}
+	return &Pool{key: key, cfg: cfg, rng: rng, workers: map[indexer.Rank]*workerState{}, res: map[string]*reservation{}}
+}
+
+// Key is the pool's (model, group, role).
+func (p *Pool) Key() PoolKey { return p.key }
+
+// Config returns the pool's configuration (with defaults filled in).
+func (p *Pool) Config() PoolConfig { return p.cfg }
+
+// SetWorker adds w or replaces its metadata, keeping its bookings. w is copied.
+func (p *Pool) SetWorker(w Worker) error {
+	if w.Key() != p.key {
+		return fmt.Errorf("set worker %v of %v in pool %v: %w", w.Rank, w.Key(), p.key, ErrWrongPool)
+	}
+	if w.TotalKVBlocks < 0 || w.MaxNumBatchedTokens < 0 {
+		return fmt.Errorf("set worker %v: negative capacity: %w", w.Rank, ErrInvalidWorker)
+	}
+	w = w.clone()
+	if ws, ok := p.workers[w.Rank]; ok {
+		ws.w, ws.taints = w, w.AllTaints()
+		return nil
+	}
+	p.workers[w.Rank] = &workerState{w: w, taints: w.AllTaints(), refs: map[uint64]int{}}
+	i, _ := slices.BinarySearchFunc(p.order, w.Rank, cmpRank)
+	p.order = slices.Insert(p.order, i, w.Rank)
+	return nil
+}
+
+// RemoveWorker removes rank and frees its reservations, returned sorted by
+// id. Removing an unknown rank does nothing. A worker added again starts empty.
+func (p *Pool) RemoveWorker(rank indexer.Rank) []Freed {
+	if _, ok := p.workers[rank]; !ok {
+		return nil
+	}
+	var freed []Freed
+	for id, r := range p.res {
+		if r.rank == rank {
+			freed = append(freed, Freed{Pool: p.key, ID: id, Rank: rank})
+		}
+	}
+	sortFreed(freed)
+	for _, f := range freed {
+		p.Free(f.ID)
+	}
+	delete(p.workers, rank)
+	i, _ := slices.BinarySearchFunc(p.order, rank, cmpRank)
+	p.order = slices.Delete(p.order, i, i+1)
+	return freed
+}
+
+// Worker returns a copy of rank's metadata.
+func (p *Pool) Worker(rank indexer.Rank) (Worker, bool) {
+	ws, ok := p.workers[rank]
+	if !ok {
+		return Worker{}, false
+	}
+	return ws.w.clone(), true
+}
+
+// Ranks returns the pool's ranks in order; the slice is the caller's.
+func (p *Pool) Ranks() []indexer.Rank { return slices.Clone(p.order) }
+
+// Load returns rank's booked load.
+func (p *Pool) Load(rank indexer.Rank) (Load, bool) {
+	ws, ok := p.workers[rank]
+	if !ok {
+		return Load{}, false
+	}
+	return ws.load(), true
+}
+
+// Total sums the load of every rank.
+func (p *Pool) Total() Load {
+	var t Load
+	for _, ws := range p.workers {
+		l := ws.load()
+		t.Blocks += l.Blocks
+		t.PrefillTokens += l.PrefillTokens
+		t.Requests += l.Requests
+	}
+	return t
+}
+
+// Reservations returns the number of live reservations.
+func (p *Pool) Reservations() int { return len(p.res) }
+
+// Reserved reports the rank holding reservation id.
+func (p *Pool) Reserved(id string) (indexer.Rank, bool) {
+	r, ok := p.res[id]
+	if !ok {
+		return indexer.Rank{}, false
+	}
+	return r.rank, true
+}
+
+// Overloaded reports whether rank is over a busy threshold.
+func (p *Pool) Overloaded(rank indexer.Rank) bool {
+	ws, ok := p.workers[rank]
+	return ok && p.overloaded(ws)
+}
+
+func (p *Pool) overloaded(ws *workerState) bool {
+	t := p.cfg.Thresholds
+	if t.DecodeBlocksFrac > 0 && ws.w.TotalKVBlocks > 0 && float64(ws.blocks()) > t.DecodeBlocksFrac*float64(ws.w.TotalKVBlocks) {
+		return true
+	}
+	if t.PrefillTokens > 0 && ws.prefill > t.PrefillTokens {
+		return true
+	}
+	return t.PrefillTokensFrac > 0 && ws.w.MaxNumBatchedTokens > 0 && float64(ws.prefill) > t.PrefillTokensFrac*float64(ws.w.MaxNumBatchedTokens)
+}
+
+func (p *Pool) eligible(ws *workerState, q *Query) bool {
+	if len(q.Allowed) > 0 && !slices.Contains(q.Allowed, ws.w.Rank.WorkerID) {
+		return false
+	}
+	for _, t := range q.Constraints.Required {
+		if !ws.hasTaint(t) {
+			return false
+		}
+	}
+	return true
+}
+
+// candidates applies the filters of §9.1 in order: pin validation, the
+// allow-set and required taints, then the busy thresholds.
+func (p *Pool) candidates(q *Query) ([]*workerState, error) {
+	if len(p.workers) == 0 {
+		return nil, fmt.Errorf("pool %v: %w", p.key, ErrNoWorkers)
+	}
+	if q.Pin != nil {
+		ws, ok := p.workers[*q.Pin]
+		switch {
+		case !ok:
+			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrBadPinnedRank)
+		case !p.eligible(ws, q):
+			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrPinnedNotAllowed)
+		case p.overloaded(ws):
+			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrPinnedOverloaded)
+		}
+		return []*workerState{ws}, nil
+	}
+	var out []*workerState
+	filtered := 0
+	for _, r := range p.order {
+		ws := p.workers[r]
+		if !p.eligible(ws, q) {
+			filtered++
+			continue
+		}
+		if !p.overloaded(ws) {
+			out = append(out, ws)
+		}
+	}
+	switch {
+	case filtered == len(p.order):
+		return nil, fmt.Errorf("pool %v: %w", p.key, ErrAllFiltered)
+	case len(out) == 0:
+		return nil, fmt.Errorf("pool %v: %w", p.key, ErrAllOverloaded)
+	}
+	return out, nil
+}
+
+// Select chooses a worker for q without booking anything (advisory).
+func (p *Pool) Select(q Query) (Selection, error) {
+	s, _, err := p.sel(&q)
+	return s, err
+}
+
+type scored struct {
+	ws   *workerState
+	sel  Selection
+	cost float64
+}
+
+func (p *Pool) options(q *Query) Options {
+	if q.Options != nil {
+		return *q.Options
+	}
+	return p.cfg.Options
+}
+
+func (p *Pool) sel(q *Query) (Selection, []uint64, error) {
+	if q.Prompt.BlockSize <= 0 {
+		return Selection{}, nil, fmt.Errorf("pool %v: block size %d: %w", p.key, q.Prompt.BlockSize, ErrInvalidPrompt)
+	}
+	cands, err := p.candidates(q)
+	if err != nil {
+		return Selection{}, nil, err
+	}
+	opt := p.options(q)
+	seq := indexer.HashSequence(nil, q.Prompt.Hashes)
+	minPrefill := math.MaxInt
+	for _, ws := range cands {
+		minPrefill = min(minPrefill, ws.prefill)
+	}
+	sc := make([]scored, len(cands))
+	for i, ws := range cands {
+		sc[i] = p.score(ws, q, &opt, seq, minPrefill)
+	}
+	i := sample(sc, opt.Temperature, p.rng)
+	return sc[i].sel, seq, nil
+}
+
+func (p *Pool) score(ws *workerState, q *Query, opt *Options, seq []uint64, minPrefill int) scored {
+	bs := float64(q.Prompt.BlockSize)
+	isl := float64(q.Prompt.Tokens)
+	n := len(seq)
+	var ov indexer.Overlap
+	for _, o := range q.Prompt.Overlaps {
+		if o.Rank == ws.w.Rank {
+			ov = o
+			break
+		}
+	}
+	dev := float64(ov.Device)
+	host := float64(max(ov.Host, ov.Device) - ov.Device)
+	disk := float64(max(ov.Disk, ov.Host, ov.Device) - max(ov.Host, ov.Device))
+	credit := 0.0
+	if opt.OverlapCredit > 0 {
+		decay := 1.0
+		if opt.TrackPrefillTokens && opt.OverlapCreditDecay > 0 && n > 0 {
+			decay = 1 / (1 + opt.OverlapCreditDecay*(float64(ws.prefill-minPrefill)/bs)/float64(n))
+		}
+		credit = opt.OverlapCredit*decay*dev + opt.HostWeight*host + opt.DiskWeight*disk
+	}
+	depth := 0
+	if opt.AssumeKVReuse {
+		for depth < n && ws.refs[seq[depth]] > 0 {
+			depth++
+		}
+	}
+	potDecode := ws.blocks() + n - depth
+	raw := (float64(ws.prefill) + isl) / bs
+	reqCost := opt.DecodeActiveRequestWeight * float64(ws.reqs)
+	cost := opt.PrefillLoadScale*max(0, raw-credit) + float64(potDecode) + reqCost
+	if opt.DecodeCostRule && !opt.TrackPrefillTokens && credit > 0 {
+		cost = max(0, float64(potDecode)-credit) + reqCost
+	}
+	var w float64
+	for t, wt := range q.Constraints.Preferred {
+		if ws.hasTaint(t) {
+			w += wt
+		}
+	}
+	cost *= math.Exp(-math.Tanh(w))
+	cached := credit * bs
+	eff := max(0, isl-cached)
+	potPrefill := ws.prefill
+	if opt.TrackPrefillTokens {
+		potPrefill += effTokens(q.Prompt.Tokens, cached)
+	}
+	return scored{ws: ws, cost: cost, sel: Selection{
+		Rank: ws.w.Rank, Cost: cost, Overlap: ov, CachedTokens: cached, EffectivePrefillTokens: eff,
+		PotentialPrefillTokens: potPrefill, PotentialDecodeBlocks: potDecode, ActiveRequests: ws.reqs,
+	}}
+}
+
+// effTokens is the integer prefill load of a booking: prompt tokens less the
+// whole cached tokens, never negative.
+func effTokens(tokens int, cached float64) int {
+	c := math.Floor(cached)
+	if c >= float64(tokens) {
+		return 0
+	}
+	return tokens - int(c)
+}
+
+// sample picks an index of sc (non-empty): the argmin at temperature 0 with
+// ties broken by rng, else a softmax over range-normalised costs
+// p_i ∝ exp(−(c_i − c_min) / ((c_max − c_min) · T)), uniform when all equal.
+func sample(sc []scored, temp float64, rng Rand) int {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for _, s := range sc {
+		lo, hi = min(lo, s.cost), max(hi, s.cost)
+	}
+	if temp <= 0 || hi == lo {
+		var ties []int
+		for i, s := range sc {
+			if temp > 0 || s.cost == lo {
+				ties = append(ties, i)
+			}
+		}
+		return ties[rng.IntN(len(ties))]
+	}
+	// Halves keep the range finite even for extreme finite costs.
+	span := hi/2 - lo/2
+	w := make([]float64, len(sc))
+	var sum float64
+	for i, s := range sc {
+		w[i] = math.Exp(-((s.cost/2 - lo/2) / span) / temp)
+		sum += w[i]
+	}
+	r := rng.Float64() * sum
+	for i, x := range w {
+		if r < x {
+			return i
+		}
+		r -= x
+	}
+	return len(sc) - 1
+}
+
+// SelectAndReserve selects as Select does and books the request on the
+// chosen rank under id. A live reservation with the same id is a conflict
+// (ErrDuplicateReservation); at the cap it fails with ErrTooManyReservations.
+// Neither books anything.
+func (p *Pool) SelectAndReserve(id string, q Query, now time.Time) (Selection, error) {
+	if _, dup := p.res[id]; dup {
+		return Selection{}, fmt.Errorf("pool %v reserve %q: %w", p.key, id, ErrDuplicateReservation)
+	}
+	if len(p.res) >= p.cfg.MaxReservations {
+		return Selection{}, fmt.Errorf("pool %v reserve %q: %d live: %w", p.key, id, len(p.res), ErrTooManyReservations)
+	}
+	s, seq, err := p.sel(&q)
+	if err != nil {
+		return Selection{}, err
+	}
+	opt := p.options(&q)
+	ws := p.workers[s.Rank]
+	r := &reservation{id: id, rank: s.Rank, created: now}
+	if opt.AssumeKVReuse {
+		r.seq = seq
+		for _, h := range seq {
+			ws.refs[h]++
+		}
+	} else {
+		r.private = len(seq)
+		ws.private += r.private
+	}
+	if opt.TrackPrefillTokens {
+		r.prefill = effTokens(q.Prompt.Tokens, s.CachedTokens)
+		ws.prefill += r.prefill
+	}
+	ws.reqs++
+	p.res[id] = r
+	return s, nil
+}
+
+// PrefillComplete removes reservation id's prefill tokens from its worker's
+// prefill load. It reports whether anything changed: false for an unknown
+// id or a second call.
+func (p *Pool) PrefillComplete(id string) bool {
+	r, ok := p.res[id]
+	if !ok || r.prefill == 0 {
+		return false
+	}
+	p.workers[r.rank].prefill -= r.prefill
+	r.prefill = 0
+	return true
+}
+
+// Free releases reservation id (implying PrefillComplete). It is
+// idempotent: it reports false, changing nothing, for an unknown or already
+// freed id.
+func (p *Pool) Free(id string) bool {
+	r, ok := p.res[id]
+	if !ok {
+		return false
+	}
+	p.PrefillComplete(id)
+	ws := p.workers[r.rank]
+	for _, h := range r.seq {
+		if ws.refs[h]--; ws.refs[h] <= 0 {
+			delete(ws.refs, h)
+		}
+	}
+	ws.private -= r.private
+	ws.reqs--
+	delete(p.res, id)
+	return true
+}
+
+// Expire frees every reservation created at least ReservationTTL before
+// now and returns them sorted by id. It scans all live reservations.
+func (p *Pool) Expire(now time.Time) []Freed {
+	var freed []Freed
+	for id, r := range p.res {
+		if !now.Before(r.created.Add(p.cfg.ReservationTTL)) {
+			freed = append(freed, Freed{Pool: p.key, ID: id, Rank: r.rank})
+		}
+	}
+	sortFreed(freed)
+	for _, f := range freed {
+		p.Free(f.ID)
+	}
+	return freed
+}
+
+func sortFreed(f []Freed) {
+	sort.Slice(f, func(i, j int) bool { return f[i].ID < f[j].ID })
+}
+
+func cmpRank(a, b indexer.Rank) int {
+	if a.WorkerID != b.WorkerID {
+		if a.WorkerID < b.WorkerID {
+			return -1
+		}
+		return 1
+	}
+	return int(a.DPRank) - int(b.DPRank)
+}
