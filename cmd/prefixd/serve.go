@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
@@ -29,11 +30,21 @@ type serveOptions struct {
 	peers         []string
 	replays       int
 	readyTimeout  time.Duration
+	disaggOrder   string
+	prefillFail   string
+	disaggPolicy  string
+	effISL        float64
+	effISLRatio   float64
+	decodeBusy    float64
+	prefillBusy   float64
+	temperature   float64
 	logLevel      string
 }
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", listen: "127.0.0.1:8090", replays: 8,
+		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
+		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
 		readyTimeout: time.Minute, logLevel: "info"}
 }
 
@@ -50,6 +61,14 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas (base URLs); the index is restored from the first healthy one's /dump at start")
+	fs.StringVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
+	fs.StringVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free-decode or bypass-on-decode")
+	fs.StringVar(&o.disaggPolicy, "disagg-policy", o.disaggPolicy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
+	fs.Float64Var(&o.effISL, "bypass-max-eff-isl", o.effISL, "isl_bounding: bypass only below this many uncached prompt tokens")
+	fs.Float64Var(&o.effISLRatio, "bypass-max-eff-isl-ratio", o.effISLRatio, "isl_bounding: bypass only below this uncached share of the prompt")
+	fs.Float64Var(&o.decodeBusy, "decode-busy-threshold", o.decodeBusy, "decode busy gate: veto a bypass above this fraction of total_kv_blocks (0 = no gate)")
+	fs.Float64Var(&o.prefillBusy, "prefill-busy-threshold", o.prefillBusy, "prefill_load: busy above this fraction of max_num_batched_tokens (0 = no probe)")
+	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
@@ -96,6 +115,12 @@ func (o *serveOptions) Validate() error {
 	if (o.etcdCert == "") != (o.etcdKey == "") {
 		return fmt.Errorf("--etcd-cert and --etcd-key go together")
 	}
+	if _, err := o.coordinator(); err != nil {
+		return err
+	}
+	if o.temperature < 0 {
+		return fmt.Errorf("--temperature %v: must not be negative", o.temperature)
+	}
 	if len(o.etcdEndpoints) == 0 {
 		return nil // embedded etcd
 	}
@@ -123,13 +148,58 @@ func newServeCommand() *cobra.Command {
 			}
 			var lvl slog.Level
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
+			coord, _ := o.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, Listen: o.listen,
-				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), ReadyTimeout: o.readyTimeout, Logger: log})
+				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
+				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log})
 		},
 	}
 	o.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// coordinator maps the disaggregation flags onto the coordinator's config.
+func (o *serveOptions) coordinator() (coordinator.CoordinatorConfig, error) {
+	var c coordinator.CoordinatorConfig
+	switch o.disaggOrder {
+	case "decode-first":
+		c.Order = coordinator.DecodeFirst
+	case "prefill-first":
+		c.Order = coordinator.PrefillFirst
+	default:
+		return c, fmt.Errorf("--disagg-order %q: want decode-first or prefill-first", o.disaggOrder)
+	}
+	switch o.prefillFail {
+	case "free-decode":
+		c.PrefillFailure = coordinator.FreeDecode
+	case "bypass-on-decode":
+		c.PrefillFailure = coordinator.BypassOnDecode
+	default:
+		return c, fmt.Errorf("--prefill-failure %q: want free-decode or bypass-on-decode", o.prefillFail)
+	}
+	c.Policy = coordinator.DefaultPolicy()
+	switch o.disaggPolicy {
+	case "off":
+		c.Policy.Enabled = false
+	case "isl_bounding":
+		c.Policy.Kind = coordinator.PolicyISLBounding
+	case "prefill_load":
+		c.Policy.Kind = coordinator.PolicyPrefillLoad
+	case "isl_or_load":
+		c.Policy.Kind = coordinator.PolicyISLOrLoad
+	default:
+		return c, fmt.Errorf("--disagg-policy %q: want off, isl_bounding, prefill_load or isl_or_load", o.disaggPolicy)
+	}
+	if o.effISL <= 0 || o.effISLRatio <= 0 || o.effISLRatio > 1 {
+		return c, fmt.Errorf("--bypass-max-eff-isl %v and --bypass-max-eff-isl-ratio %v: want > 0 and a ratio in (0, 1]", o.effISL, o.effISLRatio)
+	}
+	if o.decodeBusy < 0 || o.prefillBusy < 0 {
+		return c, fmt.Errorf("--decode-busy-threshold and --prefill-busy-threshold must not be negative")
+	}
+	c.Policy.EffISLThreshold, c.Policy.EffISLRatioThreshold = o.effISL, o.effISLRatio
+	c.Policy.DecodeBusyThreshold, c.Policy.PrefillBusyThreshold = o.decodeBusy, o.prefillBusy
+	return c, nil
 }
 
 // concurrency maps the flag (0 = unbounded) onto daemon.Config's field

@@ -20,6 +20,12 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		{[]string{"serve", "--etcd-endpoints", "10.0.0.1:2379"}, nil, "not an http(s) or unix URL"},
 		{[]string{"serve", "--etcd-cert", "c.pem"}, nil, "--etcd-cert and --etcd-key"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_INDEX_MAX_ENTRIES": "lots"}, "PREFIXD_INDEX_MAX_ENTRIES"},
+		{[]string{"serve", "--disagg-order", "sideways"}, nil, "--disagg-order"},
+		{[]string{"serve", "--prefill-failure", "retry"}, nil, "--prefill-failure"},
+		{[]string{"serve", "--disagg-policy", "always"}, nil, "--disagg-policy"},
+		{[]string{"serve", "--disagg-policy", "isl_bounding", "--bypass-max-eff-isl-ratio", "2"}, nil, "--bypass-max-eff-isl-ratio"},
+		{[]string{"serve", "--temperature", "-1"}, nil, "--temperature"},
+		{[]string{"serve"}, map[string]string{"PREFIXD_DISAGG_POLICY": "never"}, "--disagg-policy"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_ETCD_ENDPOINTS": "localhost:2379"}, "not an http(s) or unix URL"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { checkServeError(t, tc.args, tc.env, tc.want) })

@@ -41,8 +41,8 @@ type Config struct {
 	Metrics http.Handler
 	// APIToken, when set, is required as "Authorization: Bearer <token>"
 	// on every endpoint that changes the catalog or bookings (POST
-	// /register, POST /unregister); otherwise they answer 401. Reads stay
-	// open.
+	// /register, POST /unregister, and every selection route but POST
+	// /select); otherwise they answer 401. Reads stay open.
 	APIToken string
 	// MaxBodyBytes limits request bodies (413 beyond); 0 means
 	// DefaultMaxBodyBytes.
@@ -56,6 +56,9 @@ type Config struct {
 	// Logger receives one line per 5xx response (client errors are the
 	// client's to log); nil discards.
 	Logger *slog.Logger
+	// Selector serves /select, /select_and_reserve, /reservations and
+	// /disagg/plans (see selection.go); nil → those answer 503.
+	Selector Selector
 }
 
 // handler serves the API. It is safe for concurrent use; all its state is
@@ -112,6 +115,7 @@ func NewHandler(cfg Config) http.Handler {
 	route("/health", methods{http.MethodGet: h.health})
 	route("/ready", methods{http.MethodGet: h.ready})
 	route("/metrics", methods{http.MethodGet: h.metrics})
+	h.registerSelection(route)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + r.URL.Path})
 	})

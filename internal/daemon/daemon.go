@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
@@ -53,6 +54,12 @@ type Config struct {
 	// OnReady, if set, is called once with the HTTP address when the
 	// daemon serves (tests use it to find a port-0 listener).
 	OnReady func(httpAddr string)
+	// Coordinator configures disaggregated plans (order, prefill-failure
+	// policy, conditional-disaggregation policy); the zero value is
+	// decode-first, free-decode, policy off.
+	Coordinator coordinator.CoordinatorConfig
+	// Temperature is the default selection temperature (0 = argmin).
+	Temperature float64
 }
 
 // Run runs the daemon until ctx ends: (embedded) etcd, the catalog watch,
@@ -132,7 +139,10 @@ func Run(ctx context.Context, cfg Config) error {
 		subCfg.ReplaySlots = events.NewReplaySlots(n)
 	}
 	streams := NewStreams(ix, subCfg, log)
-	view := &workerView{store: store, ix: ix, streams: streams, known: map[catalog.Key]catalog.Worker{}}
+	pcfg := coordinator.DefaultPoolConfig()
+	pcfg.Options.Temperature = cfg.Temperature
+	sel := newSelector(ix, pcfg, cfg.Coordinator, log)
+	view := &workerView{store: store, ix: ix, streams: streams, sel: sel, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
 	reg.MustRegister(badRecords)
@@ -152,6 +162,7 @@ func Run(ctx context.Context, cfg Config) error {
 		},
 	})
 	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error { return sel.runExpiry(gctx, ExpireInterval) })
 
 	ready := func() (bool, string) {
 		select {
@@ -165,7 +176,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return false, "streams still replaying"
 	}
 	handler := api.NewHandler(api.Config{
-		Index: ix, Workers: view, Ready: ready, APIToken: cfg.APIToken, Logger: log, Registerer: reg,
+		Index: ix, Workers: view, Selector: sel, Ready: ready, APIToken: cfg.APIToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -204,6 +215,7 @@ type workerView struct {
 	store   *catalog.EtcdStore
 	ix      *indexer.Index
 	streams *Streams
+	sel     *selector // nil in tests that build a view by hand
 
 	mu    sync.Mutex // guards known
 	known map[catalog.Key]catalog.Worker
@@ -214,6 +226,14 @@ var _ api.Workers = (*workerView)(nil)
 // apply turns a catalog change into stream changes. It runs on the
 // watcher's goroutine.
 func (v *workerView) apply(ctx context.Context, c catalog.Change, log *slog.Logger) {
+	// The coordinator's pools first, so a worker listed by /workers is selectable.
+	if v.sel != nil {
+		if c.Kind == catalog.Removed {
+			v.sel.removeWorker(c.Key)
+		} else {
+			v.sel.setWorker(c.Worker)
+		}
+	}
 	v.mu.Lock()
 	if c.Kind == catalog.Removed {
 		delete(v.known, c.Key)

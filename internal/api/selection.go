@@ -1,0 +1,486 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+)
+
+// Selector is what the selection routes need from the coordinator
+// (reference §18.3, §18.4 and the disaggregated plans of §14).
+// Implementations must be safe for concurrent use. Errors wrap ErrInvalid
+// (400; Invalid names the field), ErrNotFound (404), ErrConflict (409),
+// ErrOverloaded (429) or ErrUnavailable (503); anything else is a 500.
+// Their text is sent to the client.
+type Selector interface {
+	// Select chooses a worker and books nothing.
+	Select(ctx context.Context, r SelectRequest) (Selection, error)
+	// SelectAndReserve chooses a worker and books r.SelectionID on it.
+	SelectAndReserve(ctx context.Context, r SelectRequest) (Selection, error)
+	// Reserve books r.SelectionID on the explicit worker of r.
+	Reserve(ctx context.Context, r ReserveRequest) (Reservation, error)
+	// ReservePrefillComplete clears the reservation's prefill load.
+	ReservePrefillComplete(ctx context.Context, id string) error
+	// Free releases a reservation; an unknown or freed id is ErrNotFound.
+	Free(ctx context.Context, id string) error
+	// CreatePlan books a disaggregated plan. A failure may still return
+	// the plan (its transitions say what happened).
+	CreatePlan(ctx context.Context, r PlanRequest) (PlanInfo, error)
+	PlanPrefillComplete(ctx context.Context, id string) (PlanInfo, error)
+	PlanPrefillFailed(ctx context.Context, id string) (PlanInfo, error)
+	// ReleasePlan releases a live plan; an unknown or finished plan is ErrNotFound.
+	ReleasePlan(ctx context.Context, id string) (PlanInfo, error)
+	// GetPlan returns a live plan, or one recently finished by the
+	// selector itself (worker removal, expiry).
+	GetPlan(ctx context.Context, id string) (PlanInfo, error)
+}
+
+// ErrOverloaded: every eligible worker (or the pinned one) is over a busy
+// threshold (429).
+var ErrOverloaded = errors.New("overloaded")
+
+// Roles a selection request may target (SelectRequest.Role).
+const (
+	RoleAggregated = "aggregated"
+	RolePrefill    = "prefill"
+	RoleDecode     = "decode"
+)
+
+// Prompt is the prompt of a selection request (§18.2; only the token form).
+type Prompt struct {
+	TokenIDs  []uint32 `json:"token_ids"`
+	LoraName  string   `json:"lora_name,omitempty"`
+	CacheSalt string   `json:"cache_salt,omitempty"`
+}
+
+// WorkerRef names one (worker id, dp rank).
+type WorkerRef struct {
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+}
+
+// RoutingConstraints are §15's required and preferred taints.
+type RoutingConstraints struct {
+	RequiredTaints  []string           `json:"required_taints,omitempty"`
+	PreferredTaints map[string]float64 `json:"preferred_taints,omitempty"`
+}
+
+// SelectRequest is the body of POST /select and /select_and_reserve.
+type SelectRequest struct {
+	Prompt
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group,omitempty"` // "" → DefaultRoutingGroup
+	// Role is the pool: "aggregated" (default), "prefill" or "decode".
+	Role string `json:"role,omitempty"`
+	// SelectionID is the booking id of /select_and_reserve (required there);
+	// /select only echoes it.
+	SelectionID        string              `json:"selection_id,omitempty"`
+	PinnedWorker       *WorkerRef          `json:"pinned_worker,omitempty"`
+	AllowedWorkerIDs   []uint64            `json:"allowed_worker_ids,omitempty"`
+	RoutingConstraints *RoutingConstraints `json:"routing_constraints,omitempty"`
+	// Temperature overrides the configured selection temperature when set.
+	Temperature *float64 `json:"router_temperature,omitempty"`
+}
+
+// OverlapInfo is the chosen rank's cached prefix, in tokens, tiers cumulative.
+type OverlapInfo struct {
+	LongestMatched int `json:"longest_matched"`
+	GPU            int `json:"gpu"`
+	CPU            int `json:"cpu"`
+	Disk           int `json:"disk"`
+}
+
+// Selection is the response of /select and /select_and_reserve.
+type Selection struct {
+	SelectionID            string      `json:"selection_id,omitempty"`
+	ModelName              string      `json:"model_name"`
+	RoutingGroup           string      `json:"routing_group"`
+	WorkerID               uint64      `json:"worker_id"`
+	DPRank                 uint32      `json:"dp_rank"`
+	Endpoint               string      `json:"endpoint"`
+	BlockSize              int         `json:"block_size"`
+	Overlap                OverlapInfo `json:"overlap"`
+	EffectivePrefillTokens float64     `json:"effective_prefill_tokens"`
+	ISLTokens              int         `json:"isl_tokens,omitempty"`
+	TrackPrefillTokens     *bool       `json:"track_prefill_tokens,omitempty"`
+	PotentialDecodeBlocks  int         `json:"potential_decode_blocks"`
+}
+
+// ReserveRequest is the explicit form of POST /reservations: book
+// SelectionID on (WorkerID, DPRank) of (model, group, role).
+type ReserveRequest struct {
+	Prompt
+	SelectionID  string  `json:"selection_id"`
+	ModelName    string  `json:"model_name"`
+	RoutingGroup string  `json:"routing_group,omitempty"`
+	Role         string  `json:"role,omitempty"`
+	WorkerID     *uint64 `json:"worker_id"`
+	DPRank       uint32  `json:"dp_rank"`
+}
+
+// Reservation is the 201 response of POST /reservations.
+type Reservation struct {
+	SelectionID  string `json:"selection_id"`
+	ModelName    string `json:"model_name"`
+	RoutingGroup string `json:"routing_group"`
+	WorkerID     uint64 `json:"worker_id"`
+	DPRank       uint32 `json:"dp_rank"`
+	Endpoint     string `json:"endpoint"`
+}
+
+// PlanRequest is the body of POST /disagg/plans. Both pools are in
+// RoutingGroup.
+type PlanRequest struct {
+	Prompt
+	ID                  string              `json:"request_id"`
+	ModelName           string              `json:"model_name"`
+	RoutingGroup        string              `json:"routing_group,omitempty"`
+	PinnedPrefillWorker *WorkerRef          `json:"pinned_prefill_worker,omitempty"`
+	AllowedWorkerIDs    []uint64            `json:"allowed_worker_ids,omitempty"`
+	RoutingConstraints  *RoutingConstraints `json:"routing_constraints,omitempty"`
+}
+
+// PlanBooking is one booking of a plan. Tokens is the prompt length.
+type PlanBooking struct {
+	WorkerID uint64 `json:"worker_id"`
+	DPRank   uint32 `json:"dp_rank"`
+	Endpoint string `json:"endpoint,omitempty"`
+	Tokens   int    `json:"tokens"`
+}
+
+// PlanDecision is the conditional-disaggregation outcome.
+type PlanDecision struct {
+	// Kind is "bypass" (prefill on the decode worker) or "remote_prefill".
+	Kind             string `json:"kind"`
+	PolicySaysBypass bool   `json:"policy_says_bypass"`
+	PrefillBusy      string `json:"prefill_busy"`
+	DecodeBusy       string `json:"decode_busy"`
+}
+
+// PlanTransition is one recorded state change.
+type PlanTransition struct {
+	From   string `json:"from"`
+	To     string `json:"to"`
+	Reason string `json:"reason"`
+}
+
+// PlanInfo is a plan as the API shows it.
+type PlanInfo struct {
+	ID            string           `json:"request_id"`
+	Order         string           `json:"order"`
+	State         string           `json:"state"`
+	Decode        *PlanBooking     `json:"decode"`
+	Prefill       *PlanBooking     `json:"prefill"`
+	PrefillWorker *WorkerRef       `json:"prefill_worker,omitempty"`
+	Decision      *PlanDecision    `json:"decision"`
+	Transitions   []PlanTransition `json:"transitions"`
+}
+
+// registerSelection adds the selection routes. Path-only patterns (with
+// {id} wildcards) keep the JSON 405 of methods for every route.
+func (h *handler) registerSelection(route func(string, methods)) {
+	route("/select", methods{http.MethodPost: h.selectWorker})
+	route("/select_and_reserve", methods{http.MethodPost: h.auth(h.selectAndReserve)})
+	route("/reservations", methods{http.MethodPost: h.auth(h.reserve)})
+	route("/reservations/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.reservePrefillComplete)})
+	route("/reservations/{id}", methods{http.MethodDelete: h.auth(h.freeReservation)})
+	route("/disagg/plans", methods{http.MethodPost: h.auth(h.createPlan)})
+	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.planPrefillComplete)})
+	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.auth(h.planPrefillFailed)})
+	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.auth(h.releasePlan)})
+}
+
+// selector returns the Selector, or writes a 503 when there is none.
+func (h *handler) selector(w http.ResponseWriter) Selector {
+	if h.cfg.Selector == nil {
+		writeError(w, &httpError{http.StatusServiceUnavailable, "selection: no selector in this process"})
+	}
+	return h.cfg.Selector
+}
+
+// selectionError maps a Selector error to its status.
+func selectionError(err error) error {
+	if errors.Is(err, ErrOverloaded) {
+		return &httpError{http.StatusTooManyRequests, err.Error()}
+	}
+	return workersError(err)
+}
+
+// decodeJSON reads r's body as JSON into v, naming the field at fault.
+func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *httpError {
+	s := h.getScratch()
+	defer h.putScratch(s)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	if herr != nil {
+		return herr
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequest("body", "empty; expected a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if err := dec.Decode(v); err != nil {
+		var te *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &te) && te.Field != "":
+			// Fields of the embedded Prompt are named as on the wire.
+			return badRequest(strings.TrimPrefix(te.Field, "Prompt."), "expected %s, got JSON %s", te.Type, te.Value)
+		case errors.As(err, &te):
+			return badRequest("body", "expected a JSON object, got %s", te.Value)
+		case errors.As(err, &se):
+			return badRequest("body", "malformed JSON at offset %d: %v", se.Offset, err)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			return badRequest("body", "truncated JSON")
+		}
+		return badRequest("body", "%v", err)
+	}
+	if dec.More() {
+		return badRequest("body", "trailing data after the JSON object")
+	}
+	return nil
+}
+
+// checkID validates an id a client chooses: non-empty, no '/'.
+func checkID(field, id string) *httpError {
+	switch {
+	case id == "":
+		return badRequest(field, "required")
+	case strings.Contains(id, "/"):
+		return badRequest(field, "%q must not contain '/'", id)
+	case len(id) > 256:
+		return badRequest(field, "longer than 256 bytes")
+	}
+	return nil
+}
+
+func (h *handler) checkPrompt(p *Prompt) *httpError {
+	switch {
+	case len(p.TokenIDs) == 0:
+		return badRequest("token_ids", "required (a non-empty array of token ids)")
+	case len(p.TokenIDs) > h.cfg.MaxTokens:
+		return tooLarge("token_ids", "%d tokens exceeds the limit of %d", len(p.TokenIDs), h.cfg.MaxTokens)
+	}
+	return nil
+}
+
+func checkPartition(model string, group, role *string) *httpError {
+	if model == "" {
+		return badRequest("model_name", "required")
+	}
+	if *group == "" {
+		*group = DefaultRoutingGroup
+	}
+	if role != nil {
+		switch *role {
+		case "":
+			*role = RoleAggregated
+		case RoleAggregated, RolePrefill, RoleDecode:
+		default:
+			return badRequest("role", "%q is not one of aggregated, prefill, decode", *role)
+		}
+	}
+	return nil
+}
+
+func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve bool) (SelectRequest, bool) {
+	var req SelectRequest
+	herr := h.decodeJSON(w, r, &req)
+	if herr == nil {
+		herr = checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
+	}
+	if herr == nil {
+		herr = h.checkPrompt(&req.Prompt)
+	}
+	if herr == nil && (reserve || req.SelectionID != "") {
+		herr = checkID("selection_id", req.SelectionID)
+	}
+	if herr == nil && req.Temperature != nil && *req.Temperature < 0 {
+		herr = badRequest("router_temperature", "must not be negative")
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return req, false
+	}
+	return req, true
+}
+
+func (h *handler) selectWorker(w http.ResponseWriter, r *http.Request) {
+	h.doSelect(w, r, false)
+}
+
+func (h *handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
+	h.doSelect(w, r, true)
+}
+
+func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool) {
+	req, ok := h.decodeSelect(w, r, reserve)
+	if !ok {
+		return
+	}
+	sel := h.selector(w)
+	if sel == nil {
+		return
+	}
+	var out Selection
+	var err error
+	if reserve {
+		out, err = sel.SelectAndReserve(r.Context(), req)
+	} else {
+		out, err = sel.Select(r.Context(), req)
+	}
+	if err != nil {
+		h.fail(w, r, selectionError(err))
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
+	var req ReserveRequest
+	herr := h.decodeJSON(w, r, &req)
+	if herr == nil {
+		herr = checkID("selection_id", req.SelectionID)
+	}
+	if herr == nil {
+		herr = checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
+	}
+	if herr == nil && req.WorkerID == nil {
+		herr = badRequest("worker_id", "required (only the explicit form of /reservations is supported)")
+	}
+	if herr == nil {
+		herr = h.checkPrompt(&req.Prompt)
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	sel := h.selector(w)
+	if sel == nil {
+		return
+	}
+	out, err := sel.Reserve(r.Context(), req)
+	if err != nil {
+		h.fail(w, r, selectionError(err))
+		return
+	}
+	writeJSON(w, http.StatusCreated, out)
+}
+
+// pathID returns the {id} of the route, validated.
+func pathID(w http.ResponseWriter, r *http.Request) (string, bool) {
+	id := r.PathValue("id")
+	if herr := checkID("id", id); herr != nil {
+		writeError(w, herr)
+		return "", false
+	}
+	return id, true
+}
+
+func (h *handler) reservePrefillComplete(w http.ResponseWriter, r *http.Request) {
+	h.reservationOp(w, r, Selector.ReservePrefillComplete)
+}
+
+func (h *handler) freeReservation(w http.ResponseWriter, r *http.Request) {
+	h.reservationOp(w, r, Selector.Free)
+}
+
+func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(Selector, context.Context, string) error) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	sel := h.selector(w)
+	if sel == nil {
+		return
+	}
+	if err := op(sel, r.Context(), id); err != nil {
+		h.fail(w, r, selectionError(err))
+		return
+	}
+	writeRaw(w, http.StatusOK, statusOK)
+}
+
+func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
+	var req PlanRequest
+	herr := h.decodeJSON(w, r, &req)
+	if herr == nil {
+		herr = checkID("request_id", req.ID)
+	}
+	if herr == nil {
+		herr = checkPartition(req.ModelName, &req.RoutingGroup, nil)
+	}
+	if herr == nil {
+		herr = h.checkPrompt(&req.Prompt)
+	}
+	if herr != nil {
+		writeError(w, herr)
+		return
+	}
+	sel := h.selector(w)
+	if sel == nil {
+		return
+	}
+	plan, err := sel.CreatePlan(r.Context(), req)
+	if err != nil {
+		h.failPlan(w, r, plan, err)
+		return
+	}
+	writeJSON(w, http.StatusCreated, plan)
+}
+
+// failPlan writes a plan error; when the selector returned the failed
+// plan, the body carries it next to the error.
+func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan PlanInfo, err error) {
+	err = selectionError(err)
+	var he *httpError
+	if plan.ID == "" || !errors.As(err, &he) {
+		h.fail(w, r, err)
+		return
+	}
+	writeJSON(w, he.status, struct {
+		Error string    `json:"error"`
+		Plan  *PlanInfo `json:"plan"`
+	}{he.msg, &plan})
+}
+
+func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {
+	h.planOp(w, r, Selector.PlanPrefillComplete)
+}
+
+func (h *handler) planPrefillFailed(w http.ResponseWriter, r *http.Request) {
+	h.planOp(w, r, Selector.PlanPrefillFailed)
+}
+
+func (h *handler) releasePlan(w http.ResponseWriter, r *http.Request) {
+	h.planOp(w, r, Selector.ReleasePlan)
+}
+
+func (h *handler) getPlan(w http.ResponseWriter, r *http.Request) {
+	h.planOp(w, r, Selector.GetPlan)
+}
+
+func (h *handler) planOp(w http.ResponseWriter, r *http.Request, op func(Selector, context.Context, string) (PlanInfo, error)) {
+	id, ok := pathID(w, r)
+	if !ok {
+		return
+	}
+	sel := h.selector(w)
+	if sel == nil {
+		return
+	}
+	plan, err := op(sel, r.Context(), id)
+	if err != nil {
+		h.failPlan(w, r, plan, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, plan)
+}
+
+// String renders a WorkerRef as "worker_id/dp_rank".
+func (r WorkerRef) String() string { return fmt.Sprintf("%d/%d", r.WorkerID, r.DPRank) }

@@ -1,0 +1,256 @@
+package api
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prefixd/prefixd/indexer"
+)
+
+// fakeSelector keeps reservations and plans in maps, enough to exercise
+// the routes' status codes.
+type fakeSelector struct {
+	mu      sync.Mutex
+	res     map[string]bool
+	plans   map[string]PlanInfo
+	selErr  error
+	lastSel SelectRequest
+}
+
+var _ Selector = (*fakeSelector)(nil)
+
+func newFakeSelector() *fakeSelector {
+	return &fakeSelector{res: map[string]bool{}, plans: map[string]PlanInfo{}}
+}
+
+func (f *fakeSelector) Select(_ context.Context, r SelectRequest) (Selection, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lastSel = r
+	if f.selErr != nil {
+		return Selection{}, f.selErr
+	}
+	return Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup, WorkerID: 7, Endpoint: "http://w7", BlockSize: 16, EffectivePrefillTokens: float64(len(r.TokenIDs))}, nil
+}
+
+func (f *fakeSelector) SelectAndReserve(ctx context.Context, r SelectRequest) (Selection, error) {
+	f.mu.Lock()
+	dup := f.res[r.SelectionID]
+	f.mu.Unlock()
+	if dup {
+		return Selection{}, fmt.Errorf("%w: selection_id: reservation %s already exists", ErrConflict, r.SelectionID)
+	}
+	s, err := f.Select(ctx, r)
+	if err == nil {
+		f.mu.Lock()
+		f.res[r.SelectionID] = true
+		f.mu.Unlock()
+	}
+	return s, err
+}
+
+func (f *fakeSelector) Reserve(_ context.Context, r ReserveRequest) (Reservation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.res[r.SelectionID] {
+		return Reservation{}, fmt.Errorf("%w: duplicate", ErrConflict)
+	}
+	if *r.WorkerID != 7 {
+		return Reservation{}, fmt.Errorf("%w: worker %d not in pool", ErrNotFound, *r.WorkerID)
+	}
+	f.res[r.SelectionID] = true
+	return Reservation{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup, WorkerID: 7, DPRank: r.DPRank}, nil
+}
+
+func (f *fakeSelector) ReservePrefillComplete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.res[id] {
+		return fmt.Errorf("%w: reservation %s not found", ErrNotFound, id)
+	}
+	return nil
+}
+
+func (f *fakeSelector) Free(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.res[id] {
+		return fmt.Errorf("%w: reservation %s not found", ErrNotFound, id)
+	}
+	delete(f.res, id)
+	return nil
+}
+
+func (f *fakeSelector) CreatePlan(_ context.Context, r PlanRequest) (PlanInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.plans[r.ID]; ok {
+		return PlanInfo{}, fmt.Errorf("%w: plan %s exists", ErrConflict, r.ID)
+	}
+	if r.ModelName == "overloaded" {
+		return PlanInfo{ID: r.ID, State: "Idle", Transitions: []PlanTransition{}}, fmt.Errorf("%w: all workers busy", ErrOverloaded)
+	}
+	p := PlanInfo{ID: r.ID, Order: "decode-first", State: "Linked",
+		Decode:      &PlanBooking{WorkerID: 1, Tokens: len(r.TokenIDs)},
+		Prefill:     &PlanBooking{WorkerID: 3, Tokens: len(r.TokenIDs)},
+		Decision:    &PlanDecision{Kind: "remote_prefill"},
+		Transitions: []PlanTransition{{From: "Idle", To: "DecodePreviewed", Reason: "r"}}}
+	f.plans[r.ID] = p
+	return p, nil
+}
+
+func (f *fakeSelector) op(id, state string, del bool) (PlanInfo, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.plans[id]
+	if !ok {
+		return PlanInfo{}, fmt.Errorf("%w: plan %s not found", ErrNotFound, id)
+	}
+	if state != "" {
+		p.State = state
+		f.plans[id] = p
+	}
+	if del {
+		delete(f.plans, id)
+	}
+	return p, nil
+}
+
+func (f *fakeSelector) PlanPrefillComplete(_ context.Context, id string) (PlanInfo, error) {
+	return f.op(id, "PrefillReleased", false)
+}
+func (f *fakeSelector) PlanPrefillFailed(_ context.Context, id string) (PlanInfo, error) {
+	return f.op(id, "Compensated", true)
+}
+func (f *fakeSelector) ReleasePlan(_ context.Context, id string) (PlanInfo, error) {
+	return f.op(id, "Released", true)
+}
+func (f *fakeSelector) GetPlan(_ context.Context, id string) (PlanInfo, error) {
+	return f.op(id, "", false)
+}
+
+func newSelServer(t *testing.T, token string) (*server, *fakeSelector) {
+	f := newFakeSelector()
+	return newServer(t, Config{Index: indexer.New(indexer.Options{}), Selector: f, APIToken: token}), f
+}
+
+const auth = "Authorization: Bearer tok"
+
+func TestSelectRoutes(t *testing.T) {
+	s, f := newSelServer(t, "tok")
+	// /select is a read: open without the token.
+	s.post("/select", `{"model_name":"m","token_ids":[1,2,3]}`).expect(t, 200,
+		`{"model_name":"m","routing_group":"default","worker_id":7,"dp_rank":0,"endpoint":"http://w7","block_size":16,"overlap":{"longest_matched":0,"gpu":0,"cpu":0,"disk":0},"effective_prefill_tokens":3,"potential_decode_blocks":0}`)
+	if f.lastSel.Role != RoleAggregated {
+		t.Errorf("default role %q", f.lastSel.Role)
+	}
+	for _, c := range []struct{ body, want string }{
+		{``, `{"error":"body: empty; expected a JSON object"}`},
+		{`{"token_ids":[1]}`, `{"error":"model_name: required"}`},
+		{`{"model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids)"}`},
+		{`{"model_name":"m","token_ids":[-1]}`, `{"error":"token_ids: expected uint32, got JSON number -1"}`},
+		{`{"model_name":"m","token_ids":"x"}`, `{"error":"token_ids: expected []uint32, got JSON string"}`},
+		{`{"model_name":7,"token_ids":[1]}`, `{"error":"model_name: expected string, got JSON number"}`},
+		{`{"model_name":"m","token_ids":[1],"role":"encoder"}`, `{"error":"role: \"encoder\" is not one of aggregated, prefill, decode"}`},
+		{`{"model_name":"m","token_ids":[1],"pinned_worker":{"worker_id":"x"}}`, `{"error":"pinned_worker.worker_id: expected uint64, got JSON string"}`},
+		{`{"model_name":"m","token_ids":[1]`, `{"error":"body: truncated JSON"}`},
+		{`[1]`, `{"error":"body: expected a JSON object, got array"}`},
+		{`{"model_name":"m","token_ids":[1]} {}`, `{"error":"body: trailing data after the JSON object"}`},
+	} {
+		s.post("/select", c.body).expect(t, 400, c.want)
+	}
+	r := s.get("/select")
+	r.expect(t, 405, `{"error":"method: GET not allowed on /select (allowed: POST)"}`)
+	if r.header.Get("Allow") != "POST" {
+		t.Errorf("Allow %q", r.header.Get("Allow"))
+	}
+	f.selErr = fmt.Errorf("%w: all eligible workers overloaded", ErrOverloaded)
+	s.post("/select", `{"model_name":"m","token_ids":[1]}`).expect(t, 429, `{"error":"overloaded: all eligible workers overloaded"}`)
+	f.selErr = fmt.Errorf("%w: pool m/default/aggregated has no workers", ErrUnavailable)
+	s.post("/select", `{"model_name":"m","token_ids":[1]}`).expect(t, 503, `{"error":"temporarily unavailable: pool m/default/aggregated has no workers"}`)
+	f.selErr = nil
+
+	// /select_and_reserve is a write.
+	body := `{"model_name":"m","token_ids":[1,2],"selection_id":"r1"}`
+	s.post("/select_and_reserve", body).expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1,2]}`, auth).expect(t, 400, `{"error":"selection_id: required"}`)
+	s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1,2],"selection_id":"a/b"}`, auth).expect(t, 400, `{"error":"selection_id: \"a/b\" must not contain '/'"}`)
+	if r := s.post("/select_and_reserve", body, auth); r.status != 200 || !strings.Contains(r.body, `"selection_id":"r1"`) {
+		t.Fatalf("select_and_reserve: %d %s", r.status, r.body)
+	}
+	s.post("/select_and_reserve", body, auth).expect(t, 409, `{"error":"conflict: selection_id: reservation r1 already exists"}`)
+}
+
+func TestReservationRoutes(t *testing.T) {
+	s, _ := newSelServer(t, "tok")
+	body := `{"selection_id":"r1","model_name":"m","worker_id":7,"dp_rank":1,"token_ids":[1,2,3]}`
+	s.post("/reservations", body).expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	s.post("/reservations", `{"selection_id":"r1","model_name":"m","token_ids":[1]}`, auth).expect(t, 400,
+		`{"error":"worker_id: required (only the explicit form of /reservations is supported)"}`)
+	s.post("/reservations", `{"model_name":"m","worker_id":7,"token_ids":[1]}`, auth).expect(t, 400, `{"error":"selection_id: required"}`)
+	s.post("/reservations", `{"selection_id":"r1","model_name":"m","worker_id":8,"token_ids":[1]}`, auth).expect(t, 404, `{"error":"not found: worker 8 not in pool"}`)
+	s.post("/reservations", body, auth).expect(t, 201, `{"selection_id":"r1","model_name":"m","routing_group":"default","worker_id":7,"dp_rank":1,"endpoint":""}`)
+	s.post("/reservations", body, auth).expect(t, 409, `{"error":"conflict: duplicate"}`)
+
+	s.post("/reservations/r1/prefill_complete", "").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	s.post("/reservations/r1/prefill_complete", "", auth).expect(t, 200, `{"status":"ok"}`)
+	s.post("/reservations/nope/prefill_complete", "", auth).expect(t, 404, `{"error":"not found: reservation nope not found"}`)
+	s.do("GET", "/reservations/r1/prefill_complete", "").expect(t, 405, `{"error":"method: GET not allowed on /reservations/r1/prefill_complete (allowed: POST)"}`)
+	s.do("DELETE", "/reservations/r1", "").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	s.do("DELETE", "/reservations/r1", "", auth).expect(t, 200, `{"status":"ok"}`)
+	s.do("DELETE", "/reservations/r1", "", auth).expect(t, 404, `{"error":"not found: reservation r1 not found"}`)
+	s.do("POST", "/reservations/r1", "", auth).expect(t, 405, `{"error":"method: POST not allowed on /reservations/r1 (allowed: DELETE)"}`)
+	s.get("/reservations/r1/x/y").expect(t, 404, `{"error":"path: no endpoint /reservations/r1/x/y"}`)
+}
+
+func TestPlanRoutes(t *testing.T) {
+	s, _ := newSelServer(t, "tok")
+	body := `{"request_id":"p1","model_name":"m","token_ids":[1,2,3,4]}`
+	s.post("/disagg/plans", body).expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	for _, c := range []struct{ body, want string }{
+		{`{"model_name":"m","token_ids":[1]}`, `{"error":"request_id: required"}`},
+		{`{"request_id":"p","token_ids":[1]}`, `{"error":"model_name: required"}`},
+		{`{"request_id":"p","model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids)"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"allowed_worker_ids":[-3]}`, `{"error":"allowed_worker_ids: expected uint64, got JSON number -3"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"routing_constraints":{"required_taints":"x"}}`, `{"error":"routing_constraints.required_taints: expected []string, got JSON string"}`},
+		{`{"request_id":1}`, `{"error":"request_id: expected string, got JSON number"}`},
+	} {
+		s.post("/disagg/plans", c.body, auth).expect(t, 400, c.want)
+	}
+	want := `{"request_id":"p1","order":"decode-first","state":"Linked","decode":{"worker_id":1,"dp_rank":0,"tokens":4},"prefill":{"worker_id":3,"dp_rank":0,"tokens":4},"decision":{"kind":"remote_prefill","policy_says_bypass":false,"prefill_busy":"","decode_busy":""},"transitions":[{"from":"Idle","to":"DecodePreviewed","reason":"r"}]}`
+	s.post("/disagg/plans", body, auth).expect(t, 201, want)
+	s.post("/disagg/plans", body, auth).expect(t, 409, `{"error":"conflict: plan p1 exists"}`)
+	s.post("/disagg/plans", `{"request_id":"p2","model_name":"overloaded","token_ids":[1]}`, auth).expect(t, 429,
+		`{"error":"overloaded: all workers busy","plan":{"request_id":"p2","order":"","state":"Idle","decode":null,"prefill":null,"decision":null,"transitions":[]}}`)
+	s.get("/disagg/plans/p1").expect(t, 200, want)
+	s.post("/disagg/plans/p1/prefill_complete", "").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	if r := s.post("/disagg/plans/p1/prefill_complete", "", auth); r.status != 200 || !strings.Contains(r.body, `"state":"PrefillReleased"`) {
+		t.Fatalf("prefill_complete: %d %s", r.status, r.body)
+	}
+	s.do("GET", "/disagg/plans/p1/prefill_failed", "").expect(t, 405, `{"error":"method: GET not allowed on /disagg/plans/p1/prefill_failed (allowed: POST)"}`)
+	s.do("PUT", "/disagg/plans/p1", "").expect(t, 405, `{"error":"method: PUT not allowed on /disagg/plans/p1 (allowed: DELETE, GET, HEAD)"}`)
+	s.do("DELETE", "/disagg/plans/p1", "").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	if r := s.do("DELETE", "/disagg/plans/p1", "", auth); r.status != 200 || !strings.Contains(r.body, `"state":"Released"`) {
+		t.Fatalf("delete: %d %s", r.status, r.body)
+	}
+	s.do("DELETE", "/disagg/plans/p1", "", auth).expect(t, 404, `{"error":"not found: plan p1 not found"}`)
+	s.get("/disagg/plans/p1").expect(t, 404, `{"error":"not found: plan p1 not found"}`)
+	s.post("/disagg/plans/p1/prefill_failed", "", auth).expect(t, 404, `{"error":"not found: plan p1 not found"}`)
+	s.post("/disagg/plans", `{"request_id":"p3","model_name":"m","token_ids":[1]}`, auth).expect(t, 201,
+		strings.NewReplacer(`"p1"`, `"p3"`, `"tokens":4`, `"tokens":1`).Replace(want))
+	if r := s.post("/disagg/plans/p3/prefill_failed", "", auth); r.status != 200 || !strings.Contains(r.body, `"state":"Compensated"`) {
+		t.Fatalf("prefill_failed: %d %s", r.status, r.body)
+	}
+}
+
+func TestSelectionWithoutSelector(t *testing.T) {
+	s := newServer(t, Config{Index: indexer.New(indexer.Options{})})
+	s.post("/select", `{"model_name":"m","token_ids":[1]}`).expect(t, 503, `{"error":"selection: no selector in this process"}`)
+	s.do(http.MethodDelete, "/disagg/plans/x", "").expect(t, 503, `{"error":"selection: no selector in this process"}`)
+	// The existing routes keep their 405s.
+	s.get("/register").expect(t, 405, `{"error":"method: GET not allowed on /register (allowed: POST)"}`)
+}

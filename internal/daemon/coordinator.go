@@ -1,0 +1,469 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// ExpireInterval is how often Run expires stale reservations and plans.
+const ExpireInterval = 10 * time.Second
+
+// maxFinished bounds the finished plans selector remembers for GET.
+const maxFinished = 4096
+
+// selector is api.Selector over a coordinator.Coordinator and its Pools.
+// The coordinator is single-threaded: one mutex guards it and every map
+// here. now is time.Now() at each call; Run calls expire every
+// ExpireInterval. Catalog changes arrive through setWorker/removeWorker.
+//
+// Reservation ids are global: byID remembers the pool of each reservation
+// booked through the API (entries whose reservation a pool dropped, by
+// worker removal or expiry, are swept by expire and on lookup).
+type selector struct {
+	mu    sync.Mutex
+	ix    *indexer.Index
+	pools *coordinator.Pools
+	c     *coordinator.Coordinator
+	// catalog facts the coordinator does not keep
+	endpoints  map[indexer.Rank]string
+	blockSizes map[indexer.PartitionKey]int
+	ranks      map[catalog.Key][]indexer.Rank
+	byID       map[string]coordinator.PoolKey
+	// finished plans (compensated, released by expiry or worker removal),
+	// for GET /disagg/plans/{id}; FIFO-bounded by maxFinished.
+	finished      map[string]coordinator.Plan
+	finishedOrder []string
+	log           *slog.Logger
+}
+
+var _ api.Selector = (*selector)(nil)
+
+func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger) *selector {
+	s := &selector{ix: ix, endpoints: map[indexer.Rank]string{}, blockSizes: map[indexer.PartitionKey]int{},
+		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, finished: map[string]coordinator.Plan{}, log: log}
+	s.pools = coordinator.NewPools(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
+	s.c = coordinator.NewCoordinator(s.pools, s, ccfg)
+	return s
+}
+
+// Overlaps implements coordinator.OverlapSource over the index. It runs
+// inside coordinator calls, with s.mu held. A partition the index does
+// not have yet (no events) has no overlaps and the catalog's block size.
+func (s *selector) Overlaps(model, group string, tokens []uint32, lora, salt string) ([]indexer.Overlap, int, error) {
+	k := indexer.PartitionKey{Model: model, Group: group}
+	bs, err := s.ix.BlockSize(k)
+	if errors.Is(err, indexer.ErrNoPartition) {
+		if bs, ok := s.blockSizes[k]; ok {
+			return nil, bs, nil
+		}
+		return nil, 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, model, group)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	ov, err := s.ix.MatchTokens(k, tokens, indexer.Seed(lora, salt), nil)
+	return ov, bs, err
+}
+
+// coordinatorRole maps a catalog role; encoder workers are not selectable.
+func coordinatorRole(r catalog.Role) (coordinator.Role, bool) {
+	switch r {
+	case catalog.RoleAggregated, "":
+		return coordinator.RoleAggregated, true
+	case catalog.RolePrefill:
+		return coordinator.RolePrefill, true
+	case catalog.RoleDecode:
+		return coordinator.RoleDecode, true
+	}
+	return 0, false
+}
+
+// setWorker brings the pools in step with a worker record: one
+// coordinator worker per dp rank; ranks it no longer has leave.
+func (s *selector) setWorker(w catalog.Worker) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	key := catalog.Key{Model: w.ModelName, Group: w.RoutingGroup, WorkerID: w.WorkerID}
+	role, ok := coordinatorRole(w.Role)
+	var ranks []indexer.Rank
+	if ok {
+		s.blockSizes[indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}] = int(w.BlockSize)
+		for _, dp := range w.Ranks() {
+			cw := coordinator.Worker{Rank: indexer.Rank{WorkerID: w.WorkerID, DPRank: dp}, Model: w.ModelName, Group: w.RoutingGroup, Role: role,
+				TotalKVBlocks: int(min(w.TotalKVBlocks, 1<<40)), MaxNumBatchedTokens: int(min(w.MaxNumBatchedTokens, 1<<40)),
+				Taints: slices.Clone(w.Taints), TopologyDomains: w.TopologyDomains, KVTransferDomain: w.KVTransferDomain,
+				KVTransferPreferredWeight: w.KVTransferPreferredWeight}
+			switch w.KVTransferEnforcement {
+			case catalog.EnforcementRequired:
+				cw.KVTransferEnforcement = coordinator.EnforcementRequired
+			case catalog.EnforcementPreferred:
+				cw.KVTransferEnforcement = coordinator.EnforcementPreferred
+			}
+			plans, err := s.c.SetWorker(cw, now)
+			s.record(plans)
+			if err != nil {
+				s.log.Error("worker not selectable", "worker", cw.Rank, "err", err)
+				continue
+			}
+			s.endpoints[cw.Rank] = w.Endpoint
+			ranks = append(ranks, cw.Rank)
+		}
+	}
+	for _, r := range s.ranks[key] {
+		if !slices.Contains(ranks, r) {
+			s.removeRank(r, now)
+		}
+	}
+	if len(ranks) == 0 {
+		delete(s.ranks, key)
+	} else {
+		s.ranks[key] = ranks
+	}
+}
+
+// removeWorker removes every rank of a worker record.
+func (s *selector) removeWorker(key catalog.Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := time.Now()
+	for _, r := range s.ranks[key] {
+		s.removeRank(r, now)
+	}
+	delete(s.ranks, key)
+}
+
+func (s *selector) removeRank(r indexer.Rank, now time.Time) {
+	s.record(s.c.WorkerRemoved(r, now))
+	delete(s.endpoints, r)
+}
+
+// record remembers the plans that finished (no longer live) for GetPlan.
+func (s *selector) record(plans []coordinator.Plan) {
+	for _, p := range plans {
+		if _, live := s.c.Get(p.ID); live {
+			continue
+		}
+		if _, ok := s.finished[p.ID]; !ok {
+			s.finishedOrder = append(s.finishedOrder, p.ID)
+		}
+		s.finished[p.ID] = p
+		if len(s.finishedOrder) > maxFinished {
+			delete(s.finished, s.finishedOrder[0])
+			s.finishedOrder = s.finishedOrder[1:]
+		}
+	}
+}
+
+// expire drops stale plans and reservations and sweeps byID.
+func (s *selector) expire(now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.record(s.c.Expire(now))
+	for id, k := range s.byID {
+		if p := s.pools.Pool(k); p == nil {
+			delete(s.byID, id)
+		} else if _, ok := p.Reserved(id); !ok {
+			delete(s.byID, id)
+		}
+	}
+}
+
+// runExpiry calls expire every interval until ctx ends.
+func (s *selector) runExpiry(ctx context.Context, interval time.Duration) error {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case now := <-t.C:
+			s.expire(now)
+		}
+	}
+}
+
+// selError maps coordinator errors onto the API's sentinels; the text
+// keeps the coordinator's detail.
+func selError(err error) error {
+	var sentinel error
+	switch {
+	case errors.Is(err, api.ErrInvalid), errors.Is(err, api.ErrNotFound), errors.Is(err, api.ErrConflict),
+		errors.Is(err, api.ErrUnavailable), errors.Is(err, api.ErrOverloaded):
+		return err
+	case errors.Is(err, coordinator.ErrAllOverloaded), errors.Is(err, coordinator.ErrPinnedOverloaded):
+		sentinel = api.ErrOverloaded
+	case errors.Is(err, coordinator.ErrPinnedNotAllowed), errors.Is(err, coordinator.ErrInvalidPrompt):
+		sentinel = api.ErrInvalid
+	case errors.Is(err, coordinator.ErrBadPinnedRank), errors.Is(err, coordinator.ErrPlanNotFound):
+		sentinel = api.ErrNotFound
+	case errors.Is(err, coordinator.ErrNoWorkers), errors.Is(err, coordinator.ErrAllFiltered),
+		errors.Is(err, coordinator.ErrTooManyReservations), errors.Is(err, coordinator.ErrTooManyPlans):
+		sentinel = api.ErrUnavailable
+	case errors.Is(err, coordinator.ErrDuplicateReservation), errors.Is(err, coordinator.ErrDuplicatePlan),
+		errors.Is(err, coordinator.ErrInvalidState), errors.Is(err, coordinator.ErrMissingTopologyDomain),
+		errors.Is(err, coordinator.ErrMissingEnforcement), errors.Is(err, coordinator.ErrMissingPreferredWeight):
+		sentinel = api.ErrConflict
+	default:
+		return err
+	}
+	return fmt.Errorf("%w: %w", sentinel, err)
+}
+
+func poolKey(model, group, role string) coordinator.PoolKey {
+	k := coordinator.PoolKey{Model: model, Group: group, Role: coordinator.RoleAggregated}
+	switch role {
+	case api.RolePrefill:
+		k.Role = coordinator.RolePrefill
+	case api.RoleDecode:
+		k.Role = coordinator.RoleDecode
+	}
+	return k
+}
+
+func constraints(rc *api.RoutingConstraints) coordinator.Constraints {
+	if rc == nil {
+		return coordinator.Constraints{}
+	}
+	return coordinator.Constraints{Required: rc.RequiredTaints, Preferred: rc.PreferredTaints}
+}
+
+// query builds the pool query of a selection request; s.mu is held.
+func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordinator.Pool, coordinator.Query, error) {
+	p := s.pools.Pool(k)
+	if p == nil {
+		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %v has no workers", api.ErrUnavailable, k)
+	}
+	ov, bs, err := s.Overlaps(k.Model, k.Group, r.TokenIDs, r.LoraName, r.CacheSalt)
+	if err != nil {
+		return nil, coordinator.Query{}, err
+	}
+	q := coordinator.Query{Prompt: coordinator.NewPrompt(r.TokenIDs, bs, r.LoraName, r.CacheSalt, ov),
+		Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
+	if r.PinnedWorker != nil {
+		q.Pin = &indexer.Rank{WorkerID: r.PinnedWorker.WorkerID, DPRank: r.PinnedWorker.DPRank}
+	}
+	if r.Temperature != nil {
+		o := p.Config().Options
+		o.Temperature = *r.Temperature
+		q.Options = &o
+	}
+	return p, q, nil
+}
+
+func (s *selector) selection(r *api.SelectRequest, q *coordinator.Query, sel coordinator.Selection) api.Selection {
+	bs := q.Prompt.BlockSize
+	return api.Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
+		WorkerID: sel.Rank.WorkerID, DPRank: sel.Rank.DPRank, Endpoint: s.endpoints[sel.Rank], BlockSize: bs,
+		Overlap: api.OverlapInfo{LongestMatched: int(sel.Overlap.Disk) * bs, GPU: int(sel.Overlap.Device) * bs,
+			CPU: int(sel.Overlap.Host) * bs, Disk: int(sel.Overlap.Disk) * bs},
+		EffectivePrefillTokens: sel.EffectivePrefillTokens, PotentialDecodeBlocks: sel.PotentialDecodeBlocks}
+}
+
+func (s *selector) Select(_ context.Context, r api.SelectRequest) (api.Selection, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, q, err := s.query(poolKey(r.ModelName, r.RoutingGroup, r.Role), &r)
+	if err != nil {
+		return api.Selection{}, selError(err)
+	}
+	sel, err := p.Select(q)
+	if err != nil {
+		return api.Selection{}, selError(err)
+	}
+	return s.selection(&r, &q, sel), nil
+}
+
+func (s *selector) SelectAndReserve(_ context.Context, r api.SelectRequest) (api.Selection, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkNewID(r.SelectionID); err != nil {
+		return api.Selection{}, err
+	}
+	k := poolKey(r.ModelName, r.RoutingGroup, r.Role)
+	p, q, err := s.query(k, &r)
+	if err != nil {
+		return api.Selection{}, selError(err)
+	}
+	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
+	if err != nil {
+		return api.Selection{}, selError(err)
+	}
+	s.byID[r.SelectionID] = k
+	out := s.selection(&r, &q, sel)
+	out.ISLTokens = len(r.TokenIDs)
+	track := p.Config().Options.TrackPrefillTokens
+	if q.Options != nil {
+		track = q.Options.TrackPrefillTokens
+	}
+	out.TrackPrefillTokens = &track
+	return out, nil
+}
+
+// checkNewID rejects a reservation id that is live in any pool.
+func (s *selector) checkNewID(id string) error {
+	if k, ok := s.byID[id]; ok {
+		if p := s.pools.Pool(k); p != nil {
+			if _, live := p.Reserved(id); live {
+				return fmt.Errorf("%w: selection_id: reservation %s already exists", api.ErrConflict, id)
+			}
+		}
+		delete(s.byID, id)
+	}
+	return nil
+}
+
+func (s *selector) Reserve(_ context.Context, r api.ReserveRequest) (api.Reservation, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.checkNewID(r.SelectionID); err != nil {
+		return api.Reservation{}, err
+	}
+	k := poolKey(r.ModelName, r.RoutingGroup, r.Role)
+	sr := api.SelectRequest{Prompt: r.Prompt, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup, Role: r.Role,
+		PinnedWorker: &api.WorkerRef{WorkerID: *r.WorkerID, DPRank: r.DPRank}}
+	p, q, err := s.query(k, &sr)
+	if err != nil {
+		return api.Reservation{}, selError(err)
+	}
+	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
+	if err != nil {
+		return api.Reservation{}, selError(err)
+	}
+	s.byID[r.SelectionID] = k
+	return api.Reservation{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
+		WorkerID: sel.Rank.WorkerID, DPRank: sel.Rank.DPRank, Endpoint: s.endpoints[sel.Rank]}, nil
+}
+
+// reservation returns the pool holding id, or ErrNotFound.
+func (s *selector) reservation(id string) (*coordinator.Pool, error) {
+	if k, ok := s.byID[id]; ok {
+		if p := s.pools.Pool(k); p != nil {
+			if _, live := p.Reserved(id); live {
+				return p, nil
+			}
+		}
+		delete(s.byID, id)
+	}
+	return nil, fmt.Errorf("%w: reservation %s not found", api.ErrNotFound, id)
+}
+
+func (s *selector) ReservePrefillComplete(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.reservation(id)
+	if err != nil {
+		return err
+	}
+	p.PrefillComplete(id)
+	return nil
+}
+
+func (s *selector) Free(_ context.Context, id string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.reservation(id)
+	if err != nil {
+		return err
+	}
+	p.Free(id)
+	delete(s.byID, id)
+	return nil
+}
+
+func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	req := coordinator.Request{ID: r.ID, Model: r.ModelName, PrefillGroup: r.RoutingGroup, DecodeGroup: r.RoutingGroup,
+		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
+	if r.PinnedPrefillWorker != nil {
+		req.PinnedPrefill = &indexer.Rank{WorkerID: r.PinnedPrefillWorker.WorkerID, DPRank: r.PinnedPrefillWorker.DPRank}
+	}
+	if _, ok := s.c.Get(r.ID); !ok {
+		delete(s.finished, r.ID) // a new plan reuses a finished id
+	}
+	p, err := s.c.Plan(req, time.Now())
+	if err != nil {
+		return s.planInfo(p, len(r.TokenIDs)), selError(err)
+	}
+	return s.planInfo(p, len(r.TokenIDs)), nil
+}
+
+func (s *selector) planOp(id string, op func(string, time.Time) (coordinator.Plan, error)) (api.PlanInfo, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := op(id, time.Now())
+	if err != nil {
+		if errors.Is(err, coordinator.ErrPlanNotFound) {
+			return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
+		}
+		return s.planInfo(p, -1), selError(err)
+	}
+	return s.planInfo(p, -1), nil
+}
+
+func (s *selector) PlanPrefillComplete(_ context.Context, id string) (api.PlanInfo, error) {
+	return s.planOp(id, s.c.PrefillComplete)
+}
+
+func (s *selector) PlanPrefillFailed(_ context.Context, id string) (api.PlanInfo, error) {
+	return s.planOp(id, s.c.PrefillFailed)
+}
+
+func (s *selector) ReleasePlan(_ context.Context, id string) (api.PlanInfo, error) {
+	return s.planOp(id, s.c.Release)
+}
+
+func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
+	return s.planOp(id, func(id string, _ time.Time) (coordinator.Plan, error) {
+		if p, ok := s.c.Get(id); ok {
+			return p, nil
+		}
+		if p, ok := s.finished[id]; ok {
+			return p, nil
+		}
+		return coordinator.Plan{}, coordinator.ErrPlanNotFound
+	})
+}
+
+// planInfo renders a plan; tokens < 0 means unknown (taken from the
+// decode signals when present).
+func (s *selector) planInfo(p coordinator.Plan, tokens int) api.PlanInfo {
+	if tokens < 0 && p.Signals != nil {
+		tokens = p.Signals.PromptTokens
+	}
+	tokens = max(tokens, 0)
+	out := api.PlanInfo{ID: p.ID, Order: p.Order.String(), State: p.State.String(), Transitions: []api.PlanTransition{}}
+	booking := func(b *coordinator.Booking) *api.PlanBooking {
+		if b == nil {
+			return nil
+		}
+		return &api.PlanBooking{WorkerID: b.Rank.WorkerID, DPRank: b.Rank.DPRank, Endpoint: s.endpoints[b.Rank], Tokens: tokens}
+	}
+	out.Decode, out.Prefill = booking(p.Decode), booking(p.Prefill)
+	if p.PrefillWorker != nil {
+		out.PrefillWorker = &api.WorkerRef{WorkerID: p.PrefillWorker.WorkerID, DPRank: p.PrefillWorker.DPRank}
+	}
+	if d := p.Decision; d != nil {
+		kind := "remote_prefill"
+		if d.Bypass || p.IsBypass() {
+			kind = "bypass"
+		}
+		out.Decision = &api.PlanDecision{Kind: kind, PolicySaysBypass: d.PolicySaysBypass, PrefillBusy: d.PrefillBusy.String(), DecodeBusy: d.DecodeBusy.String()}
+	}
+	for _, t := range p.Transitions {
+		out.Transitions = append(out.Transitions, api.PlanTransition{From: t.From.String(), To: t.To.String(), Reason: t.Reason})
+	}
+	return out
+}

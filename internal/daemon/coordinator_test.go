@@ -1,0 +1,138 @@
+package daemon
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// TestDaemonDisaggPlan: decode and prefill workers registered over HTTP
+// join the coordinator's pools; a decode-first plan books prefill inside
+// the decode worker's kv-transfer domain; DELETE releases it (a second
+// DELETE is a 404); unregistering a booked decode worker compensates its plan.
+func TestDaemonDisaggPlan(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "tok")
+	zone := map[uint64]string{1: "a", 2: "b", 3: "a", 4: "b"}
+	for id := uint64(1); id <= 4; id++ {
+		role := "decode"
+		if id > 2 {
+			role = "prefill"
+		}
+		reg := map[string]any{"instance_id": id, "endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 1+id), "model_name": "m", "block_size": 16,
+			"role": role, "engine_endpoint": fmt.Sprintf("http://w%d:8000", id), "total_kv_blocks": 1000, "max_num_batched_tokens": 4096,
+			"topology_domains": map[string]string{"zone": zone[id]}, "kv_transfer_domain": "zone", "kv_transfer_enforcement": "required"}
+		if code, body := call(t, "POST", d.url+"/register", "tok", reg); code != http.StatusCreated {
+			t.Fatalf("register %d: %d %s", id, code, body)
+		}
+	}
+	storetest.Eventually(t, 20*time.Second, "4 workers in the catalog view", func() bool {
+		_, body := call(t, "GET", d.url+"/workers?model_name=m", "", nil)
+		var ws []api.WorkerInfo
+		return json.Unmarshal(body, &ws) == nil && len(ws) == 4
+	})
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	plan := func(id string) api.PlanInfo {
+		t.Helper()
+		var p api.PlanInfo
+		req := map[string]any{"request_id": id, "model_name": "m", "token_ids": tokens}
+		if code, body := call(t, "POST", d.url+"/disagg/plans", "", req); code != http.StatusUnauthorized {
+			t.Fatalf("plan without token: %d %s", code, body)
+		}
+		code, body := call(t, "POST", d.url+"/disagg/plans", "tok", req)
+		if code != http.StatusCreated {
+			t.Fatalf("plan %s: %d %s", id, code, body)
+		}
+		if err := json.Unmarshal(body, &p); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for i := range 4 {
+		p := plan(fmt.Sprintf("p%d", i))
+		if p.State != "Linked" || p.Decode == nil || p.Prefill == nil || p.Decision == nil || p.Decision.Kind != "remote_prefill" {
+			t.Fatalf("plan: %+v", p)
+		}
+		if p.Decode.WorkerID > 2 || p.Prefill.WorkerID < 3 || zone[p.Decode.WorkerID] != zone[p.Prefill.WorkerID] {
+			t.Fatalf("decode %d (zone %s) with prefill %d (zone %s)", p.Decode.WorkerID, zone[p.Decode.WorkerID], p.Prefill.WorkerID, zone[p.Prefill.WorkerID])
+		}
+		if p.Decode.Endpoint != fmt.Sprintf("http://w%d:8000", p.Decode.WorkerID) || p.Decode.Tokens != 64 {
+			t.Fatalf("decode booking %+v", p.Decode)
+		}
+		var trace []string
+		for _, tr := range p.Transitions {
+			trace = append(trace, tr.From+">"+tr.To)
+		}
+		if fmt.Sprint(trace) != "[Idle>DecodePreviewed DecodePreviewed>DecodeCommitted DecodeCommitted>Linked]" {
+			t.Fatalf("transitions %v", p.Transitions)
+		}
+		if code, body := call(t, "DELETE", d.url+"/disagg/plans/"+p.ID, "tok", nil); code != 200 || !json.Valid(body) {
+			t.Fatalf("delete: %d %s", code, body)
+		}
+		if code, body := call(t, "DELETE", d.url+"/disagg/plans/"+p.ID, "tok", nil); code != http.StatusNotFound {
+			t.Fatalf("second delete: %d %s", code, body)
+		}
+	}
+
+	// A booked decode worker leaves: its plan is compensated.
+	p := plan("lost")
+	if code, body := call(t, "GET", d.url+"/disagg/plans/lost", "", nil); code != 200 || !json.Valid(body) {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/unregister", "tok", map[string]any{"instance_id": p.Decode.WorkerID, "model_name": "m"}); code != 200 {
+		t.Fatalf("unregister: %d %s", code, body)
+	}
+	var got api.PlanInfo
+	storetest.Eventually(t, 20*time.Second, "the plan to be compensated", func() bool {
+		code, body := call(t, "GET", d.url+"/disagg/plans/lost", "", nil)
+		return code == 200 && json.Unmarshal(body, &got) == nil && got.State == "Compensated"
+	})
+	if got.Decode != nil || got.Prefill != nil {
+		t.Fatalf("compensated plan still books: %+v", got)
+	}
+	if code, body := call(t, "DELETE", d.url+"/disagg/plans/lost", "tok", nil); code != http.StatusNotFound {
+		t.Fatalf("delete compensated: %d %s", code, body)
+	}
+
+	// Reservations: select, reserve explicitly, free twice.
+	sel := map[string]any{"model_name": "m", "role": "prefill", "token_ids": tokens}
+	code, body := call(t, "POST", d.url+"/select", "", sel)
+	var s api.Selection
+	if code != 200 || json.Unmarshal(body, &s) != nil || s.WorkerID < 3 || s.BlockSize != 16 {
+		t.Fatalf("select: %d %s", code, body)
+	}
+	res := map[string]any{"selection_id": "r1", "model_name": "m", "role": "prefill", "worker_id": s.WorkerID, "dp_rank": 0, "token_ids": tokens}
+	if code, body := call(t, "POST", d.url+"/reservations", "tok", res); code != http.StatusCreated {
+		t.Fatalf("reserve: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/reservations", "tok", res); code != http.StatusConflict {
+		t.Fatalf("duplicate reserve: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/reservations/r1/prefill_complete", "tok", nil); code != 200 {
+		t.Fatalf("prefill_complete: %d %s", code, body)
+	}
+	if code, body := call(t, "DELETE", d.url+"/reservations/r1", "tok", nil); code != 200 {
+		t.Fatalf("free: %d %s", code, body)
+	}
+	if code, body := call(t, "DELETE", d.url+"/reservations/r1", "tok", nil); code != http.StatusNotFound {
+		t.Fatalf("second free: %d %s", code, body)
+	}
+	sel["selection_id"] = "r2"
+	if code, body := call(t, "POST", d.url+"/select_and_reserve", "tok", sel); code != 200 {
+		t.Fatalf("select_and_reserve: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/select_and_reserve", "tok", sel); code != http.StatusConflict {
+		t.Fatalf("duplicate select_and_reserve: %d %s", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/select", "", map[string]any{"model_name": "other", "token_ids": tokens}); code != http.StatusServiceUnavailable {
+		t.Fatalf("select without workers: %d %s", code, body)
+	}
+}
