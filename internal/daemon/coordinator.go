@@ -10,6 +10,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
@@ -45,13 +47,15 @@ type selector struct {
 	finished      map[string]coordinator.Plan
 	finishedOrder []string
 	log           *slog.Logger
+	metrics       *planMetrics
 }
 
 var _ api.Selector = (*selector)(nil)
 
-func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger) *selector {
+func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger, reg prometheus.Registerer) *selector {
 	s := &selector{ix: ix, endpoints: map[indexer.Rank]string{}, blockSizes: map[indexer.PartitionKey]int{},
-		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, finished: map[string]coordinator.Plan{}, log: log}
+		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, finished: map[string]coordinator.Plan{}, log: log,
+		metrics: newPlanMetrics(reg)}
 	s.pools = coordinator.NewPools(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	s.c = coordinator.NewCoordinator(s.pools, s, ccfg)
 	return s
@@ -152,7 +156,9 @@ func (s *selector) removeRank(r indexer.Rank, now time.Time) {
 // record remembers the plans that finished (no longer live) for GetPlan.
 func (s *selector) record(plans []coordinator.Plan) {
 	for _, p := range plans {
-		if _, live := s.c.Get(p.ID); live {
+		_, live := s.c.Get(p.ID)
+		s.metrics.observe(p, live, s.c.Len())
+		if live {
 			continue
 		}
 		if _, ok := s.finished[p.ID]; !ok {
@@ -264,6 +270,7 @@ func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordina
 
 func (s *selector) selection(r *api.SelectRequest, q *coordinator.Query, sel coordinator.Selection) api.Selection {
 	bs := q.Prompt.BlockSize
+	s.metrics.overlap.WithLabelValues("selection").Observe(float64(int(sel.Overlap.Device) * bs))
 	return api.Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
 		WorkerID: sel.Rank.WorkerID, DPRank: sel.Rank.DPRank, Endpoint: s.endpoints[sel.Rank], BlockSize: bs,
 		Overlap: api.OverlapInfo{LongestMatched: int(sel.Overlap.Disk) * bs, GPU: int(sel.Overlap.Device) * bs,
@@ -394,8 +401,13 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 		delete(s.finished, r.ID) // a new plan reuses a finished id
 	}
 	p, err := s.c.Plan(req, time.Now())
+	_, live := s.c.Get(p.ID)
+	s.metrics.observe(p, live, s.c.Len())
 	if err != nil {
 		return s.planInfo(p, len(r.TokenIDs)), selError(err)
+	}
+	if p.Decode != nil && p.Signals != nil {
+		s.metrics.overlap.WithLabelValues("plan_decode").Observe(float64(p.Signals.CachedTokens))
 	}
 	return s.planInfo(p, len(r.TokenIDs)), nil
 }
@@ -404,6 +416,10 @@ func (s *selector) planOp(id string, op func(string, time.Time) (coordinator.Pla
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	p, err := op(id, time.Now())
+	if p.ID != "" {
+		_, live := s.c.Get(p.ID)
+		s.metrics.observe(p, live, s.c.Len())
+	}
 	if err != nil {
 		if errors.Is(err, coordinator.ErrPlanNotFound) {
 			return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
@@ -425,16 +441,19 @@ func (s *selector) ReleasePlan(_ context.Context, id string) (api.PlanInfo, erro
 	return s.planOp(id, s.c.Release)
 }
 
+// GetPlan reads a live or recently finished plan (it changes nothing, so
+// it counts no transitions).
 func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
-	return s.planOp(id, func(id string, _ time.Time) (coordinator.Plan, error) {
-		if p, ok := s.c.Get(id); ok {
-			return p, nil
-		}
-		if p, ok := s.finished[id]; ok {
-			return p, nil
-		}
-		return coordinator.Plan{}, coordinator.ErrPlanNotFound
-	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, ok := s.c.Get(id)
+	if !ok {
+		p, ok = s.finished[id]
+	}
+	if !ok {
+		return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
+	}
+	return s.planInfo(p, -1), nil
 }
 
 // planInfo renders a plan; tokens < 0 means unknown (taken from the

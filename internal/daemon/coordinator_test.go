@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -100,6 +101,21 @@ func TestDaemonDisaggPlan(t *testing.T) {
 	}
 	if code, body := call(t, "DELETE", d.url+"/disagg/plans/lost", "tok", nil); code != http.StatusNotFound {
 		t.Fatalf("delete compensated: %d %s", code, body)
+	}
+	// Five plans were linked; four were released and one compensated
+	// when its decode worker left.
+	_, metrics := call(t, "GET", d.url+"/metrics", "", nil)
+	for _, want := range []string{
+		`prefixd_plan_transitions_total{state="Linked"} 5`,
+		`prefixd_plan_transitions_total{state="Released"} 4`,
+		`prefixd_plan_compensations_total{reason="worker_removed"} 1`,
+		`prefixd_plan_transitions_total{state="Compensated"} 1`,
+		`prefixd_plans_live 0`,
+		`prefixd_selection_overlap_tokens_count{kind="plan_decode"} 5`,
+	} {
+		if !bytes.Contains(metrics, []byte(want)) {
+			t.Errorf("metrics lack %s", want)
+		}
 	}
 
 	// Reservations: select, reserve explicitly, free twice.

@@ -16,7 +16,7 @@ import (
 // TestSelectorExpireAndRoleChange: expire releases stale plans (kept for
 // GetPlan), and a worker that becomes an encoder leaves the pools.
 func TestSelectorExpireAndRoleChange(t *testing.T) {
-	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler))
+	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
 	w := func(id uint64, role catalog.Role) catalog.Worker {
 		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1}.WithDefaults()
 	}

@@ -141,7 +141,7 @@ func Run(ctx context.Context, cfg Config) error {
 	streams := NewStreams(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
-	sel := newSelector(ix, pcfg, cfg.Coordinator, log)
+	sel := newSelector(ix, pcfg, cfg.Coordinator, log, reg)
 	view := &workerView{store: store, ix: ix, streams: streams, sel: sel, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})

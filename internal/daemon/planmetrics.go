@@ -1,0 +1,66 @@
+package daemon
+
+import (
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/prefixd/prefixd/coordinator"
+)
+
+// planMetrics counts what the coordinator's plans do. Guarded by the
+// selector's mutex.
+type planMetrics struct {
+	transitions   *prometheus.CounterVec
+	compensations *prometheus.CounterVec
+	live          prometheus.Gauge
+	overlap       *prometheus.HistogramVec
+	seen          map[string]int // transitions already counted per live plan
+}
+
+func newPlanMetrics(reg prometheus.Registerer) *planMetrics {
+	m := &planMetrics{
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_plan_transitions_total",
+			Help: "Disaggregated plan state transitions, by the state entered."}, []string{"state"}),
+		compensations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_plan_compensations_total",
+			Help: "Plans compensated (bookings freed before release), by cause: prefill_failed, worker_removed, expired, other."}, []string{"reason"}),
+		live: prometheus.NewGauge(prometheus.GaugeOpts{Name: "prefixd_plans_live", Help: "Plans holding bookings."}),
+		overlap: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_selection_overlap_tokens",
+			Help:    "Device-tier prefix tokens the chosen worker already caches, per selection or plan booking.",
+			Buckets: prometheus.ExponentialBuckets(16, 4, 8)}, []string{"kind"}),
+		seen: map[string]int{},
+	}
+	if reg != nil {
+		reg.MustRegister(m.transitions, m.compensations, m.live, m.overlap)
+	}
+	return m
+}
+
+// observe counts the transitions of p not counted yet; live is whether the
+// coordinator still holds p, and plans the coordinator's live count.
+func (m *planMetrics) observe(p coordinator.Plan, live bool, plans int) {
+	for _, t := range p.Transitions[min(m.seen[p.ID], len(p.Transitions)):] {
+		m.transitions.WithLabelValues(t.To.String()).Inc()
+		if t.To == coordinator.Compensated {
+			m.compensations.WithLabelValues(compensationCause(t.Reason)).Inc()
+		}
+	}
+	if live {
+		m.seen[p.ID] = len(p.Transitions)
+	} else {
+		delete(m.seen, p.ID)
+	}
+	m.live.Set(float64(plans))
+}
+
+func compensationCause(reason string) string {
+	switch r := strings.ToLower(reason); {
+	case strings.Contains(r, "removed"):
+		return "worker_removed"
+	case strings.Contains(r, "expired"):
+		return "expired"
+	case strings.Contains(r, "prefill"):
+		return "prefill_failed"
+	}
+	return "other"
+}
