@@ -117,6 +117,11 @@ type Request struct {
 	// coordinator still forces the overrides of §14.2.
 	DecodeOptions  *Options
 	PrefillOptions *Options
+	// Policy and PrefillFailure, when set, override the coordinator's
+	// conditional-disaggregation policy and prefill-failure policy for
+	// this request.
+	Policy         *Policy
+	PrefillFailure *FailurePolicy
 }
 
 // Booking is one reservation a plan holds.
@@ -350,7 +355,8 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 	// 1. Advisory decode preview: load-only, base overlap credit.
 	dopt := opts(l.req.DecodeOptions, dpool)
 	dopt.TrackPrefillTokens, dopt.AssumeKVReuse = false, false
-	dopt.DecodeCostRule = c.cfg.Policy.Enabled
+	policy := c.policyFor(&l.req)
+	dopt.DecodeCostRule = policy.Enabled
 	dq := Query{Prompt: dprompt, Options: &dopt, Allowed: l.req.Allowed, Constraints: l.req.Constraints}
 	prev, err := dpool.Select(dq)
 	if err != nil {
@@ -361,13 +367,13 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 	cached := max(0, float64(promptTokens)-prev.EffectivePrefillTokens)
 	dw, _ := dpool.Worker(prev.Rank)
 	decodeBusy := BusyUnknown
-	if pol := c.cfg.Policy; pol.DecodeBusyThreshold > 0 && dw.TotalKVBlocks > 0 {
+	if pol := policy; pol.DecodeBusyThreshold > 0 && dw.TotalKVBlocks > 0 {
 		decodeBusy = busyIf(float64(prev.PotentialDecodeBlocks) > pol.DecodeBusyThreshold*float64(dw.TotalKVBlocks))
 	}
 	l.Signals = &DecodeSignals{PromptTokens: promptTokens, CachedTokens: cached, PotentialDecodeBlocks: prev.PotentialDecodeBlocks, DecodeBusy: decodeBusy}
 	// 2-3. Prefill busy probe (only when the policy reads it), policy, gate.
 	in := DecisionInput{PromptTokens: promptTokens, CachedTokens: cached, PrefillBusy: c.probePrefill(pk, &l.req)}
-	d := c.cfg.Policy.Decide(in, decodeBusy)
+	d := policy.Decide(in, decodeBusy)
 	l.Decision = &d
 	// 4. Decode commit pinned to the previewed worker.
 	copt := dopt
@@ -383,12 +389,12 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 	l.Decode = &Booking{Pool: dk, ID: did, Rank: rank}
 	l.to(DecodeCommitted, now, "decode booked on %v", rank)
 	if d.Bypass {
-		l.to(Bypass, now, "policy %v bypasses remote prefill (eff_isl %.0f of %d)", c.cfg.Policy.Kind, in.EffISL(), promptTokens)
+		l.to(Bypass, now, "policy %v bypasses remote prefill (eff_isl %.0f of %d)", policy.Kind, in.EffISL(), promptTokens)
 		return c.keep(l), nil
 	}
 	// 5. Prefill commit in the decode worker's KV-transfer domain.
 	if err := c.bookPrefill(l, pk, dw, now); err != nil {
-		if c.cfg.PrefillFailure == BypassOnDecode {
+		if c.failureFor(&l.req) == BypassOnDecode {
 			l.to(BypassAfterPrefillFailure, now, "prefill failed, prefilling on decode %v: %v", rank, err)
 			return c.keep(l), nil
 		}
@@ -403,7 +409,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 // probePrefill is the advisory prefill busy read; unknown unless the
 // policy is enabled, consumes it and has a threshold, and the probe works.
 func (c *Coordinator) probePrefill(pk PoolKey, req *Request) Busy {
-	pol := c.cfg.Policy
+	pol := c.policyFor(req)
 	if !pol.Enabled || !pol.Kind.ConsumesPrefillLoad() || pol.PrefillBusyThreshold <= 0 {
 		return BusyUnknown
 	}
@@ -574,7 +580,7 @@ func (c *Coordinator) PrefillFailed(id string, now time.Time) (Plan, error) {
 	b := l.Prefill
 	c.pools.Pool(b.Pool).Free(b.ID)
 	l.Prefill = nil
-	if l.Decode != nil && c.cfg.PrefillFailure == BypassOnDecode {
+	if l.Decode != nil && c.failureFor(&l.req) == BypassOnDecode {
 		l.to(BypassAfterPrefillFailure, now, "prefill on %v failed, prefilling on decode %v", b.Rank, l.Decode.Rank)
 		return c.keep(l), nil
 	}
@@ -672,4 +678,20 @@ func (c *Coordinator) lost(freed []Freed, now time.Time, why string) []Plan {
 		out = append(out, snaps[id])
 	}
 	return out
+}
+
+// policyFor is the request's policy override, or the coordinator's.
+func (c *Coordinator) policyFor(r *Request) Policy {
+	if r.Policy != nil {
+		return *r.Policy
+	}
+	return c.cfg.Policy
+}
+
+// failureFor is the request's prefill-failure override, or the coordinator's.
+func (c *Coordinator) failureFor(r *Request) FailurePolicy {
+	if r.PrefillFailure != nil {
+		return *r.PrefillFailure
+	}
+	return c.cfg.PrefillFailure
 }

@@ -471,3 +471,32 @@ func TestDuplicateAndCappedPlans(t *testing.T) {
 	}
 	wantActive(t, c, 1, 1)
 }
+
+// TestPerRequestPolicyOverrides: a request's policy and prefill-failure
+// overrides win over the coordinator's.
+func TestPerRequestPolicyOverrides(t *testing.T) {
+	// The coordinator never bypasses; the request's policy does.
+	c := coord(t, CoordinatorConfig{}, cachedOnDecode, decodeW(1, "r1"), prefillW(11, "r1"))
+	r := req("a", 4)
+	pol := DefaultPolicy()
+	r.Policy = &pol
+	p, err := c.Plan(r, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTrace(t, p, Idle, DecodePreviewed, DecodeCommitted, Bypass)
+	// The coordinator frees decode on prefill failure; this request
+	// prefills on decode instead (no prefill worker in its rack).
+	c = coord(t, CoordinatorConfig{}, nil, decodeW(1, "r1"), prefillW(11, "r2"))
+	r = req("b", 4)
+	bypass := BypassOnDecode
+	r.PrefillFailure = &bypass
+	p, err = c.Plan(r, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantTrace(t, p, Idle, DecodePreviewed, DecodeCommitted, BypassAfterPrefillFailure)
+	if _, err := c.Plan(req("c", 4), t0); err == nil {
+		t.Fatal("without the override the prefill failure must free decode and fail")
+	}
+}

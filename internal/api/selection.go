@@ -133,16 +133,32 @@ type Reservation struct {
 	Endpoint     string `json:"endpoint"`
 }
 
-// PlanRequest is the body of POST /disagg/plans. Both pools are in
-// RoutingGroup.
+// PlanRequest is the body of POST /disagg/plans. Decode is booked in
+// RoutingGroup, prefill in PrefillRoutingGroup (default: RoutingGroup).
 type PlanRequest struct {
 	Prompt
-	ID                  string              `json:"request_id"`
-	ModelName           string              `json:"model_name"`
-	RoutingGroup        string              `json:"routing_group,omitempty"`
+	ID                  string `json:"request_id"`
+	ModelName           string `json:"model_name"`
+	RoutingGroup        string `json:"routing_group,omitempty"`
+	PrefillRoutingGroup string `json:"prefill_routing_group,omitempty"`
+	// Policy and PrefillFailure override the daemon's conditional
+	// disaggregation and prefill-failure policy for this request.
+	Policy              *PlanPolicy         `json:"policy,omitempty"`
+	PrefillFailure      string              `json:"prefill_failure,omitempty"` // "free_decode" or "bypass_on_decode"
 	PinnedPrefillWorker *WorkerRef          `json:"pinned_prefill_worker,omitempty"`
 	AllowedWorkerIDs    []uint64            `json:"allowed_worker_ids,omitempty"`
 	RoutingConstraints  *RoutingConstraints `json:"routing_constraints,omitempty"`
+}
+
+// PlanPolicy is a per-request conditional-disaggregation policy. Zero
+// thresholds take the defaults (2048 tokens, 0.7) or disable the gate and
+// the probe.
+type PlanPolicy struct {
+	Kind                 string  `json:"kind"` // "off", "isl_bounding", "prefill_load" or "isl_or_load"
+	EffISLThreshold      float64 `json:"eff_isl_threshold,omitempty"`
+	EffISLRatioThreshold float64 `json:"eff_isl_ratio_threshold,omitempty"`
+	DecodeBusyThreshold  float64 `json:"decode_busy_threshold,omitempty"`
+	PrefillBusyThreshold float64 `json:"prefill_busy_threshold,omitempty"`
 }
 
 // PlanBooking is one booking of a plan. Tokens is the prompt length.
@@ -418,6 +434,9 @@ func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
 	if herr == nil {
 		herr = h.checkPrompt(&req.Prompt)
 	}
+	if herr == nil {
+		herr = checkPlanPolicy(&req)
+	}
 	if herr != nil {
 		writeError(w, herr)
 		return
@@ -432,6 +451,35 @@ func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusCreated, plan)
+}
+
+// checkPlanPolicy validates the per-request policy fields.
+func checkPlanPolicy(r *PlanRequest) *httpError {
+	switch r.PrefillFailure {
+	case "", "free_decode", "bypass_on_decode":
+	default:
+		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", r.PrefillFailure)
+	}
+	if p := r.Policy; p != nil {
+		switch p.Kind {
+		case "off", "isl_bounding", "prefill_load", "isl_or_load":
+		default:
+			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", p.Kind)
+		}
+		for _, f := range []struct {
+			name string
+			v    float64
+		}{{"policy.eff_isl_threshold", p.EffISLThreshold}, {"policy.eff_isl_ratio_threshold", p.EffISLRatioThreshold},
+			{"policy.decode_busy_threshold", p.DecodeBusyThreshold}, {"policy.prefill_busy_threshold", p.PrefillBusyThreshold}} {
+			if f.v < 0 {
+				return badRequest(f.name, "%v must not be negative", f.v)
+			}
+		}
+		if p.EffISLRatioThreshold > 1 {
+			return badRequest("policy.eff_isl_ratio_threshold", "%v must be at most 1", p.EffISLRatioThreshold)
+		}
+	}
+	return nil
 }
 
 // failPlan writes a plan error; when the selector returned the failed

@@ -218,6 +218,10 @@ func TestPlanRoutes(t *testing.T) {
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"allowed_worker_ids":[-3]}`, `{"error":"allowed_worker_ids: expected uint64, got JSON number -3"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"routing_constraints":{"required_taints":"x"}}`, `{"error":"routing_constraints.required_taints: expected []string, got JSON string"}`},
 		{`{"request_id":1}`, `{"error":"request_id: expected string, got JSON number"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"prefill_failure":"retry"}`, `{"error":"prefill_failure: \"retry\": want free_decode or bypass_on_decode"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"policy":{"kind":"always"}}`, `{"error":"policy.kind: \"always\": want off, isl_bounding, prefill_load or isl_or_load"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"policy":{"kind":"isl_bounding","eff_isl_ratio_threshold":1.5}}`, `{"error":"policy.eff_isl_ratio_threshold: 1.5 must be at most 1"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"policy":{"kind":"isl_bounding","decode_busy_threshold":-1}}`, `{"error":"policy.decode_busy_threshold: -1 must not be negative"}`},
 	} {
 		s.post("/disagg/plans", c.body, auth).expect(t, 400, c.want)
 	}

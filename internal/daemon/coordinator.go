@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -392,8 +393,20 @@ func (s *selector) Free(_ context.Context, id string) error {
 func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInfo, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	req := coordinator.Request{ID: r.ID, Model: r.ModelName, PrefillGroup: r.RoutingGroup, DecodeGroup: r.RoutingGroup,
+	req := coordinator.Request{ID: r.ID, Model: r.ModelName, PrefillGroup: cmp.Or(r.PrefillRoutingGroup, r.RoutingGroup), DecodeGroup: r.RoutingGroup,
 		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
+	if r.Policy != nil {
+		pol := planPolicy(r.Policy)
+		req.Policy = &pol
+	}
+	switch r.PrefillFailure {
+	case "free_decode":
+		f := coordinator.FreeDecode
+		req.PrefillFailure = &f
+	case "bypass_on_decode":
+		f := coordinator.BypassOnDecode
+		req.PrefillFailure = &f
+	}
 	if r.PinnedPrefillWorker != nil {
 		req.PinnedPrefill = &indexer.Rank{WorkerID: r.PinnedPrefillWorker.WorkerID, DPRank: r.PinnedPrefillWorker.DPRank}
 	}
@@ -454,6 +467,27 @@ func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
 		return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
 	}
 	return s.planInfo(p, -1), nil
+}
+
+// planPolicy maps a validated API policy onto the coordinator's.
+func planPolicy(p *api.PlanPolicy) coordinator.Policy {
+	pol := coordinator.DefaultPolicy()
+	switch p.Kind {
+	case "off":
+		pol.Enabled = false
+	case "prefill_load":
+		pol.Kind = coordinator.PolicyPrefillLoad
+	case "isl_or_load":
+		pol.Kind = coordinator.PolicyISLOrLoad
+	}
+	if p.EffISLThreshold > 0 {
+		pol.EffISLThreshold = p.EffISLThreshold
+	}
+	if p.EffISLRatioThreshold > 0 {
+		pol.EffISLRatioThreshold = p.EffISLRatioThreshold
+	}
+	pol.DecodeBusyThreshold, pol.PrefillBusyThreshold = p.DecodeBusyThreshold, p.PrefillBusyThreshold
+	return pol
 }
 
 // planInfo renders a plan; tokens < 0 means unknown (taken from the
