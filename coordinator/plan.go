@@ -99,6 +99,12 @@ type OverlapSource interface {
 	Overlaps(model, group string, tokens []uint32, lora, salt string) ([]indexer.Overlap, int, error)
 }
 
+// HashOverlapSource is implemented by overlap sources that also answer for
+// prompts given as local block hashes (already salted by the caller).
+type HashOverlapSource interface {
+	OverlapsByHash(model, group string, hashes []uint64) ([]indexer.Overlap, int, error)
+}
+
 // Request is one disaggregated request to plan.
 type Request struct {
 	ID           string
@@ -107,6 +113,11 @@ type Request struct {
 	DecodeGroup  string
 	Tokens       []uint32
 	Lora, Salt   string
+	// Hashes, instead of Tokens, give the prompt as local block hashes
+	// (indexer.HashBlocks, salted by the caller); PromptTokens is then its
+	// length in tokens (0 = len(Hashes) · block size).
+	Hashes       []uint64
+	PromptTokens int
 	// PinnedPrefill pins the prefill booking; Allowed restricts both pools'
 	// worker ids; Constraints apply to both pools (the KV-transfer
 	// constraint is added to the second booking).
@@ -261,6 +272,25 @@ func (c *Coordinator) IDs() []string {
 }
 
 func (c *Coordinator) prompt(k PoolKey, req *Request) (Prompt, error) {
+	if len(req.Hashes) > 0 {
+		bs := c.cfg.BlockSize
+		var ov []indexer.Overlap
+		if c.src != nil {
+			hs, ok := c.src.(HashOverlapSource)
+			if !ok {
+				return Prompt{}, fmt.Errorf("%w: the overlap source cannot score block hashes", ErrInvalidPrompt)
+			}
+			var err error
+			if ov, bs, err = hs.OverlapsByHash(k.Model, k.Group, req.Hashes); err != nil {
+				return Prompt{}, fmt.Errorf("overlaps of %v: %w", k, err)
+			}
+		}
+		tokens := req.PromptTokens
+		if tokens == 0 {
+			tokens = len(req.Hashes) * bs
+		}
+		return Prompt{Tokens: tokens, BlockSize: bs, Hashes: req.Hashes, Overlaps: ov}, nil
+	}
 	if c.src == nil {
 		return NewPrompt(req.Tokens, c.cfg.BlockSize, req.Lora, req.Salt, nil), nil
 	}
@@ -299,6 +329,7 @@ func (c *Coordinator) admit(req *Request, now time.Time) (*live, error) {
 	}
 	r := *req
 	r.Tokens = slices.Clone(req.Tokens)
+	r.Hashes = slices.Clone(req.Hashes)
 	r.Allowed = slices.Clone(req.Allowed)
 	r.Constraints = req.Constraints.clone()
 	r.PinnedPrefill, r.DecodeOptions, r.PrefillOptions = ptrClone(req.PinnedPrefill), ptrClone(req.DecodeOptions), ptrClone(req.PrefillOptions)
@@ -363,7 +394,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 		return fail(ErrDecodePreview, err)
 	}
 	l.to(DecodePreviewed, now, "decode preview chose %v", prev.Rank)
-	promptTokens := len(l.req.Tokens)
+	promptTokens := dprompt.Tokens
 	cached := max(0, float64(promptTokens)-prev.EffectivePrefillTokens)
 	dw, _ := dpool.Worker(prev.Rank)
 	decodeBusy := BusyUnknown

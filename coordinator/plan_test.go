@@ -500,3 +500,28 @@ func TestPerRequestPolicyOverrides(t *testing.T) {
 		t.Fatal("without the override the prefill failure must free decode and fail")
 	}
 }
+
+// TestPlanFromBlockHashes: a prompt given as local block hashes plans like
+// the same prompt given as tokens; a source that cannot score hashes is an
+// error.
+func TestPlanFromBlockHashes(t *testing.T) {
+	c := coord(t, CoordinatorConfig{BlockSize: bs}, nil, decodeW(1, "r1"), prefillW(11, "r1"))
+	byTokens := req("t", 4)
+	byHashes := Request{ID: "h", Model: "m", PrefillGroup: "p", DecodeGroup: "d",
+		Hashes: indexer.HashBlocks(nil, byTokens.Tokens, bs, indexer.BaseSeed), PromptTokens: 4*bs + 3}
+	pt, err := c.Plan(byTokens, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ph, err := c.Plan(byHashes, t0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pt.State != ph.State || ph.Signals.PromptTokens != 4*bs+3 || pt.Signals.PromptTokens != 4*bs {
+		t.Fatalf("tokens plan %v %+v, hashes plan %v %+v", pt.State, pt.Signals, ph.State, ph.Signals)
+	}
+	c = coord(t, CoordinatorConfig{}, cachedOnDecode, decodeW(1, "r1"), prefillW(11, "r1"))
+	if _, err := c.Plan(byHashes, t0); !errors.Is(err, ErrInvalidPrompt) {
+		t.Fatalf("hashes with a token-only source: %v", err)
+	}
+}

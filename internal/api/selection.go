@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -56,6 +57,37 @@ type Prompt struct {
 	TokenIDs  []uint32 `json:"token_ids"`
 	LoraName  string   `json:"lora_name,omitempty"`
 	CacheSalt string   `json:"cache_salt,omitempty"`
+	// BlockHashes give the prompt as local block hashes instead of
+	// token_ids (already salted: lora_name and cache_salt must then be
+	// absent), as signed int64 or unsigned JSON integers; ISLTokens is its
+	// length in tokens (default: blocks × block size).
+	BlockHashes HashList `json:"block_hashes,omitempty"`
+	ISLTokens   int      `json:"isl_tokens,omitempty"`
+}
+
+// HashList decodes JSON integers as uint64 hashes: signed int64 values are
+// reinterpreted (Dynamo's convention), unsigned values up to 2^64−1 are
+// taken as they are.
+type HashList []uint64
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (h *HashList) UnmarshalJSON(b []byte) error {
+	var raw []json.Number
+	if err := json.Unmarshal(b, &raw); err != nil {
+		return fmt.Errorf("expected an array of integers")
+	}
+	out := make(HashList, len(raw))
+	for i, n := range raw {
+		if u, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
+			out[i] = u
+		} else if v, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
+			out[i] = uint64(v)
+		} else {
+			return fmt.Errorf("element %d: %s is not a 64-bit integer", i, n)
+		}
+	}
+	*h = out
+	return nil
 }
 
 // WorkerRef names one (worker id, dp rank).
@@ -276,9 +308,25 @@ func checkID(field, id string) *httpError {
 }
 
 func (h *handler) checkPrompt(p *Prompt) *httpError {
+	if len(p.BlockHashes) > 0 {
+		switch {
+		case len(p.TokenIDs) > 0:
+			return badRequest("block_hashes", "give token_ids or block_hashes, not both")
+		case p.LoraName != "" || p.CacheSalt != "":
+			return badRequest("block_hashes", "hashes are already salted: omit lora_name and cache_salt")
+		case len(p.BlockHashes) > h.cfg.MaxTokens:
+			return tooLarge("block_hashes", "%d hashes exceeds the limit of %d", len(p.BlockHashes), h.cfg.MaxTokens)
+		case p.ISLTokens < 0:
+			return badRequest("isl_tokens", "%d must not be negative", p.ISLTokens)
+		}
+		return nil
+	}
+	if p.ISLTokens != 0 {
+		return badRequest("isl_tokens", "only with block_hashes")
+	}
 	switch {
 	case len(p.TokenIDs) == 0:
-		return badRequest("token_ids", "required (a non-empty array of token ids)")
+		return badRequest("token_ids", "required (a non-empty array of token ids, or block_hashes)")
 	case len(p.TokenIDs) > h.cfg.MaxTokens:
 		return tooLarge("token_ids", "%d tokens exceeds the limit of %d", len(p.TokenIDs), h.cfg.MaxTokens)
 	}

@@ -2,6 +2,7 @@ package api
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
@@ -151,7 +152,7 @@ func TestSelectRoutes(t *testing.T) {
 	for _, c := range []struct{ body, want string }{
 		{``, `{"error":"body: empty; expected a JSON object"}`},
 		{`{"token_ids":[1]}`, `{"error":"model_name: required"}`},
-		{`{"model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids)"}`},
+		{`{"model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids, or block_hashes)"}`},
 		{`{"model_name":"m","token_ids":[-1]}`, `{"error":"token_ids: expected uint32, got JSON number -1"}`},
 		{`{"model_name":"m","token_ids":"x"}`, `{"error":"token_ids: expected []uint32, got JSON string"}`},
 		{`{"model_name":7,"token_ids":[1]}`, `{"error":"model_name: expected string, got JSON number"}`},
@@ -214,10 +215,13 @@ func TestPlanRoutes(t *testing.T) {
 	for _, c := range []struct{ body, want string }{
 		{`{"model_name":"m","token_ids":[1]}`, `{"error":"request_id: required"}`},
 		{`{"request_id":"p","token_ids":[1]}`, `{"error":"model_name: required"}`},
-		{`{"request_id":"p","model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids)"}`},
+		{`{"request_id":"p","model_name":"m"}`, `{"error":"token_ids: required (a non-empty array of token ids, or block_hashes)"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"allowed_worker_ids":[-3]}`, `{"error":"allowed_worker_ids: expected uint64, got JSON number -3"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"routing_constraints":{"required_taints":"x"}}`, `{"error":"routing_constraints.required_taints: expected []string, got JSON string"}`},
 		{`{"request_id":1}`, `{"error":"request_id: expected string, got JSON number"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"block_hashes":[1]}`, `{"error":"block_hashes: give token_ids or block_hashes, not both"}`},
+		{`{"request_id":"p","model_name":"m","block_hashes":[1],"lora_name":"x"}`, `{"error":"block_hashes: hashes are already salted: omit lora_name and cache_salt"}`},
+		{`{"request_id":"p","model_name":"m","token_ids":[1],"isl_tokens":5}`, `{"error":"isl_tokens: only with block_hashes"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"prefill_failure":"retry"}`, `{"error":"prefill_failure: \"retry\": want free_decode or bypass_on_decode"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"policy":{"kind":"always"}}`, `{"error":"policy.kind: \"always\": want off, isl_bounding, prefill_load or isl_or_load"}`},
 		{`{"request_id":"p","model_name":"m","token_ids":[1],"policy":{"kind":"isl_bounding","eff_isl_ratio_threshold":1.5}}`, `{"error":"policy.eff_isl_ratio_threshold: 1.5 must be at most 1"}`},
@@ -257,4 +261,19 @@ func TestSelectionWithoutSelector(t *testing.T) {
 	s.do(http.MethodDelete, "/disagg/plans/x", "").expect(t, 503, `{"error":"selection: no selector in this process"}`)
 	// The existing routes keep their 405s.
 	s.get("/register").expect(t, 405, `{"error":"method: GET not allowed on /register (allowed: POST)"}`)
+}
+
+func TestHashListAcceptsSignedAndUnsigned(t *testing.T) {
+	var h HashList
+	if err := json.Unmarshal([]byte(`[-2, 18446744073709551614, 7]`), &h); err != nil {
+		t.Fatal(err)
+	}
+	if len(h) != 3 || h[0] != h[1] || h[0] != 1<<64-2 || h[2] != 7 {
+		t.Fatalf("decoded %v", h)
+	}
+	for _, bad := range []string{`[18446744073709551616]`, `[1.5]`, `"x"`} {
+		if err := json.Unmarshal([]byte(bad), &h); err == nil {
+			t.Errorf("%s accepted", bad)
+		}
+	}
 }

@@ -62,6 +62,62 @@ func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinato
 	return s
 }
 
+// promptLen is a request's prompt length in tokens, -1 if only the plan's
+// signals know it (block hashes without isl_tokens).
+func promptLen(p *api.Prompt) int {
+	if len(p.BlockHashes) > 0 {
+		return cmp.Or(p.ISLTokens, -1)
+	}
+	return len(p.TokenIDs)
+}
+
+// prompt builds a selection prompt from token ids or block hashes.
+func (s *selector) prompt(k coordinator.PoolKey, p *api.Prompt) (coordinator.Prompt, error) {
+	if len(p.BlockHashes) > 0 {
+		ov, bs, err := s.OverlapsByHash(k.Model, k.Group, p.BlockHashes)
+		if err != nil {
+			return coordinator.Prompt{}, err
+		}
+		tokens := p.ISLTokens
+		if tokens == 0 {
+			tokens = len(p.BlockHashes) * bs
+		}
+		return coordinator.Prompt{Tokens: tokens, BlockSize: bs, Hashes: p.BlockHashes, Overlaps: ov}, nil
+	}
+	ov, bs, err := s.Overlaps(k.Model, k.Group, p.TokenIDs, p.LoraName, p.CacheSalt)
+	if err != nil {
+		return coordinator.Prompt{}, err
+	}
+	return coordinator.NewPrompt(p.TokenIDs, bs, p.LoraName, p.CacheSalt, ov), nil
+}
+
+// OverlapsByHash implements coordinator.HashOverlapSource over the index.
+func (s *selector) OverlapsByHash(model, group string, hashes []uint64) ([]indexer.Overlap, int, error) {
+	k := indexer.PartitionKey{Model: model, Group: group}
+	bs, err := s.partitionBlockSize(k)
+	if err != nil || bs == 0 {
+		return nil, bs, err
+	}
+	ov, err := s.ix.Match(k, hashes, nil)
+	if errors.Is(err, indexer.ErrNoPartition) {
+		return nil, bs, nil
+	}
+	return ov, bs, err
+}
+
+// partitionBlockSize is the index partition's block size, or the
+// catalog's while the partition has no events yet.
+func (s *selector) partitionBlockSize(k indexer.PartitionKey) (int, error) {
+	bs, err := s.ix.BlockSize(k)
+	if errors.Is(err, indexer.ErrNoPartition) {
+		if bs, ok := s.blockSizes[k]; ok {
+			return bs, nil
+		}
+		return 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, k.Model, k.Group)
+	}
+	return bs, err
+}
+
 // Overlaps implements coordinator.OverlapSource over the index. It runs
 // inside coordinator calls, with s.mu held. A partition the index does
 // not have yet (no events) has no overlaps and the catalog's block size.
@@ -252,12 +308,11 @@ func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordina
 	if p == nil {
 		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %v has no workers", api.ErrUnavailable, k)
 	}
-	ov, bs, err := s.Overlaps(k.Model, k.Group, r.TokenIDs, r.LoraName, r.CacheSalt)
+	prompt, err := s.prompt(k, &r.Prompt)
 	if err != nil {
 		return nil, coordinator.Query{}, err
 	}
-	q := coordinator.Query{Prompt: coordinator.NewPrompt(r.TokenIDs, bs, r.LoraName, r.CacheSalt, ov),
-		Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
+	q := coordinator.Query{Prompt: prompt, Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
 	if r.PinnedWorker != nil {
 		q.Pin = &indexer.Rank{WorkerID: r.PinnedWorker.WorkerID, DPRank: r.PinnedWorker.DPRank}
 	}
@@ -310,7 +365,7 @@ func (s *selector) SelectAndReserve(_ context.Context, r api.SelectRequest) (api
 	}
 	s.byID[r.SelectionID] = k
 	out := s.selection(&r, &q, sel)
-	out.ISLTokens = len(r.TokenIDs)
+	out.ISLTokens = q.Prompt.Tokens
 	track := p.Config().Options.TrackPrefillTokens
 	if q.Options != nil {
 		track = q.Options.TrackPrefillTokens
@@ -394,7 +449,8 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	req := coordinator.Request{ID: r.ID, Model: r.ModelName, PrefillGroup: cmp.Or(r.PrefillRoutingGroup, r.RoutingGroup), DecodeGroup: r.RoutingGroup,
-		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
+		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Hashes: r.BlockHashes, PromptTokens: r.ISLTokens,
+		Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
 	if r.Policy != nil {
 		pol := planPolicy(r.Policy)
 		req.Policy = &pol
@@ -417,12 +473,12 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	_, live := s.c.Get(p.ID)
 	s.metrics.observe(p, live, s.c.Len())
 	if err != nil {
-		return s.planInfo(p, len(r.TokenIDs)), selError(err)
+		return s.planInfo(p, promptLen(&r.Prompt)), selError(err)
 	}
 	if p.Decode != nil && p.Signals != nil {
 		s.metrics.overlap.WithLabelValues("plan_decode").Observe(float64(p.Signals.CachedTokens))
 	}
-	return s.planInfo(p, len(r.TokenIDs)), nil
+	return s.planInfo(p, promptLen(&r.Prompt)), nil
 }
 
 func (s *selector) planOp(id string, op func(string, time.Time) (coordinator.Plan, error)) (api.PlanInfo, error) {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 )
 
@@ -83,6 +84,17 @@ func TestDaemonDisaggPlan(t *testing.T) {
 		}
 	}
 
+	// The same prompt given as local block hashes plans the same way.
+	hashes := indexer.HashBlocks(nil, tokens, 16, indexer.BaseSeed)
+	code, body := call(t, "POST", d.url+"/disagg/plans", "tok", map[string]any{"request_id": "by-hash", "model_name": "m", "block_hashes": hashes, "isl_tokens": len(tokens)})
+	var hp api.PlanInfo
+	if code != http.StatusCreated || json.Unmarshal(body, &hp) != nil || hp.State != "Linked" || hp.Decode == nil || hp.Decode.Tokens != len(tokens) {
+		t.Fatalf("plan by hashes: %d %s", code, body)
+	}
+	if code, body := call(t, "DELETE", d.url+"/disagg/plans/by-hash", "tok", nil); code != 200 {
+		t.Fatalf("delete: %d %s", code, body)
+	}
+
 	// A booked decode worker leaves: its plan is compensated.
 	p := plan("lost")
 	if code, body := call(t, "GET", d.url+"/disagg/plans/lost", "", nil); code != 200 || !json.Valid(body) {
@@ -102,16 +114,16 @@ func TestDaemonDisaggPlan(t *testing.T) {
 	if code, body := call(t, "DELETE", d.url+"/disagg/plans/lost", "tok", nil); code != http.StatusNotFound {
 		t.Fatalf("delete compensated: %d %s", code, body)
 	}
-	// Five plans were linked; four were released and one compensated
+	// Six plans were linked; five were released and one compensated
 	// when its decode worker left.
 	_, metrics := call(t, "GET", d.url+"/metrics", "", nil)
 	for _, want := range []string{
-		`prefixd_plan_transitions_total{state="Linked"} 5`,
-		`prefixd_plan_transitions_total{state="Released"} 4`,
+		`prefixd_plan_transitions_total{state="Linked"} 6`,
+		`prefixd_plan_transitions_total{state="Released"} 5`,
 		`prefixd_plan_compensations_total{reason="worker_removed"} 1`,
 		`prefixd_plan_transitions_total{state="Compensated"} 1`,
 		`prefixd_plans_live 0`,
-		`prefixd_selection_overlap_tokens_count{kind="plan_decode"} 5`,
+		`prefixd_selection_overlap_tokens_count{kind="plan_decode"} 6`,
 	} {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
@@ -120,7 +132,7 @@ func TestDaemonDisaggPlan(t *testing.T) {
 
 	// Reservations: select, reserve explicitly, free twice.
 	sel := map[string]any{"model_name": "m", "role": "prefill", "token_ids": tokens}
-	code, body := call(t, "POST", d.url+"/select", "", sel)
+	code, body = call(t, "POST", d.url+"/select", "", sel)
 	var s api.Selection
 	if code != 200 || json.Unmarshal(body, &s) != nil || s.WorkerID < 3 || s.BlockSize != 16 {
 		t.Fatalf("select: %d %s", code, body)
