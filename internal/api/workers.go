@@ -179,31 +179,17 @@ type Listener struct {
 var statusOrder = []string{StatusPaused, StatusActive, StatusPending, StatusFailed}
 
 func (h *handler) register(w http.ResponseWriter, r *http.Request) {
-	s := h.getScratch()
-	defer h.putScratch(s)
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
-	s.body = body
-	if herr != nil {
-		writeError(w, herr)
-		return
-	}
-	req, err := decodeRegister(body)
-	if err != nil {
-		h.fail(w, r, err)
-		return
-	}
-	if h.cfg.Workers == nil {
-		writeError(w, &httpError{http.StatusServiceUnavailable, "register: no worker catalog in this process"})
-		return
-	}
-	if err := h.cfg.Workers.Register(r.Context(), req); err != nil {
-		h.fail(w, r, workersError(err))
-		return
-	}
-	writeRaw(w, http.StatusCreated, statusOK)
+	catalogChange(h, w, r, "register", decodeRegister, Workers.Register, http.StatusCreated)
 }
 
 func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
+	catalogChange(h, w, r, "unregister", decodeUnregister, Workers.Unregister, http.StatusOK)
+}
+
+// catalogChange reads a /register or /unregister body, decodes it and
+// hands it to the catalog, answering status on success.
+func catalogChange[T any](h *handler, w http.ResponseWriter, r *http.Request, op string,
+	decode func([]byte) (T, error), apply func(Workers, context.Context, T) error, status int) {
 	s := h.getScratch()
 	defer h.putScratch(s)
 	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
@@ -212,20 +198,20 @@ func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	req, err := decodeUnregister(body)
+	req, err := decode(body)
 	if err != nil {
 		h.fail(w, r, err)
 		return
 	}
 	if h.cfg.Workers == nil {
-		writeError(w, &httpError{http.StatusServiceUnavailable, "unregister: no worker catalog in this process"})
+		writeError(w, &httpError{http.StatusServiceUnavailable, op + ": no worker catalog in this process"})
 		return
 	}
-	if err := h.cfg.Workers.Unregister(r.Context(), req); err != nil {
+	if err := apply(h.cfg.Workers, r.Context(), req); err != nil {
 		h.fail(w, r, workersError(err))
 		return
 	}
-	writeRaw(w, http.StatusOK, statusOK)
+	writeRaw(w, status, statusOK)
 }
 
 // workersError maps a Workers error to its status.
