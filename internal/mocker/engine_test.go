@@ -1,0 +1,301 @@
+package mocker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
+)
+
+var testKey = indexer.PartitionKey{Model: "m", Group: "default"}
+
+const testBS = 4
+
+func startEngine(t *testing.T, cfg Config) *Engine {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	select {
+	case <-e.Ready():
+	case err := <-done:
+		t.Fatalf("engine run: %v", err)
+	}
+	// Run sets running just after Ready; wait for it.
+	waitFor(t, "engine running", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.running
+	})
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("engine run: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Error("engine did not stop")
+		}
+	})
+	return e
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		<-tick.C
+	}
+}
+
+func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscriber, *indexer.Index) {
+	t.Helper()
+	ix := indexer.New(indexer.Options{})
+	if err := ix.AddPartition(testKey, testBS); err != nil {
+		t.Fatal(err)
+	}
+	s, err := events.NewSubscriber(events.Source{
+		Worker: rank.WorkerID, Rank: rank.DPRank,
+		Endpoint: e.Publisher().Endpoint(), ReplayEndpoint: e.Publisher().ReplayEndpoint(),
+	}, &events.IndexApplier{Index: ix, Partition: testKey}, events.SubscriberConfig{ProbeInterval: 50 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Error("subscriber did not stop")
+		}
+	})
+	return s, ix
+}
+
+// caughtUp waits until the subscriber applied the engine's last seq.
+func caughtUp(t *testing.T, s *events.Subscriber, e *Engine) {
+	t.Helper()
+	last, ok := e.LastSeq()
+	if !ok {
+		t.Fatal("engine published nothing")
+	}
+	waitFor(t, "subscriber to apply the last seq", func() bool {
+		st := s.State()
+		return st.Mode == events.ModeLive && st.HasApplied && st.Applied == last
+	})
+}
+
+// checkEqual asserts the index holds exactly the engine's cache for rank.
+func checkEqual(t *testing.T, ix *indexer.Index, e *Engine, rank indexer.Rank) {
+	t.Helper()
+	holds := e.Holds()
+	err := ix.Read(testKey, func(tr *indexer.Tree) {
+		if got := tr.RankBlocks(rank); got != len(holds) {
+			t.Errorf("index holds %d blocks, engine %d", got, len(holds))
+		}
+		for h, n := range holds {
+			c, ok := tr.Holds(rank, h)
+			if !ok || int(c[indexer.TierDevice]) != n {
+				t.Errorf("hash %#x: index %v (ok %v), engine %d copies", h, c, ok, n)
+				return
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// workload returns request n of a deterministic workload with shared
+// prefixes: 6 system prompts of 3 blocks, 10 conversations of growing
+// length, and a unique suffix.
+func workload(n int) Request {
+	sys := toks(10_000*(n%6), 3*testBS)
+	conv := toks(100_000+1_000*(n%10), testBS*(n%4))
+	tail := toks(1_000_000+n*37, 1+n%(2*testBS+1))
+	return Request{TokenIDs: cat(sys, conv, tail), MaxTokens: n % 7}
+}
+
+func runWorkload(t *testing.T, e *Engine, from, to int) {
+	t.Helper()
+	ctx := context.Background()
+	for n := from; n < to; n++ {
+		if _, err := e.Serve(ctx, workload(n)); err != nil {
+			t.Fatalf("request %d: %v", n, err)
+		}
+	}
+}
+
+func TestEngineIndexMatchesCache(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"map-int-topic", Config{}},
+		{"array-signed-legacy", Config{Encoder: events.Encoder{Era: events.EraArray, Hash: events.HashSigned},
+			Publisher: events.PublisherConfig{Layout: events.ReplayLegacy}}},
+		{"bytes-droplive", Config{Encoder: events.Encoder{Hash: events.HashBytes},
+			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.TotalBlocks, cfg.BlockSize = 24, testBS
+			e := startEngine(t, cfg)
+			rank := indexer.Rank{WorkerID: 7}
+			s, ix := startSubscriber(t, e, rank)
+			runWorkload(t, e, 0, 200)
+			caughtUp(t, s, e)
+			checkEqual(t, ix, e, rank)
+			st := s.State()
+			if st.Degraded {
+				t.Fatalf("degraded: %+v", st)
+			}
+			ps := e.Publisher().Stats()
+			t.Logf("published %d batches (%d live-dropped), cache %d blocks, stats %+v", ps.Published, ps.LiveDropped, len(e.Holds()), st.Stats)
+		})
+	}
+}
+
+// Evictions must actually happen in the workload for the test to mean
+// anything.
+func TestWorkloadEvicts(t *testing.T) {
+	p := mustPool(t, 24, testBS)
+	removed := 0
+	for n := range 200 {
+		a, err := p.Alloc(workload(n).TokenIDs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.Free(a)
+		for _, ev := range p.Events() {
+			if ev.Kind == events.KindBlockRemoved {
+				removed++
+			}
+		}
+	}
+	if removed < 100 {
+		t.Fatalf("only %d evictions", removed)
+	}
+}
+
+func TestEngineRestart(t *testing.T) {
+	e := startEngine(t, Config{TotalBlocks: 24, BlockSize: testBS})
+	rank := indexer.Rank{WorkerID: 3}
+	s, ix := startSubscriber(t, e, rank)
+	runWorkload(t, e, 0, 100)
+	caughtUp(t, s, e)
+	checkEqual(t, ix, e, rank)
+
+	e.Restart()
+	if len(e.Holds()) != 0 {
+		t.Fatal("cache not empty after restart")
+	}
+	if _, ok := e.LastSeq(); ok {
+		t.Fatal("seq not reset")
+	}
+	runWorkload(t, e, 1000, 1040)
+	caughtUp(t, s, e)
+	checkEqual(t, ix, e, rank)
+	if s.State().Stats.Restarts == 0 {
+		t.Fatalf("subscriber did not see a restart: %+v", s.State())
+	}
+
+	// reset_prefix_cache: AllBlocksCleared empties the index too.
+	if err := e.ResetPrefixCache(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	caughtUp(t, s, e)
+	checkEqual(t, ix, e, rank)
+	runWorkload(t, e, 2000, 2020)
+	caughtUp(t, s, e)
+	checkEqual(t, ix, e, rank)
+}
+
+func TestEngineHTTPAndRegistration(t *testing.T) {
+	store := catalog.NewMemoryStore("/prefixd")
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
+		Worker: catalog.Worker{WorkerID: 9, ModelName: "m"}, LeaseTTL: time.Second})
+	waitFor(t, "registration", func() bool { return e.Session() != nil })
+	w := e.Session().Worker()
+	if w.EventsEndpoint != e.Publisher().Endpoint() || w.ReplayEndpoint != e.Publisher().ReplayEndpoint() ||
+		w.BlockSize != testBS || w.TotalKVBlocks != 16 {
+		t.Fatalf("registered %+v", w)
+	}
+
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+	post := func(req Request) Result {
+		body, _ := json.Marshal(req)
+		resp, err := http.Post(srv.URL+"/generate", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %s", resp.Status)
+		}
+		var res Result
+		if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+			t.Fatal(err)
+		}
+		return res
+	}
+	if r := post(Request{TokenIDs: toks(0, 10), MaxTokens: 3}); r.CachedTokens != 0 || r.PromptTokens != 10 || r.OutputTokens != 3 {
+		t.Fatalf("first %+v", r)
+	}
+	if r := post(Request{TokenIDs: toks(0, 10)}); r.CachedTokens != 8 {
+		t.Fatalf("second %+v", r)
+	}
+	resp, err := http.Post(srv.URL+"/generate", "application/json", bytes.NewReader([]byte(`{"token_ids":`+string(mustJSON(toks(0, 100)))+`}`)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("oversized prompt: %s", resp.Status)
+	}
+}
+
+func mustJSON(v any) []byte {
+	b, err := json.Marshal(v)
+	if err != nil {
+		panic(err)
+	}
+	return b
+}
+
+// TestEngineTiming: prefill waits per uncached token, decode per output
+// token, through the injected Sleep (no real waiting).
+func TestEngineTiming(t *testing.T) {
+	var waited []time.Duration
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, PrefillPerToken: time.Millisecond,
+		DecodePerToken: 10 * time.Millisecond,
+		Sleep:          func(ctx context.Context, d time.Duration) error { waited = append(waited, d); return nil }})
+	ctx := context.Background()
+	e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 2})
+	e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 1})
+	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 2 * time.Millisecond, 10 * time.Millisecond}
+	if len(waited) != 4 || waited[0] != want[0] || waited[1] != want[1] || waited[2] != want[2] || waited[3] != want[3] {
+		t.Fatalf("waited %v, want %v", waited, want)
+	}
+}

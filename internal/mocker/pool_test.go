@@ -1,0 +1,215 @@
+package mocker
+
+import (
+	"errors"
+	"slices"
+	"testing"
+
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/indexer"
+)
+
+func toks(start, n int) []uint32 {
+	out := make([]uint32, n)
+	for i := range out {
+		out[i] = uint32(start + i)
+	}
+	return out
+}
+
+func cat(parts ...[]uint32) []uint32 { return slices.Concat(parts...) }
+
+func mustPool(t *testing.T, total, bs int) *Pool {
+	t.Helper()
+	p, err := NewPool(total, bs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestBlockHashIsNotLocalHash(t *testing.T) {
+	tk := toks(1, 8)
+	eng := BlockHashes(tk, 4)
+	loc := indexer.HashBlocks(nil, tk, 4, 0)
+	if len(eng) != 2 || eng[0] == loc[0] || eng[1] == loc[1] {
+		t.Fatalf("engine hashes %x, local %x", eng, loc)
+	}
+	if BlockHash(RootHash, tk[:4]) != eng[0] || BlockHash(eng[0], tk[4:]) != eng[1] {
+		t.Fatal("hashes are not chained")
+	}
+	if BlockHashes(cat(toks(0, 4), tk[4:]), 4)[1] == eng[1] {
+		t.Fatal("second block hash ignores the parent")
+	}
+}
+
+func TestPoolPrefixReuse(t *testing.T) {
+	p := mustPool(t, 16, 4)
+	a, err := p.Alloc(toks(0, 10)) // 2 full + 1 partial
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := p.Events()
+	h := BlockHashes(toks(0, 12), 4)
+	if len(evs) != 1 || evs[0].Kind != events.KindBlockStored || evs[0].HasParent ||
+		!slices.Equal(evs[0].BlockHashes, h[:2]) || !slices.Equal(evs[0].TokenIDs, toks(0, 8)) || evs[0].BlockSize != 4 {
+		t.Fatalf("first alloc events %+v", evs)
+	}
+	if a.CachedBlocks != 0 || a.NewBlocks != 2 || p.FreeBlocks() != 13 {
+		t.Fatalf("alloc %+v, free %d", a, p.FreeBlocks())
+	}
+	// Concurrent request sharing the first 2 blocks, adding a third.
+	b, err := p.Alloc(toks(0, 12))
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs = p.Events()
+	if b.CachedBlocks != 2 || b.NewBlocks != 1 || len(evs) != 1 || !evs[0].HasParent || evs[0].ParentHash != h[1] ||
+		!slices.Equal(evs[0].BlockHashes, h[2:3]) || !slices.Equal(evs[0].TokenIDs, toks(8, 4)) {
+		t.Fatalf("second alloc %+v events %+v", b, evs)
+	}
+	if got := p.Holds(); len(got) != 3 || got[h[0]] != 1 || got[h[2]] != 1 {
+		t.Fatalf("holds %v", got)
+	}
+	p.Free(a)
+	p.Free(b)
+	p.Free(b) // no-op
+	if p.FreeBlocks() != 16 {
+		t.Fatalf("free %d after freeing all", p.FreeBlocks())
+	}
+	// Fully cached prompt: no events.
+	c, _ := p.Alloc(toks(0, 8))
+	if c.CachedBlocks != 2 || len(p.Events()) != 0 {
+		t.Fatalf("cached alloc %+v", c)
+	}
+	p.Free(c)
+}
+
+func TestPoolLRUEvictionTailFirst(t *testing.T) {
+	p := mustPool(t, 4, 2)
+	x := toks(100, 6) // 3 blocks x0 x1 x2
+	a, _ := p.Alloc(x)
+	p.Free(a)
+	hx := BlockHashes(x, 2)
+	// Freed tail first: eviction order x2, x1, x0.
+	if got := p.LRU(); !slices.Equal(got, []uint64{hx[2], hx[1], hx[0]}) {
+		t.Fatalf("LRU %x, want %x", got, []uint64{hx[2], hx[1], hx[0]})
+	}
+	p.Events()
+	// 3 new blocks: 1 empty, then evict x2 and x1.
+	y := toks(200, 6)
+	b, err := p.Alloc(y)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := p.Events()
+	var removed []uint64
+	for _, ev := range evs {
+		if ev.Kind == events.KindBlockRemoved {
+			removed = append(removed, ev.BlockHashes...)
+		}
+	}
+	if !slices.Equal(removed, []uint64{hx[2], hx[1]}) || evs[len(evs)-1].Kind != events.KindBlockStored {
+		t.Fatalf("events %+v", evs)
+	}
+	if got := p.Holds(); len(got) != 4 || got[hx[0]] != 1 || got[hx[2]] != 0 {
+		t.Fatalf("holds %v", got)
+	}
+	// x0 is reused by a prompt sharing it while y is in use.
+	c, err := p.Alloc(x[:2])
+	if err != nil || c.CachedBlocks != 1 {
+		t.Fatalf("alloc %+v %v", c, err)
+	}
+	// Capacity: everything in use, nothing fits.
+	if _, err := p.Alloc(toks(300, 2)); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("over capacity: %v", err)
+	}
+	if len(p.Events()) != 0 {
+		t.Fatal("failed alloc queued events")
+	}
+	p.Free(b)
+	p.Free(c)
+	// A prompt larger than the pool never fits.
+	if _, err := p.Alloc(toks(0, 10)); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("oversized: %v", err)
+	}
+	// Hits that are in the LRU are not counted as evictable space: y is
+	// cached (3 blocks) + x0; a prompt y0 y1 y2 + 2 new needs 2 evictions but
+	// only x0 is evictable without touching its own hits.
+	if _, err := p.Alloc(cat(y, toks(400, 4))); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("hits counted as space: %v", err)
+	}
+}
+
+func TestPoolCapacityInvariant(t *testing.T) {
+	p := mustPool(t, 8, 4)
+	var live []*Alloc
+	for i := range 300 {
+		// Shared prefixes: 5 system prompts, varying suffixes.
+		prompt := cat(toks(1000*(i%5), 8), toks(50000+i*7%23, 4+i%9))
+		a, err := p.Alloc(prompt)
+		if errors.Is(err, ErrNoSpace) {
+			for _, x := range live {
+				p.Free(x)
+			}
+			live = live[:0]
+			continue
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		live = append(live, a)
+		if len(live) > 2 {
+			p.Free(live[0])
+			live = live[1:]
+		}
+		used := 0
+		for _, x := range live {
+			used += len(x.blocks)
+		}
+		n := 0
+		for _, c := range p.Holds() {
+			n += c
+		}
+		if n > p.TotalBlocks() || p.FreeBlocks() > p.TotalBlocks() || p.lruLen+len(p.empty)+distinctUsed(p, live) != p.TotalBlocks() {
+			t.Fatalf("step %d: cached %d, free %d, used %d, total %d", i, n, p.FreeBlocks(), used, p.TotalBlocks())
+		}
+	}
+}
+
+func distinctUsed(p *Pool, live []*Alloc) int {
+	seen := map[int32]bool{}
+	for _, a := range live {
+		for _, id := range a.blocks {
+			seen[id] = true
+		}
+	}
+	for id := range seen {
+		if p.blocks[id].refs == 0 {
+			panic("used block with no refs")
+		}
+	}
+	return len(seen)
+}
+
+func TestPoolReset(t *testing.T) {
+	p := mustPool(t, 8, 2)
+	a, _ := p.Alloc(toks(0, 6))
+	p.Events()
+	p.Reset()
+	evs := p.Events()
+	if len(evs) != 1 || evs[0].Kind != events.KindAllBlocksCleared {
+		t.Fatalf("reset events %+v", evs)
+	}
+	if len(p.Holds()) != 0 || p.FreeBlocks() != 8 {
+		t.Fatalf("after reset holds %v free %d", p.Holds(), p.FreeBlocks())
+	}
+	p.Free(a) // stale: no-op
+	if p.FreeBlocks() != 8 || len(p.LRU()) != 0 {
+		t.Fatalf("stale free changed the pool: free %d", p.FreeBlocks())
+	}
+	b, _ := p.Alloc(toks(0, 6))
+	if b.CachedBlocks != 0 || len(p.Holds()) != 3 {
+		t.Fatalf("after reset alloc %+v holds %v", b, p.Holds())
+	}
+}
