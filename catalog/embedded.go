@@ -7,9 +7,13 @@ import (
 	"net"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/logutil"
 	"go.etcd.io/etcd/server/v3/embed"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 )
 
 // EmbeddedConfig configures an in-process single-member etcd.
@@ -40,9 +44,10 @@ type EmbeddedConfig struct {
 
 // Embedded is a running in-process etcd server.
 type Embedded struct {
-	etcd  *embed.Etcd
-	cfg   EmbeddedConfig
-	close sync.Once
+	etcd    *embed.Etcd
+	cfg     EmbeddedConfig
+	close   sync.Once
+	closing *atomic.Bool
 }
 
 // StartEmbedded starts an etcd server in cfg.Dir, listening on loopback
@@ -94,6 +99,14 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	ec.AdvertisePeerUrls = []url.URL{*purl}
 	ec.InitialCluster = ec.InitialClusterFromName(ec.Name)
 	ec.LogLevel = cfg.LogLevel
+	closing := new(atomic.Bool)
+	zc := logutil.DefaultZapLoggerConfig
+	zc.Level = zap.NewAtomicLevelAt(logutil.ConvertToZapLevel(cfg.LogLevel))
+	lg, err := zc.Build(zap.WrapCore(func(c zapcore.Core) zapcore.Core { return quietClose{c, closing} }))
+	if err != nil {
+		return nil, fmt.Errorf("embedded etcd: logger: %w", err)
+	}
+	ec.ZapLoggerBuilder = embed.NewZapLoggerBuilder(lg)
 	ec.UnsafeNoFsync = cfg.UnsafeNoFsync
 	if cfg.CompactionRetention > 0 {
 		ec.AutoCompactionMode = embed.CompactorModePeriodic
@@ -108,7 +121,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	defer timer.Stop()
 	select {
 	case <-e.Server.ReadyNotify():
-		return &Embedded{etcd: e, cfg: cfg}, nil
+		return &Embedded{etcd: e, cfg: cfg, closing: closing}, nil
 	case err = <-e.Err():
 		err = fmt.Errorf("embedded etcd in %s: %w", cfg.Dir, err)
 	case <-timer.C:
@@ -136,8 +149,29 @@ func (e *Embedded) Err() <-chan error { return e.etcd.Err() }
 // drop; their keep-alives and requests fail until a server is back.
 // Later calls do nothing.
 func (e *Embedded) Close() error {
-	e.close.Do(e.etcd.Close)
+	e.close.Do(func() {
+		e.closing.Store(true)
+		e.etcd.Close()
+	})
 	return nil
+}
+
+// quietClose drops the "serving failed" errors etcd logs, with stack
+// traces, for each listener it closes itself during a clean shutdown.
+type quietClose struct {
+	zapcore.Core
+	closing *atomic.Bool
+}
+
+func (q quietClose) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if q.closing.Load() && ent.Message == "setting up serving from embedded etcd failed." {
+		return ce
+	}
+	return q.Core.Check(ent, ce)
+}
+
+func (q quietClose) With(f []zapcore.Field) zapcore.Core {
+	return quietClose{q.Core.With(f), q.closing}
 }
 
 // freeLoopbackURL returns http://127.0.0.1:<a port that was free>.

@@ -52,6 +52,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newSidecarCommand(),
 		newWorkersCommand(),
 		newQueryCommand(),
+		newMockerCommand(),
 	)
 	return root
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ type serveOptions struct {
 	etcdUser      string
 	etcdPassword  string
 	dataDir       string
+	embeddedURL   string
 	listen        string
 	apiToken      string
 	maxEntries    int
@@ -42,7 +44,7 @@ type serveOptions struct {
 }
 
 func newServeOptions() *serveOptions {
-	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", listen: "127.0.0.1:8090", replays: 8,
+	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
 		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
 		readyTimeout: time.Minute, logLevel: "info"}
@@ -57,6 +59,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.etcdUser, "etcd-user", o.etcdUser, "etcd username")
 	fs.StringVar(&o.etcdPassword, "etcd-password", o.etcdPassword, "etcd password (prefer PREFIXD_ETCD_PASSWORD)")
 	fs.StringVar(&o.dataDir, "data-dir", o.dataDir, "directory for the embedded etcd's data")
+	fs.StringVar(&o.embeddedURL, "embedded-etcd-url", o.embeddedURL, "client URL of the embedded etcd (without --etcd-endpoints); sidecars and mockers register there")
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
@@ -105,6 +108,9 @@ func (o *serveOptions) Validate() error {
 	if o.maxEntries < 0 {
 		return fmt.Errorf("--index-max-entries %d: must not be negative", o.maxEntries)
 	}
+	if u, err := url.Parse(o.embeddedURL); err != nil || u.Scheme != "http" || u.Port() == "" {
+		return fmt.Errorf("--embedded-etcd-url %q: want http://host:port", o.embeddedURL)
+	}
 	if o.readyTimeout <= 0 {
 		return fmt.Errorf("--ready-timeout %v: must be positive", o.readyTimeout)
 	}
@@ -150,7 +156,7 @@ func newServeCommand() *cobra.Command {
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
 			coord, _ := o.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
-			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, Listen: o.listen,
+			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
 				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log})
 		},

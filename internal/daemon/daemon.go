@@ -27,9 +27,12 @@ import (
 // Config configures a daemon. Zero fields take the defaults noted.
 type Config struct {
 	// Etcd is the catalog's etcd; no Endpoints means an embedded etcd in
-	// DataDir (default ./prefixd-data) on a free loopback port.
+	// DataDir (default ./prefixd-data) on EmbeddedURL.
 	Etcd    catalog.EtcdConfig
 	DataDir string
+	// EmbeddedURL is the embedded etcd's client URL (default: a free loopback
+	// port). Sidecars and mock engines on the same host register there.
+	EmbeddedURL string
 	// Listen is the HTTP address (default 127.0.0.1:8090; port 0 picks one).
 	Listen string
 	// APIToken, when set, guards the endpoints that change the catalog.
@@ -98,7 +101,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("embedded etcd data dir: %w", err)
 		}
-		emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir})
+		emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir, ClientURL: cfg.EmbeddedURL})
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}

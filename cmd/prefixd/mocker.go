@@ -1,0 +1,191 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/internal/mocker"
+)
+
+type mockerOptions struct {
+	etcdEndpoints []string
+	etcdPrefix    string
+	model         string
+	group         string
+	role          string
+	engines       int
+	firstID       uint64
+	blockSize     int
+	totalBlocks   int
+	host          string
+	httpPort      int
+	prefillPerTok time.Duration
+	decodePerTok  time.Duration
+	era           string
+	layout        string
+	dropLive      float64
+	dropReplay    float64
+	kvDomain      string
+	topology      map[string]string
+	ttl           time.Duration
+}
+
+func newMockerOptions() *mockerOptions {
+	return &mockerOptions{etcdEndpoints: []string{"http://127.0.0.1:2379"}, etcdPrefix: catalog.DefaultPrefix, model: "mock-model",
+		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), engines: 1, firstID: 1, blockSize: 16,
+		totalBlocks: 4096, host: "127.0.0.1", httpPort: 18000, prefillPerTok: 50 * time.Microsecond, decodePerTok: time.Millisecond,
+		era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL}
+}
+
+func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
+	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs of the catalog the engines register in")
+	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog")
+	fs.StringVar(&o.model, "model", o.model, "model name the engines serve")
+	fs.StringVar(&o.group, "routing-group", o.group, "routing group")
+	fs.StringVar(&o.role, "role", o.role, "aggregated, prefill or decode")
+	fs.IntVar(&o.engines, "engines", o.engines, "simulated engines to run in this process")
+	fs.Uint64Var(&o.firstID, "first-worker-id", o.firstID, "worker id of the first engine; the others follow")
+	fs.IntVar(&o.blockSize, "block-size", o.blockSize, "KV block size in tokens")
+	fs.IntVar(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of each engine, in blocks")
+	fs.StringVar(&o.host, "host", o.host, "address the engines bind and advertise")
+	fs.IntVar(&o.httpPort, "http-port", o.httpPort, "HTTP port of the first engine (POST /generate); the others follow (0: each picks a free port)")
+	fs.DurationVar(&o.prefillPerTok, "prefill-per-token", o.prefillPerTok, "simulated prefill time per uncached prompt token")
+	fs.DurationVar(&o.decodePerTok, "decode-per-token", o.decodePerTok, "simulated decode time per output token")
+	fs.StringVar(&o.era, "era", o.era, "wire era: map (vLLM v0.26+) or array")
+	fs.StringVar(&o.layout, "replay-layout", o.layout, "replay reply layout: topic (vLLM v0.26+) or legacy")
+	fs.Float64Var(&o.dropLive, "drop-live", o.dropLive, "fault: fraction of live batches not sent")
+	fs.Float64Var(&o.dropReplay, "drop-replay", o.dropReplay, "fault: fraction of replay messages not sent")
+	fs.StringVar(&o.kvDomain, "kv-transfer-domain", o.kvDomain, "topology domain that constrains KV transfers (with --topology)")
+	fs.StringToStringVar(&o.topology, "topology", o.topology, "topology domains, e.g. zone=a")
+	fs.DurationVar(&o.ttl, "ttl", o.ttl, "registration lease TTL")
+}
+
+func (o *mockerOptions) Validate() error {
+	if err := (catalog.EtcdConfig{Endpoints: o.etcdEndpoints}).Validate(); err != nil {
+		return fmt.Errorf("--etcd-endpoints: %w", err)
+	}
+	switch {
+	case o.engines < 1:
+		return fmt.Errorf("--engines %d: at least 1", o.engines)
+	case o.blockSize < 1 || o.totalBlocks < 1:
+		return fmt.Errorf("--block-size and --total-kv-blocks must be positive")
+	case o.era != "map" && o.era != "array":
+		return fmt.Errorf("--era %q: want map or array", o.era)
+	case o.layout != "topic" && o.layout != "legacy":
+		return fmt.Errorf("--replay-layout %q: want topic or legacy", o.layout)
+	case o.httpPort < 0 || o.httpPort+o.engines-1 > 65535:
+		return fmt.Errorf("--http-port %d: engines need ports %d..%d", o.httpPort, o.httpPort, o.httpPort+o.engines-1)
+	case o.dropLive < 0 || o.dropLive > 1 || o.dropReplay < 0 || o.dropReplay > 1:
+		return fmt.Errorf("--drop-live and --drop-replay are fractions in [0, 1]")
+	}
+	return o.worker(0, max(o.httpPort, 1)).WithDefaults().Validate()
+}
+
+// worker is engine i's catalog record, serving HTTP on port; the engine
+// fills in its ZMQ endpoints once bound.
+func (o *mockerOptions) worker(i, port int) catalog.Worker {
+	w := catalog.Worker{WorkerID: o.firstID + uint64(i), ModelName: o.model, RoutingGroup: o.group, Role: catalog.Role(o.role),
+		Endpoint: "http://" + net.JoinHostPort(o.host, strconv.Itoa(port)), BlockSize: uint32(o.blockSize), DataParallelSize: 1,
+		EventsEndpoint: "tcp://" + o.host + ":5557", TopologyDomains: o.topology, KVTransferDomain: o.kvDomain}
+	if o.kvDomain != "" {
+		w.KVTransferEnforcement = catalog.EnforcementRequired
+	}
+	return w
+}
+
+func newMockerCommand() *cobra.Command {
+	o := newMockerOptions()
+	cmd := &cobra.Command{
+		Use:   "mocker",
+		Short: "Run simulated engines that publish vLLM KV events and register in the catalog",
+		Long: "mocker runs --engines simulated vLLM engines in one process. Each has a KV block pool with\n" +
+			"prefix caching and LRU eviction, publishes its cache changes on a real ZMQ PUB with a replay\n" +
+			"ROUTER (the vLLM wire protocol), serves POST /generate {token_ids, max_tokens} on its HTTP\n" +
+			"port, and registers itself in etcd under a lease, as a sidecar would.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := prepare(cmd.Flags(), o); err != nil {
+				return err
+			}
+			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), nil))
+			return runMocker(cmd.Context(), o, log)
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
+	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix})
+	if err != nil {
+		return err
+	}
+	defer store.Close()
+	enc := events.Encoder{}
+	if o.era == "array" {
+		enc = events.Encoder{Era: events.EraArray, Wide: true}
+	}
+	layout := events.ReplayTopic
+	if o.layout == "legacy" {
+		layout = events.ReplayLegacy
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	g, gctx := errgroup.WithContext(ctx)
+	abort := func(err error) error { // stop the engines already started
+		cancel()
+		_ = g.Wait()
+		return err
+	}
+	for i := 0; i < o.engines; i++ {
+		port := 0
+		if o.httpPort != 0 {
+			port = o.httpPort + i
+		}
+		ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(port)))
+		if err != nil {
+			return abort(fmt.Errorf("engine %d: %w", o.firstID+uint64(i), err))
+		}
+		e, err := mocker.New(mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Encoder: enc,
+			Publisher: events.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
+				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
+			PrefillPerToken: o.prefillPerTok, DecodePerToken: o.decodePerTok,
+			Store: store, Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl})
+		if err != nil {
+			ln.Close()
+			return abort(err)
+		}
+		srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error { return e.Run(gctx) })
+		g.Go(func() error {
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 5*time.Second)
+			defer cancel()
+			return srv.Shutdown(sctx)
+		})
+		log.Info("mock engine", "worker", o.firstID+uint64(i), "http", ln.Addr().String())
+	}
+	err = g.Wait()
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return nil
+	}
+	return err
+}

@@ -1,0 +1,109 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/mocker"
+)
+
+func TestMockerRejectsBadFlags(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"mocker", "--engines", "0"}, "--engines"},
+		{[]string{"mocker", "--era", "v1"}, "--era"},
+		{[]string{"mocker", "--replay-layout", "new"}, "--replay-layout"},
+		{[]string{"mocker", "--drop-live", "1.5"}, "--drop-live"},
+		{[]string{"mocker", "--http-port", "65535", "--engines", "2"}, "--http-port"},
+		{[]string{"mocker", "--etcd-endpoints", "127.0.0.1:2379"}, "--etcd-endpoints"},
+		{[]string{"mocker", "--role", "router"}, "role"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			_, _, err := run(t, tc.args...)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("error %v, want one mentioning %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestMockerRegistersServesAndLeaves runs two mock engines against a real
+// etcd: they register with their bound endpoints, serve /generate with
+// prefix caching, and take their records with them on shutdown.
+func TestMockerRegistersServesAndLeaves(t *testing.T) {
+	emb := storetest.StartEtcd(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut bytes.Buffer
+	cmd := newRootCommand(&out, &errOut)
+	cmd.SetArgs([]string{"mocker", "--etcd-endpoints", emb.Endpoints()[0], "--etcd-prefix", "/mocker-test",
+		"--engines", "2", "--first-worker-id", "7", "--http-port", "0", "--block-size", "4", "--total-kv-blocks", "64",
+		"--decode-per-token", "0s", "--prefill-per-token", "0s", "--topology", "zone=a", "--kv-transfer-domain", "zone"})
+	done := make(chan error, 1)
+	go func() { done <- cmd.ExecuteContext(ctx) }()
+
+	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: emb.Endpoints(), Prefix: "/mocker-test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	var snap catalog.Snapshot
+	storetest.Eventually(t, 30*time.Second, "two engines registered", func() bool {
+		snap, err = store.List(context.Background(), 0)
+		return err == nil && len(snap.Records) == 2
+	})
+	for i, r := range snap.Records {
+		w := r.Worker
+		if w.WorkerID != uint64(7+i) || !strings.HasPrefix(w.EventsEndpoint, "tcp://127.0.0.1:") ||
+			!strings.HasPrefix(w.ReplayEndpoint, "tcp://127.0.0.1:") || w.BlockSize != 4 || w.TotalKVBlocks != 64 ||
+			w.KVTransferDomain != "zone" || w.TopologyDomains["zone"] != "a" || strings.HasSuffix(w.Endpoint, ":0") {
+			t.Errorf("record %d = %+v", i, w)
+		}
+		prompt := mocker.Request{TokenIDs: []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9}, MaxTokens: 2}
+		first, second := generate(t, w.Endpoint, prompt), generate(t, w.Endpoint, prompt)
+		if first.PromptTokens != 9 || first.CachedTokens != 0 || second.CachedTokens != 8 {
+			t.Errorf("worker %d: first %+v, second %+v; want 8 of 9 tokens cached the second time", w.WorkerID, first, second)
+		}
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("mocker: %v\n%s", err, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("mocker did not stop")
+	}
+	snap, err = store.List(context.Background(), 0)
+	if err != nil || len(snap.Records) != 0 {
+		t.Errorf("after shutdown: %d records (err %v), want none", len(snap.Records), err)
+	}
+}
+
+func generate(t *testing.T, base string, req mocker.Request) mocker.Result {
+	t.Helper()
+	body, _ := json.Marshal(req)
+	resp, err := http.Post(base+"/generate", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var res mocker.Result
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("POST %s/generate: %s", base, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&res); err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
