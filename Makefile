@@ -27,7 +27,7 @@ FUZZTIME ?= 20s
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build deps test bench lint fuzz demo clean
+.PHONY: all build deps test bench lint fuzz demo index-demo clean
 
 all: build
 
@@ -63,6 +63,9 @@ fuzz:
 	done
 
 demo:
+	$(GO) run ./cmd/prefixd demo
+
+index-demo:
 	$(GO) run ./cmd/prefixd index-demo
 
 clean:

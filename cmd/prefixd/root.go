@@ -48,6 +48,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.AddCommand(
 		newVersionCommand(),
 		newIndexDemoCommand(),
+		newDemoCommand(),
 		newServeCommand(),
 		newSidecarCommand(),
 		newWorkersCommand(),

@@ -67,6 +67,9 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		}
 		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
 	}
+	if out == nil {
+		return nil
+	}
 	return json.Unmarshal(raw, out)
 }
 
@@ -146,4 +149,34 @@ func RenderScores(w io.Writer, s api.ScoreResponse) error {
 		fmt.Fprintln(tw, "(no worker holds the first block)")
 	}
 	return tw.Flush()
+}
+
+// SelectAndReserve picks a worker for the prompt and books it under
+// req.SelectionID.
+func (c *Client) SelectAndReserve(ctx context.Context, req api.SelectRequest) (api.Selection, error) {
+	var s api.Selection
+	return s, c.do(ctx, http.MethodPost, "/select_and_reserve", req, &s)
+}
+
+// FreeReservation releases a booking.
+func (c *Client) FreeReservation(ctx context.Context, id string) error {
+	return c.do(ctx, http.MethodDelete, "/reservations/"+url.PathEscape(id), nil, nil)
+}
+
+// CreatePlan runs decode-first coordination for one request.
+func (c *Client) CreatePlan(ctx context.Context, req api.PlanRequest) (api.PlanInfo, error) {
+	var p api.PlanInfo
+	return p, c.do(ctx, http.MethodPost, "/disagg/plans", req, &p)
+}
+
+// PlanPrefillComplete reports that the plan's remote prefill finished.
+func (c *Client) PlanPrefillComplete(ctx context.Context, id string) (api.PlanInfo, error) {
+	var p api.PlanInfo
+	return p, c.do(ctx, http.MethodPost, "/disagg/plans/"+url.PathEscape(id)+"/prefill_complete", nil, &p)
+}
+
+// ReleasePlan releases every booking of a finished plan.
+func (c *Client) ReleasePlan(ctx context.Context, id string) (api.PlanInfo, error) {
+	var p api.PlanInfo
+	return p, c.do(ctx, http.MethodDelete, "/disagg/plans/"+url.PathEscape(id), nil, &p)
 }

@@ -39,6 +39,9 @@ type Config struct {
 	APIToken string
 	// MaxEntries caps indexed (block, rank) entries (0 = no cap).
 	MaxEntries int
+	// Index, when set, is the index to fill (MaxEntries is then ignored);
+	// the demo reads it in-process to check it against the engines.
+	Index *indexer.Index
 	// Peers are other prefixd replicas (base URLs): the daemon restores its
 	// index from the first healthy one's /dump before it serves.
 	Peers []string
@@ -115,7 +118,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	defer store.Close()
 
-	ix := indexer.New(indexer.Options{MaxEntries: cfg.MaxEntries})
+	ix := cfg.Index
+	if ix == nil {
+		ix = indexer.New(indexer.Options{MaxEntries: cfg.MaxEntries})
+	}
 	reg.MustRegister(NewIndexCollector(ix, cfg.MaxEntries))
 	if len(cfg.Peers) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
