@@ -51,7 +51,12 @@ func TestEndToEndFailures(t *testing.T) {
 		}
 		engines = append(engines, &engine{Engine: e, worker: w})
 		go func() { done <- e.Run(ectx) }()
-		<-e.Ready()
+		select {
+		case <-e.Ready():
+		case err := <-done:
+			engines = engines[:len(engines)-1]
+			t.Fatalf("engine %d: %v", w.WorkerID, err)
+		}
 	}
 	prompts := Workload(Config{Requests: 600, Conversations: 12, Seed: 5})
 	next := 0

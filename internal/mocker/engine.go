@@ -76,10 +76,12 @@ type Engine struct {
 	cfg Config
 	pub *events.Publisher
 
-	mu      sync.Mutex // guards pool, and orders pool steps with their Publish
-	pool    *Pool
-	buf     []byte
-	running bool
+	mu        sync.Mutex // guards pool, and orders pool steps with their Publish
+	pool      *Pool
+	buf       []byte
+	running   bool
+	ready     chan struct{} // closed once Run accepts requests (and registered)
+	readyOnce sync.Once
 
 	sessMu sync.Mutex
 	sess   *catalog.Session
@@ -110,7 +112,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pub: pub, pool: pool}, nil
+	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{})}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -130,8 +132,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 // Publisher returns the engine's publisher (endpoints, Seq, Stats, Stall).
 func (e *Engine) Publisher() *events.Publisher { return e.pub }
 
-// Ready is closed once the sockets are bound.
-func (e *Engine) Ready() <-chan struct{} { return e.pub.Ready() }
+// Ready is closed once the sockets are bound, the engine accepts requests
+// and, with a Store, the worker is registered.
+func (e *Engine) Ready() <-chan struct{} { return e.ready }
 
 // Session returns the catalog session, nil without a Store or before Run
 // registered.
@@ -186,6 +189,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		go func() { sessDone <- s.Run(ctx) }()
 	}
 
+	e.readyOnce.Do(func() { close(e.ready) })
 	<-ctx.Done()
 	var err error
 	if sessDone != nil {
