@@ -157,8 +157,8 @@ func TestEtcdLeaseExpiryRemovesWorker(t *testing.T) {
 }
 
 // TestEtcdRestartDuringWatch stops etcd under a watcher and a session and
-// starts it again on the same data dir and URL: the watcher reconnects,
-// lists again and reports only what changed; the session, whose lease
+// starts it again on the same data dir and URL: the watcher reconnects
+// (listing again, or resuming its watch) and reports only what changed; the session, whose lease
 // went unrenewed past its TTL, registers again with a new lease.
 func TestEtcdRestartDuringWatch(t *testing.T) {
 	e1 := storetest.StartEtcd(t)
@@ -235,8 +235,14 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.expect(t, 10*time.Second, "added m/g/99")
-	if st := watcher.Stats(); st.Resyncs != 1 || st.Workers != 4 {
-		t.Fatalf("watcher stats %+v, want one resync and 4 workers", st)
+	// The watcher lists again when it sees the connection drop; the etcd
+	// client may also resume the watch by itself from the same revision on
+	// the same data before the drop is seen (Resyncs 0), which delivers the
+	// same changes. Never more than one resync.
+	st := watcher.Stats()
+	t.Logf("watcher stats %+v", st)
+	if st.Resyncs > 1 || st.Workers != 4 {
+		t.Fatalf("watcher stats %+v, want at most one resync and 4 workers", st)
 	}
 }
 
