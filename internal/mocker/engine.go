@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -309,8 +310,14 @@ func (e *Engine) LastSeq() (seq uint64, ok bool) {
 }
 
 // ServeHTTP handles POST /generate with a JSON Request and answers with a
-// JSON Result. Other paths are 404, other methods 405.
+// JSON Result, and the fault injections POST /faults/restart,
+// /faults/reset_prefix_cache and /faults/stall_replay?for=<duration>.
+// Other paths are 404, other methods 405.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/faults/") {
+		e.serveFault(w, r)
+		return
+	}
 	if r.URL.Path != "/generate" {
 		http.NotFound(w, r)
 		return
@@ -340,4 +347,32 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(res)
+}
+
+func (e *Engine) serveFault(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		return
+	}
+	switch r.URL.Path {
+	case "/faults/restart":
+		e.Restart()
+	case "/faults/reset_prefix_cache":
+		if err := e.ResetPrefixCache(r.Context()); err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
+		}
+	case "/faults/stall_replay":
+		d, err := time.ParseDuration(r.URL.Query().Get("for"))
+		if err != nil || d < 0 {
+			http.Error(w, "for: want a non-negative duration such as 5s", http.StatusBadRequest)
+			return
+		}
+		e.pub.Stall(d)
+	default:
+		http.NotFound(w, r)
+		return
+	}
+	w.WriteHeader(http.StatusNoContent)
 }

@@ -299,3 +299,49 @@ func TestEngineTiming(t *testing.T) {
 		t.Fatalf("waited %v, want %v", waited, want)
 	}
 }
+
+// TestEngineFaultEndpoints: the HTTP fault injections act on the engine.
+func TestEngineFaultEndpoints(t *testing.T) {
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS})
+	srv := httptest.NewServer(e)
+	defer srv.Close()
+	call := func(method, path string) int {
+		req, _ := http.NewRequest(method, srv.URL+path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	serveSome := func() {
+		if _, err := e.Serve(context.Background(), Request{TokenIDs: toks(0, 3*testBS)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	serveSome()
+	if len(e.Holds()) != 3 {
+		t.Fatalf("cache %d blocks, want 3", len(e.Holds()))
+	}
+	if c := call(http.MethodPost, "/faults/reset_prefix_cache"); c != http.StatusNoContent || len(e.Holds()) != 0 {
+		t.Fatalf("reset: %d, cache %d blocks", c, len(e.Holds()))
+	}
+	serveSome()
+	before := e.Publisher().Seq()
+	if c := call(http.MethodPost, "/faults/restart"); c != http.StatusNoContent || len(e.Holds()) != 0 || e.Publisher().Seq() >= before {
+		t.Fatalf("restart: %d, cache %d blocks, seq %d (was %d)", c, len(e.Holds()), e.Publisher().Seq(), before)
+	}
+	for path, want := range map[string]int{
+		"/faults/stall_replay?for=50ms": http.StatusNoContent,
+		"/faults/stall_replay?for=soon": http.StatusBadRequest,
+		"/faults/stall_replay?for=-1s":  http.StatusBadRequest,
+		"/faults/unplug":                http.StatusNotFound,
+	} {
+		if c := call(http.MethodPost, path); c != want {
+			t.Errorf("POST %s: %d, want %d", path, c, want)
+		}
+	}
+	if c := call(http.MethodGet, "/faults/restart"); c != http.StatusMethodNotAllowed {
+		t.Errorf("GET /faults/restart: %d, want 405", c)
+	}
+}
