@@ -72,7 +72,15 @@ type EtcdStore struct {
 	cli       *clientv3.Client
 	prefix    string
 	endpoints []string
+	// watchCheck is how often a watch verifies that etcd is the same
+	// cluster with its history (WatchCheckInterval; tests shorten it).
+	watchCheck time.Duration
 }
+
+// WatchCheckInterval is how often a watch asks etcd for its cluster id and
+// revision, to catch an outage the connection state did not show and a
+// restart that lost the history the watch resumed from.
+const WatchCheckInterval = 2 * time.Second
 
 var _ Store = (*EtcdStore)(nil)
 
@@ -298,7 +306,10 @@ func (s *EtcdStore) Revoke(ctx context.Context, id LeaseID) error {
 // after a reconnect, but a restarted etcd may have lost or compacted the
 // history it resumes from; so the stream also follows the client's
 // connection and reports ErrInterrupted when it drops, which makes a
-// Watcher list again and diff. It requires a leader: a member cut off from
+// Watcher list again and diff. As the connection state can stay READY
+// through a short outage, the stream also reads etcd's header every
+// WatchCheckInterval and reports ErrInterrupted after a failed read, a
+// different cluster id or a revision below the one the watch started at. It requires a leader: a member cut off from
 // its cluster fails the watch (ErrInterrupted) instead of going quiet.
 func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
@@ -315,20 +326,71 @@ func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
 		wch:         s.cli.Watch(wctx, workersPrefix(s.prefix), opts...),
 		interrupted: make(chan struct{}),
 	}
-	w.wg.Add(1)
+	w.wg.Add(2)
 	go func() { // owned by the stream: Close waits for it
 		defer w.wg.Done()
 		w.follow(wctx, conn, state)
 	}()
+	go func() {
+		defer w.wg.Done()
+		w.check(wctx, rev-1)
+	}()
 	return w, nil
 }
+
+// check closes w.interrupted when etcd was unreachable for a header read
+// and is back, or is not the cluster, or not the history, it was. listed
+// is the revision of the list the watch continues (0: unknown): an etcd
+// below it lost that history, even if it restarted before the watch began.
+func (w *etcdWatch) check(ctx context.Context, listed int64) {
+	every := w.s.watchCheck
+	if every <= 0 {
+		every = WatchCheckInterval
+	}
+	header := func() (cluster uint64, rev int64, err error) {
+		rctx, cancel := context.WithTimeout(ctx, every)
+		defer cancel()
+		resp, err := w.s.cli.Get(rctx, workersPrefix(w.s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		if err != nil {
+			return 0, 0, err
+		}
+		return resp.Header.ClusterId, resp.Header.Revision, nil
+	}
+	cluster, base, err := header()
+	failed := err != nil
+	if err == nil && base < listed {
+		w.interrupt()
+		return
+	}
+	base = max(base, listed)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		c, rev, err := header()
+		switch {
+		case err != nil:
+			failed = ctx.Err() == nil
+		case failed || (cluster != 0 && c != cluster) || rev < base:
+			w.interrupt()
+			return
+		}
+	}
+}
+
+func (w *etcdWatch) interrupt() { w.once.Do(func() { close(w.interrupted) }) }
 
 type etcdWatch struct {
 	s           *EtcdStore
 	from        int64 // next revision expected (for errors)
 	cancel      context.CancelFunc
 	wch         clientv3.WatchChan
-	interrupted chan struct{} // closed when the connection drops after being ready
+	interrupted chan struct{} // closed (once, by interrupt) when the connection drops after being ready
+	once        sync.Once
 	wg          sync.WaitGroup
 }
 
@@ -343,7 +405,7 @@ func (w *etcdWatch) follow(ctx context.Context, conn *grpc.ClientConn, state con
 			continue
 		}
 		if ready {
-			close(w.interrupted)
+			w.interrupt()
 			return
 		}
 	}

@@ -246,6 +246,44 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 	}
 }
 
+// TestEtcdWipedRestartDuringWatch: etcd comes back on the same URL with
+// no data (a new cluster whose revisions start over). A resumed watch
+// would wait silently for revisions the new cluster reaches only much
+// later; the watcher must list again and report the loss and what the
+// new cluster holds.
+func TestEtcdWipedRestartDuringWatch(t *testing.T) {
+	e1 := storetest.StartEtcd(t)
+	cfg := e1.Config()
+	prefix := uniquePrefix()
+	daemon := storetest.NewEtcdStore(t, e1.Endpoints(), prefix)
+	operator := storetest.NewEtcdStore(t, e1.Endpoints(), prefix)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, id := range []uint64{1, 2, 3, 4} {
+		if _, err := operator.Put(ctx, storetest.Worker("m", "g", id), catalog.NoLease); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := make(changes, 100)
+	watcher := startWatcher(t, daemon, c)
+	c.expect(t, 10*time.Second, "added m/g/1", "added m/g/2", "added m/g/3", "added m/g/4")
+
+	e1.Close()
+	cfg.Dir = t.TempDir()
+	e2, err := catalog.StartEmbedded(ctx, cfg)
+	if err != nil {
+		t.Fatalf("start an empty etcd on %s: %v", cfg.ClientURL, err)
+	}
+	defer e2.Close()
+	if _, err := operator.Put(ctx, storetest.Worker("m", "g", 9), catalog.NoLease); err != nil {
+		t.Fatal(err)
+	}
+	c.expect(t, 15*time.Second, "removed m/g/1", "removed m/g/2", "removed m/g/3", "removed m/g/4", "added m/g/9")
+	if st := watcher.Stats(); st.Resyncs < 1 || st.Workers != 1 {
+		t.Fatalf("watcher stats %+v, want a resync and 1 worker", st)
+	}
+}
+
 // TestEtcdWatcherStopsWhileDown: cancelling a Watcher whose etcd is gone
 // returns promptly.
 func TestEtcdWatcherStopsWhileDown(t *testing.T) {
