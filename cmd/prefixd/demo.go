@@ -12,11 +12,11 @@ import (
 type demoOptions struct{ demo.Config }
 
 func (o *demoOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.IntVar(&o.Requests, "requests", 600, "requests per routing mode")
-	fs.IntVar(&o.Conversations, "conversations", 48, "concurrent conversations")
-	fs.IntVar(&o.TotalBlocks, "total-kv-blocks", 384, "KV capacity of each mock engine, in blocks")
-	fs.Float64Var(&o.DropLive, "drop-live", 0.01, "fraction of live event batches each engine drops (repaired by replay); negative: none")
-	fs.Uint64Var(&o.Seed, "seed", 0, "workload seed")
+	fs.IntVar(&o.Requests, "requests", o.Requests, "requests per routing mode")
+	fs.IntVar(&o.Conversations, "conversations", o.Conversations, "concurrent conversations")
+	fs.IntVar(&o.TotalBlocks, "total-kv-blocks", o.TotalBlocks, "KV capacity of each mock engine, in blocks")
+	fs.Float64Var(&o.DropLive, "drop-live", o.DropLive, "fraction of live event batches each engine drops (repaired by replay); negative: none")
+	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 }
 
 func (o *demoOptions) Validate() error {
@@ -27,7 +27,7 @@ func (o *demoOptions) Validate() error {
 }
 
 func newDemoCommand() *cobra.Command {
-	o := &demoOptions{}
+	o := &demoOptions{Config: demo.Config{}.Defaults()}
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run prefixd end to end on mock engines and report what KV-aware routing buys",

@@ -46,6 +46,12 @@ type Config struct {
 	Log             *slog.Logger
 }
 
+// Defaults returns c with every zero field set to its default.
+func (c Config) Defaults() Config {
+	c.defaults()
+	return c
+}
+
 func (c *Config) defaults() {
 	def := func(v *int, d int) {
 		if *v <= 0 {
@@ -310,11 +316,11 @@ func startEngines(ctx context.Context, cfg Config, store *catalog.EtcdStore) ([]
 
 // waitStreams waits until the daemon follows every engine's stream.
 func waitStreams(ctx context.Context, cl *client.Client, n int) error {
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	return poll(ctx, "daemon to follow every engine stream", func() error {
 		ws, err := cl.Workers(ctx, model, "")
+		if err != nil {
+			return err
+		}
 		active := 0
 		for _, w := range ws {
 			for _, l := range w.Listeners {
@@ -323,11 +329,26 @@ func waitStreams(ctx context.Context, cl *client.Client, n int) error {
 				}
 			}
 		}
-		if err == nil && active == n {
+		if active != n {
+			return fmt.Errorf("%d of %d streams active", active, n)
+		}
+		return nil
+	})
+}
+
+// poll calls f every 20 ms until it returns nil, for at most 30 s; then
+// it reports f's last error.
+func poll(ctx context.Context, what string, f func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := f()
+		if err == nil {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("daemon follows %d of %d engine streams after 30 s (last error: %v)", active, n, err)
+			return fmt.Errorf("waiting 30 s for the %s: %w", what, err)
 		}
 		select {
 		case <-ctx.Done():
@@ -437,10 +458,7 @@ func remotePrefill(ctx context.Context, cl *client.Client, engines []*engine, pl
 
 // caughtUp waits until the index has applied every engine's last batch.
 func caughtUp(ctx context.Context, ix *indexer.Index, engines []*engine) error {
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
+	return poll(ctx, "index to catch up", func() error {
 		behind := 0
 		for _, e := range engines {
 			last, ok := e.LastSeq()
@@ -452,18 +470,11 @@ func caughtUp(ctx context.Context, ix *indexer.Index, engines []*engine) error {
 				behind++
 			}
 		}
-		if behind == 0 {
-			return nil
+		if behind > 0 {
+			return fmt.Errorf("%d engines ahead of the index", behind)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("index still behind %d engines after 30 s", behind)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-tick.C:
-		}
-	}
+		return nil
+	})
 }
 
 // compare lists every difference between the index and the engines'
