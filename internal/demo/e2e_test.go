@@ -1,8 +1,10 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"net/http"
 	"testing"
 	"time"
 
@@ -10,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
@@ -29,55 +32,17 @@ func TestEndToEndFailures(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer store.Close()
+	t.Cleanup(func() { store.Close() }) // after the engines' cleanup revoked their leases
 
-	pubs := []events.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}}
-	var engines []*engine
-	ectx, stopEngines := context.WithCancel(ctx)
-	done := make(chan error, len(pubs))
-	defer func() {
-		stopEngines()
-		for range engines {
-			if err := <-done; err != nil {
-				t.Errorf("engine: %v", err)
-			}
-		}
-	}()
-	for i, pc := range pubs {
-		w := catalog.Worker{WorkerID: uint64(i + 1), ModelName: model, RoutingGroup: "e2e", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 19000+i)}
-		e, err := mocker.New(mocker.Config{TotalBlocks: 256, BlockSize: 16, Publisher: pc, Store: store, Worker: w, LeaseTTL: 5 * time.Second})
-		if err != nil {
-			t.Fatal(err)
-		}
-		engines = append(engines, &engine{Engine: e, worker: w})
-		go func() { done <- e.Run(ectx) }()
-		select {
-		case <-e.Ready():
-		case err := <-done:
-			engines = engines[:len(engines)-1]
-			t.Fatalf("engine %d: %v", w.WorkerID, err)
-		}
+	var cfgs []mocker.Config
+	for _, pc := range []events.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
+		cfgs = append(cfgs, mocker.Config{Publisher: pc, LeaseTTL: 5 * time.Second})
 	}
-	prompts := Workload(Config{Requests: 600, Conversations: 12, Seed: 5})
-	next := 0
-	traffic := func(n int) {
-		t.Helper()
-		for range n {
-			e := engines[next%len(engines)]
-			if _, err := e.Serve(ctx, prompts[next%len(prompts)]); err != nil {
-				t.Fatalf("request %d on worker %d: %v", next, e.worker.WorkerID, err)
-			}
-			next++
-		}
-	}
+	engines := startE2EEngines(t, ctx, store, cfgs)
+	traffic := trafficOn(t, ctx, engines)
 	check := func(stage string, ix *indexer.Index) {
 		t.Helper()
-		if err := caughtUp(ctx, ix, engines); err != nil {
-			t.Fatalf("%s: %v", stage, err)
-		}
-		if diffs := compare(ix, engines); len(diffs) > 0 {
-			t.Fatalf("%s: index differs from the engines' caches: %v", stage, diffs[:min(5, len(diffs))])
-		}
+		checkExact(t, ctx, stage, ix, engines)
 	}
 
 	// The engines serve traffic before any daemon exists.
@@ -118,24 +83,213 @@ func TestEndToEndFailures(t *testing.T) {
 	}
 }
 
+// TestEndToEndPeerBootstrapAndLeaseExpiry: engines whose replay buffers
+// hold only the last 8 batches; a second daemon replica bootstrapped from
+// the first is exact and not degraded, where a replica without a peer can
+// only be degraded; then an engine crashes without revoking its lease and
+// both replicas drop it and its blocks when the lease expires, while the
+// other engines stay exact.
+func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	emb := storetest.StartEtcd(t)
+	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() })
+	const ttl = 2 * time.Second
+	cfg := mocker.Config{Publisher: events.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
+	engines := startE2EEngines(t, ctx, store, []mocker.Config{cfg, cfg, cfg})
+
+	a := startDaemon(t, ctx, emb.Endpoints())
+	if err := poll(ctx, "the first replica to be ready", func() error { return ready(ctx, a.url) }); err != nil {
+		t.Fatal(err)
+	}
+	// In steps of at most 4 batches per engine, each applied before the
+	// next, so that whatever live batch the first replica misses is still
+	// in the 8-batch replay buffer when it asks.
+	traffic := trafficOn(t, ctx, engines)
+	for range 10 {
+		traffic(12)
+		checkExact(t, ctx, "first replica", a.ix, engines)
+	}
+	if d := degradedRanks(t, ctx, a.url); d != 0 {
+		t.Fatalf("first replica: %d degraded ranks", d)
+	}
+	for _, e := range engines {
+		if seq, _ := e.LastSeq(); seq < 8 {
+			t.Fatalf("worker %d published %d batches: its replay buffer still reaches seq 0", e.worker.WorkerID, seq+1)
+		}
+	}
+
+	b := startDaemon(t, ctx, emb.Endpoints(), a.url)
+	c := startDaemon(t, ctx, emb.Endpoints())
+	checkExact(t, ctx, "bootstrapped replica", b.ix, engines)
+	if d := degradedRanks(t, ctx, b.url); d != 0 {
+		t.Fatalf("bootstrapped replica: %d degraded ranks", d)
+	}
+	if err := poll(ctx, "the replica without a peer to give up on the rolled-over history", func() error {
+		if d := degradedRanks(t, ctx, c.url); d != len(engines) {
+			return fmt.Errorf("%d of %d ranks degraded", d, len(engines))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	c.stop(t)
+
+	crashed, live := engines[0], engines[1:]
+	crashed.Crash()
+	start := time.Now()
+	for _, d := range []*runningDaemon{a, b} {
+		if err := poll(ctx, "the crashed worker to leave", func() error {
+			ws, err := (&client.Client{BaseURL: d.url}).Workers(ctx, "", "")
+			if err != nil {
+				return err
+			}
+			for _, w := range ws {
+				if w.InstanceID == crashed.worker.WorkerID {
+					return fmt.Errorf("worker %d still listed", w.InstanceID)
+				}
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		st, err := d.ix.Rank(indexer.PartitionKey{Model: model, Group: crashed.worker.RoutingGroup}, indexer.Rank{WorkerID: crashed.worker.WorkerID})
+		if err != nil || st.Blocks != 0 {
+			t.Fatalf("crashed worker: %d blocks still indexed (%v)", st.Blocks, err)
+		}
+	}
+	if el := time.Since(start); el > ttl+3*time.Second {
+		t.Errorf("the crashed worker left %v after the crash; want within its lease TTL %v + 3 s", el, ttl)
+	}
+	trafficOn(t, ctx, live)(60)
+	checkExact(t, ctx, "after the crash, first replica", a.ix, live)
+	checkExact(t, ctx, "after the crash, bootstrapped replica", b.ix, live)
+}
+
+// startE2EEngines starts one registered mock engine per config (ids 1, 2,
+// …, 256 blocks of 16 tokens unless set) and stops them at cleanup.
+func startE2EEngines(t *testing.T, ctx context.Context, store catalog.Registrar, cfgs []mocker.Config) []*engine {
+	t.Helper()
+	ectx, stop := context.WithCancel(ctx)
+	done := make(chan error, len(cfgs))
+	var engines []*engine
+	t.Cleanup(func() {
+		stop()
+		for range engines {
+			if err := <-done; err != nil {
+				t.Errorf("engine: %v", err)
+			}
+		}
+	})
+	for i, cfg := range cfgs {
+		cfg.TotalBlocks = cmp.Or(cfg.TotalBlocks, 256)
+		cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
+		cfg.Store = store
+		cfg.Worker = catalog.Worker{WorkerID: uint64(i + 1), ModelName: model, RoutingGroup: "e2e", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 19000+i)}
+		e, err := mocker.New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		engines = append(engines, &engine{Engine: e, worker: cfg.Worker})
+		go func() { done <- e.Run(ectx) }()
+		select {
+		case <-e.Ready():
+		case err := <-done:
+			engines = engines[:len(engines)-1]
+			t.Fatalf("engine %d: %v", cfg.Worker.WorkerID, err)
+		}
+	}
+	return engines
+}
+
+// trafficOn returns a function serving the next n requests of a
+// deterministic workload round-robin on engines.
+func trafficOn(t *testing.T, ctx context.Context, engines []*engine) func(n int) {
+	prompts := Workload(Config{Requests: 600, Conversations: 12, Seed: 5})
+	next := 0
+	return func(n int) {
+		t.Helper()
+		for range n {
+			e := engines[next%len(engines)]
+			if _, err := e.Serve(ctx, prompts[next%len(prompts)]); err != nil {
+				t.Fatalf("request %d on worker %d: %v", next, e.worker.WorkerID, err)
+			}
+			next++
+		}
+	}
+}
+
+// checkExact waits until ix has applied every engine's last batch, then
+// fails the test unless ix equals every engine's cache.
+func checkExact(t *testing.T, ctx context.Context, stage string, ix *indexer.Index, engines []*engine) {
+	t.Helper()
+	if err := caughtUp(ctx, ix, engines); err != nil {
+		t.Fatalf("%s: %v", stage, err)
+	}
+	if diffs := compare(ix, engines); len(diffs) > 0 {
+		t.Fatalf("%s: index differs from the engines' caches: %v", stage, diffs[:min(5, len(diffs))])
+	}
+}
+
+// ready returns nil once the daemon's /ready answers 200.
+func ready(ctx context.Context, url string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/ready", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("/ready: %s", resp.Status)
+	}
+	return nil
+}
+
+// degradedRanks counts the ranks a daemon reports degraded in /workers.
+func degradedRanks(t *testing.T, ctx context.Context, url string) int {
+	t.Helper()
+	ws, err := (&client.Client{BaseURL: url}).Workers(ctx, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, w := range ws {
+		for _, l := range w.Listeners {
+			if l.Degraded {
+				n++
+			}
+		}
+	}
+	return n
+}
+
 type runningDaemon struct {
+	url    string
 	ix     *indexer.Index
 	cancel context.CancelFunc
 	done   chan error
 }
 
-func startDaemon(t *testing.T, ctx context.Context, etcd []string) *runningDaemon {
+func startDaemon(t *testing.T, ctx context.Context, etcd []string, peers ...string) *runningDaemon {
 	t.Helper()
 	d := &runningDaemon{ix: indexer.New(indexer.Options{}), done: make(chan error, 1)}
 	dctx, cancel := context.WithCancel(ctx)
 	d.cancel = cancel
 	ready := make(chan string, 1)
 	go func() {
-		d.done <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix,
+		d.done <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
 			OnReady: func(a string) { ready <- a }, Subscriber: events.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	select {
-	case <-ready:
+	case addr := <-ready:
+		d.url = "http://" + addr
 	case err := <-d.done:
 		t.Fatalf("daemon: %v", err)
 	}

@@ -83,6 +83,8 @@ type Engine struct {
 	running   bool
 	ready     chan struct{} // closed once Run accepts requests (and registered)
 	readyOnce sync.Once
+	crashed   chan struct{} // closed by Crash
+	crashOnce sync.Once
 
 	sessMu sync.Mutex
 	sess   *catalog.Session
@@ -113,7 +115,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{})}, nil
+	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{}), crashed: make(chan struct{})}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -146,8 +148,10 @@ func (e *Engine) Session() *catalog.Session {
 }
 
 // Run binds the publisher, registers the worker if a Store is configured,
-// and serves until ctx is done. It returns the publisher's or the
-// registration's error, or nil.
+// and serves until ctx is done or Crash is called. It returns the
+// publisher's or the registration's error, or nil. Ending with ctx
+// revokes the lease, so the worker leaves the catalog at once; ending
+// with Crash does not.
 func (e *Engine) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -191,18 +195,35 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 
 	e.readyOnce.Do(func() { close(e.ready) })
-	<-ctx.Done()
+	crashed := false
+	select {
+	case <-ctx.Done():
+	case <-e.crashed:
+		crashed = true
+		cancel() // stops the publisher and the lease keep-alives, unrevoked
+	}
 	var err error
-	if sessDone != nil {
+	if sessDone != nil && !crashed {
 		e.sess.Close()
 		if serr := <-sessDone; serr != nil && !errors.Is(serr, context.Canceled) {
 			err = serr
 		}
 	}
+	if sessDone != nil && crashed {
+		<-sessDone
+	}
 	if perr := <-pubErr; perr != nil {
 		err = perr
 	}
 	return err
+}
+
+// Crash simulates the engine process dying with its sidecar: the event
+// sockets close, requests fail with ErrNotRunning and lease keep-alives
+// stop without a revoke, so the worker stays in the catalog until its
+// lease expires (LeaseTTL). Run returns; the engine cannot run again.
+func (e *Engine) Crash() {
+	e.crashOnce.Do(func() { close(e.crashed) })
 }
 
 // publishLocked publishes the pool's pending events as one batch, if any.
@@ -311,7 +332,8 @@ func (e *Engine) LastSeq() (seq uint64, ok bool) {
 
 // ServeHTTP handles POST /generate with a JSON Request and answers with a
 // JSON Result, and the fault injections POST /faults/restart,
-// /faults/reset_prefix_cache and /faults/stall_replay?for=<duration>.
+// /faults/reset_prefix_cache, /faults/stall_replay?for=<duration> and
+// /faults/crash.
 // Other paths are 404, other methods 405.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/faults/") {
@@ -370,6 +392,8 @@ func (e *Engine) serveFault(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		e.pub.Stall(d)
+	case "/faults/crash":
+		e.Crash()
 	default:
 		http.NotFound(w, r)
 		return

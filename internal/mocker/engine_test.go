@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
 )
@@ -344,4 +346,69 @@ func TestEngineFaultEndpoints(t *testing.T) {
 	if c := call(http.MethodGet, "/faults/restart"); c != http.StatusMethodNotAllowed {
 		t.Errorf("GET /faults/restart: %d, want 405", c)
 	}
+	if c := call(http.MethodPost, "/faults/crash"); c != http.StatusNoContent {
+		t.Fatalf("crash: %d", c)
+	}
+	waitFor(t, "the crashed engine to stop serving", func() bool {
+		_, err := e.Serve(context.Background(), Request{TokenIDs: toks(0, testBS)})
+		return errors.Is(err, ErrNotRunning)
+	})
+}
+
+// TestEngineCrash: a crashed engine stops serving and publishing but
+// leaves its lease to expire, where a stopped engine revokes it at once.
+func TestEngineCrash(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	ctx := context.Background()
+	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	run := func(id uint64) (*Engine, context.CancelFunc, chan error) {
+		e, err := New(Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
+			Worker: catalog.Worker{WorkerID: id, ModelName: "m"}, LeaseTTL: 3 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		rctx, cancel := context.WithCancel(ctx)
+		done := make(chan error, 1)
+		go func() { done <- e.Run(rctx) }()
+		select {
+		case <-e.Ready():
+		case err := <-done:
+			t.Fatalf("engine %d: %v", id, err)
+		}
+		return e, cancel, done
+	}
+	present := func(e *Engine) bool {
+		_, err := store.Get(ctx, e.Session().Worker().Key())
+		if err != nil && !errors.Is(err, catalog.ErrNotFound) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+
+	stopped, stop, stopDone := run(1)
+	stop()
+	if err := <-stopDone; err != nil {
+		t.Fatalf("stopped engine: %v", err)
+	}
+	if present(stopped) {
+		t.Fatal("a stopped engine's record outlived Run: the lease was not revoked")
+	}
+
+	crashed, cancel, done := run(2)
+	defer cancel()
+	crashed.Crash()
+	if err := <-done; err != nil {
+		t.Fatalf("crashed engine: %v", err)
+	}
+	if !present(crashed) {
+		t.Fatal("a crashed engine revoked its lease")
+	}
+	if _, err := crashed.Serve(ctx, Request{TokenIDs: toks(0, 8)}); !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("serve after crash: %v, want ErrNotRunning", err)
+	}
+	storetest.Eventually(t, 10*time.Second, "the crashed engine's lease to expire", func() bool { return !present(crashed) })
 }
