@@ -149,6 +149,16 @@ func NewEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 // Prefix returns the key prefix.
 func (s *EtcdStore) Prefix() string { return s.prefix }
 
+// Ping reads the catalog's key count (no values) and returns the store
+// revision: a cheap check that etcd answers, for health metrics.
+func (s *EtcdStore) Ping(ctx context.Context) (int64, error) {
+	resp, err := s.cli.Get(ctx, workersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	if err != nil {
+		return 0, etcdErr("ping", err)
+	}
+	return resp.Header.Revision, nil
+}
+
 // Close closes the client. Leases are not revoked (Session.Close does
 // that), so records written with them stay until their TTL runs out.
 func (s *EtcdStore) Close() error { return s.cli.Close() }

@@ -208,6 +208,7 @@ func (s *selector) removeWorker(key catalog.Key) {
 func (s *selector) removeRank(r indexer.Rank, now time.Time) {
 	s.record(s.c.WorkerRemoved(r, now))
 	delete(s.endpoints, r)
+	s.metrics.forget(r)
 }
 
 // record remembers the plans that finished (no longer live) for GetPlan.
@@ -364,6 +365,7 @@ func (s *selector) SelectAndReserve(_ context.Context, r api.SelectRequest) (api
 		return api.Selection{}, selError(err)
 	}
 	s.byID[r.SelectionID] = k
+	s.metrics.route(sel.Rank, "reservation")
 	out := s.selection(&r, &q, sel)
 	out.ISLTokens = q.Prompt.Tokens
 	track := p.Config().Options.TrackPrefillTokens
@@ -477,6 +479,12 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	}
 	if p.Decode != nil && p.Signals != nil {
 		s.metrics.overlap.WithLabelValues("plan_decode").Observe(float64(p.Signals.CachedTokens))
+	}
+	if p.Decode != nil {
+		s.metrics.route(p.Decode.Rank, "plan_decode")
+	}
+	if p.Prefill != nil {
+		s.metrics.route(p.Prefill.Rank, "plan_prefill")
 	}
 	return s.planInfo(p, promptLen(&r.Prompt)), nil
 }

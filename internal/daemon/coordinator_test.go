@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -42,6 +43,7 @@ func TestDaemonDisaggPlan(t *testing.T) {
 	for i := range tokens {
 		tokens[i] = uint32(i)
 	}
+	decodeOn := map[uint64]float64{} // decode bookings per worker
 	plan := func(id string) api.PlanInfo {
 		t.Helper()
 		var p api.PlanInfo
@@ -55,6 +57,9 @@ func TestDaemonDisaggPlan(t *testing.T) {
 		}
 		if err := json.Unmarshal(body, &p); err != nil {
 			t.Fatal(err)
+		}
+		if p.Decode != nil {
+			decodeOn[p.Decode.WorkerID]++
 		}
 		return p
 	}
@@ -91,6 +96,7 @@ func TestDaemonDisaggPlan(t *testing.T) {
 	if code != http.StatusCreated || json.Unmarshal(body, &hp) != nil || hp.State != "Linked" || hp.Decode == nil || hp.Decode.Tokens != len(tokens) {
 		t.Fatalf("plan by hashes: %d %s", code, body)
 	}
+	decodeOn[hp.Decode.WorkerID]++
 	if code, body := call(t, "DELETE", d.url+"/disagg/plans/by-hash", "tok", nil); code != 200 {
 		t.Fatalf("delete: %d %s", code, body)
 	}
@@ -128,6 +134,24 @@ func TestDaemonDisaggPlan(t *testing.T) {
 		if !bytes.Contains(metrics, []byte(want)) {
 			t.Errorf("metrics lack %s", want)
 		}
+	}
+	// Every plan booked a prefill worker (none left); the departed decode
+	// worker's routed series are gone.
+	routed := map[string]float64{}
+	for _, line := range strings.Split(string(metrics), "\n") {
+		if !strings.HasPrefix(line, "prefixd_routed_total{") {
+			continue
+		}
+		var v float64
+		fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+		kind := line[strings.Index(line, `kind="`)+6:]
+		routed[kind[:strings.IndexByte(kind, '"')]] += v
+		if strings.Contains(line, fmt.Sprintf(`worker="%d"`, p.Decode.WorkerID)) {
+			t.Errorf("departed worker still has %s", line)
+		}
+	}
+	if want := decodeOn[3-p.Decode.WorkerID]; routed["plan_prefill"] != 6 || routed["plan_decode"] != want {
+		t.Errorf("routed %v: want 6 prefill bookings and %v decode bookings on the remaining decode worker", routed, want)
 	}
 
 	// Reservations: select, reserve explicitly, free twice.

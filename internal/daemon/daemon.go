@@ -170,6 +170,7 @@ func Run(ctx context.Context, cfg Config) error {
 			log.Warn("bad worker record ignored", "key", path, "err", err)
 		},
 	})
+	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return sel.runExpiry(gctx, ExpireInterval) })
 

@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"strconv"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/indexer"
 )
 
 // planMetrics counts what the coordinator's plans do. Guarded by the
@@ -15,6 +17,7 @@ type planMetrics struct {
 	compensations *prometheus.CounterVec
 	live          prometheus.Gauge
 	overlap       *prometheus.HistogramVec
+	routed        *prometheus.CounterVec
 	seen          map[string]int // transitions already counted per live plan
 }
 
@@ -28,12 +31,25 @@ func newPlanMetrics(reg prometheus.Registerer) *planMetrics {
 		overlap: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_selection_overlap_tokens",
 			Help:    "Device-tier prefix tokens the chosen worker already caches, per selection or plan booking.",
 			Buckets: prometheus.ExponentialBuckets(16, 4, 8)}, []string{"kind"}),
+		routed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_routed_total",
+			Help: "Requests booked on a worker rank (select_and_reserve, plan decode and prefill bookings), by kind; worker and rank match the prefixd_stream_* labels."},
+			[]string{"worker", "rank", "kind"}),
 		seen: map[string]int{},
 	}
 	if reg != nil {
-		reg.MustRegister(m.transitions, m.compensations, m.live, m.overlap)
+		reg.MustRegister(m.transitions, m.compensations, m.live, m.overlap, m.routed)
 	}
 	return m
+}
+
+// route counts a booking on r.
+func (m *planMetrics) route(r indexer.Rank, kind string) {
+	m.routed.WithLabelValues(strconv.FormatUint(r.WorkerID, 10), strconv.FormatUint(uint64(r.DPRank), 10), kind).Inc()
+}
+
+// forget deletes the series of a departed worker rank.
+func (m *planMetrics) forget(r indexer.Rank) {
+	m.routed.DeletePartialMatch(prometheus.Labels{"worker": strconv.FormatUint(r.WorkerID, 10), "rank": strconv.FormatUint(uint64(r.DPRank), 10)})
 }
 
 // observe counts the transitions of p not counted yet; live is whether the
