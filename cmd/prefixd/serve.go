@@ -63,7 +63,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
-	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas (base URLs); the index is restored from the first healthy one's /dump at start")
+	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	fs.StringVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
 	fs.StringVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free-decode or bypass-on-decode")
 	fs.StringVar(&o.disaggPolicy, "disagg-policy", o.disaggPolicy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
@@ -126,6 +126,12 @@ func (o *serveOptions) Validate() error {
 	}
 	if o.temperature < 0 {
 		return fmt.Errorf("--temperature %v: must not be negative", o.temperature)
+	}
+	for _, p := range o.peers {
+		u, err := url.Parse(strings.TrimPrefix(p, "dns+"))
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("--peers %q: want http://host:port or dns+http://host:port", p)
+		}
 	}
 	if len(o.etcdEndpoints) == 0 {
 		return nil // embedded etcd

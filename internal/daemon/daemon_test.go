@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,7 +218,8 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 	if bytes.Contains([]byte(rankLine(a)), []byte(`"degraded":true`)) {
 		t.Fatalf("a degraded: %s", rankLine(a))
 	}
-	b := startDaemon(t, etcd.Endpoints(), "", a.url)
+	// b finds a through DNS, as replicas behind a headless Service do.
+	b := startDaemon(t, etcd.Endpoints(), "", "dns+"+strings.Replace(a.url, "127.0.0.1", "localhost", 1))
 	c := startDaemon(t, etcd.Endpoints(), "")
 	for _, d := range []*testDaemon{b, c} {
 		storetest.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
@@ -265,4 +267,34 @@ func canonicalDump(t *testing.T, raw []byte) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// TestExpandPeers: dns+ peers become one URL per resolved address (IPv6
+// bracketed, duplicates dropped, path kept); others pass through; a
+// failed lookup is reported and skipped.
+func TestExpandPeers(t *testing.T) {
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		switch host {
+		case "prefixd-peers.ns.svc":
+			return []string{"10.0.0.7", "10.0.0.8", "fd00::9", "10.0.0.7"}, nil
+		case "noport":
+			return []string{"fd00::1"}, nil
+		}
+		return nil, fmt.Errorf("no such host %s", host)
+	}
+	got, errs := ExpandPeers(context.Background(), []string{
+		"http://prefixd-0:8090/", "dns+http://prefixd-peers.ns.svc:8090/base", "dns+http://gone:8090", "dns+https://noport", "dns+ftp://x:1",
+	}, lookup)
+	want := []string{"http://prefixd-0:8090", "http://10.0.0.7:8090/base", "http://10.0.0.8:8090/base", "http://[fd00::9]:8090/base", "https://[fd00::1]"}
+	if !slices.Equal(got, want) {
+		t.Errorf("peers %q, want %q", got, want)
+	}
+	if len(errs) != 2 || !strings.Contains(errs[0], "gone") || !strings.Contains(errs[1], "dns+ftp://x:1") {
+		t.Errorf("errors %q", errs)
+	}
+	// The real resolver: localhost is at least 127.0.0.1.
+	got, errs = ExpandPeers(context.Background(), []string{"dns+http://localhost:8090"}, nil)
+	if len(errs) != 0 || !slices.Contains(got, "http://127.0.0.1:8090") {
+		t.Errorf("localhost: %q %q", got, errs)
+	}
 }
