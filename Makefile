@@ -27,7 +27,7 @@ FUZZTIME ?= 20s
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build deps test bench lint fuzz demo index-demo clean
+.PHONY: all build deps test bench lint fuzz demo index-demo soak clean
 
 all: build
 
@@ -67,6 +67,11 @@ demo:
 
 index-demo:
 	$(GO) run ./cmd/prefixd index-demo
+
+# Soak (not in CI): `make soak SOAK_DURATION=30m`; the samples go to soak.csv.
+SOAK_DURATION ?= 10m
+soak:
+	$(GO) run ./cmd/prefixd soak --duration $(SOAK_DURATION) --csv soak.csv
 
 clean:
 	rm -rf bin

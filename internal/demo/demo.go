@@ -42,8 +42,10 @@ type Config struct {
 	// TTFT (default 50 µs).
 	PrefillPerToken time.Duration
 	Seed            uint64
-	Out             io.Writer // report and progress (default stdout)
-	Log             *slog.Logger
+	// LeaseTTL is the mock engines' registration lease (default 5 s).
+	LeaseTTL time.Duration
+	Out      io.Writer // report and progress (default stdout)
+	Log      *slog.Logger
 }
 
 // Defaults returns c with every zero field set to its default.
@@ -190,11 +192,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer store.Close()
-	engines, stopEngines, err := startEngines(ctx, cfg, store)
-	defer stopEngines()
+	fl, err := startEngines(ctx, cfg, store)
+	defer fl.stop()
 	if err != nil {
 		return nil, err
 	}
+	engines := fl.list()
 	fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains\n",
 		len(engines), groupKV, groupRandom, groupDisagg)
 	if err := waitStreams(ctx, cl, len(engines)); err != nil {
@@ -259,59 +262,29 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// startEngines starts the three pools and waits until all are registered.
-func startEngines(ctx context.Context, cfg Config, store *catalog.EtcdStore) ([]*engine, func(), error) {
-	type spec struct {
-		id     uint64
-		group  string
-		role   catalog.Role
-		domain string
-	}
-	var specs []spec
+// demoSpecs are the demo's three pools.
+func demoSpecs() []engineSpec {
+	var specs []engineSpec
 	for i := range 4 {
-		specs = append(specs, spec{uint64(1 + i), groupKV, catalog.RoleAggregated, ""},
-			spec{uint64(11 + i), groupRandom, catalog.RoleAggregated, ""})
+		specs = append(specs, engineSpec{uint64(1 + i), groupKV, catalog.RoleAggregated, ""},
+			engineSpec{uint64(11 + i), groupRandom, catalog.RoleAggregated, ""})
 	}
 	for i := range 2 {
 		rack := "r" + strconv.Itoa(i+1)
-		specs = append(specs, spec{uint64(21 + i), groupDisagg, catalog.RolePrefill, rack}, spec{uint64(31 + i), groupDisagg, catalog.RoleDecode, rack})
+		specs = append(specs, engineSpec{uint64(21 + i), groupDisagg, catalog.RolePrefill, rack}, engineSpec{uint64(31 + i), groupDisagg, catalog.RoleDecode, rack})
 	}
-	ectx, cancel := context.WithCancel(ctx)
-	var engines []*engine
-	done := make(chan error, len(specs))
-	exited := 0 // engines whose Run result was already taken from done
-	stop := func() {
-		cancel()
-		for range len(engines) - exited {
-			<-done
+	return specs
+}
+
+// startEngines starts the demo's pools and waits until all are registered.
+func startEngines(ctx context.Context, cfg Config, store *catalog.EtcdStore) (*fleet, error) {
+	f := newFleet(ctx, cfg, store)
+	for _, s := range demoSpecs() {
+		if _, err := f.start(ctx, s); err != nil {
+			return f, err
 		}
 	}
-	for _, s := range specs {
-		w := catalog.Worker{WorkerID: s.id, ModelName: model, RoutingGroup: s.group, Role: s.role, Endpoint: "http://127.0.0.1:" + strconv.FormatUint(18000+s.id, 10)}
-		if s.domain != "" {
-			w.TopologyDomains = map[string]string{"rack": s.domain}
-			w.KVTransferDomain = "rack"
-			w.KVTransferEnforcement = catalog.EnforcementRequired
-		}
-		e, err := mocker.New(mocker.Config{TotalBlocks: cfg.TotalBlocks, BlockSize: cfg.BlockSize,
-			Publisher: events.PublisherConfig{DropLive: cfg.DropLive}, Store: store, Worker: w, LeaseTTL: 5 * time.Second})
-		if err != nil {
-			return engines, stop, err
-		}
-		engines = append(engines, &engine{Engine: e, worker: w})
-		go func() { done <- e.Run(ectx) }()
-	}
-	for _, e := range engines {
-		select {
-		case <-e.Ready():
-		case err := <-done:
-			exited++
-			return engines, stop, fmt.Errorf("mock engine: %w", err)
-		case <-ctx.Done():
-			return engines, stop, ctx.Err()
-		}
-	}
-	return engines, stop, nil
+	return f, nil
 }
 
 // waitStreams waits until the daemon follows every engine's stream.

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"fmt"
-	"net/http"
 	"testing"
 	"time"
 
@@ -233,23 +232,6 @@ func checkExact(t *testing.T, ctx context.Context, stage string, ix *indexer.Ind
 	if diffs := compare(ix, engines); len(diffs) > 0 {
 		t.Fatalf("%s: index differs from the engines' caches: %v", stage, diffs[:min(5, len(diffs))])
 	}
-}
-
-// ready returns nil once the daemon's /ready answers 200.
-func ready(ctx context.Context, url string) error {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/ready", nil)
-	if err != nil {
-		return err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("/ready: %s", resp.Status)
-	}
-	return nil
 }
 
 // degradedRanks counts the ranks a daemon reports degraded in /workers.
