@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -174,13 +175,15 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error { return sel.runExpiry(gctx, ExpireInterval) })
 
+	var wasReady atomic.Bool
 	ready := func() (bool, string) {
 		select {
 		case <-watcher.Synced():
 		default:
 			return false, "catalog not synced yet"
 		}
-		if streams.Synced() || time.Since(started) > cfg.ReadyTimeout {
+		if wasReady.Load() || streams.Synced() || time.Since(started) > cfg.ReadyTimeout {
+			wasReady.Store(true) // ready once, ready for good: a worker joining later must not fail the probe
 			return true, ""
 		}
 		return false, "streams still replaying"

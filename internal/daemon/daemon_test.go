@@ -298,3 +298,23 @@ func TestExpandPeers(t *testing.T) {
 		t.Errorf("localhost: %q %q", got, errs)
 	}
 }
+
+// TestReadyLatches: once ready, a replica stays ready when a worker whose
+// stream cannot sync joins (a readiness probe failing on every replica
+// would take prefixd out of service because of one engine).
+func TestReadyLatches(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	storetest.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
+	reg := map[string]any{"instance_id": 9, "endpoint": "tcp://127.0.0.1:1", "replay_endpoint": "tcp://127.0.0.1:2", "model_name": "m", "block_size": 16}
+	if code, body := call(t, "POST", d.url+"/register", "", reg); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "the unreachable worker's stream", func() bool {
+		_, body := call(t, "GET", d.url+"/workers", "", nil)
+		return bytes.Contains(body, []byte(`"instance_id":9`)) && !bytes.Contains(body, []byte(`"status":"active"`))
+	})
+	if code, body := call(t, "GET", d.url+"/ready", "", nil); code != 200 {
+		t.Fatalf("/ready after an unreachable worker joined: %d %s", code, body)
+	}
+}
