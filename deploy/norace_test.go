@@ -1,0 +1,5 @@
+//go:build !race
+
+package deploy
+
+const raceBuild = false
