@@ -77,8 +77,11 @@ type Engine struct {
 	cfg Config
 	pub *events.Publisher
 
-	mu        sync.Mutex // guards pool, and orders pool steps with their Publish
+	mu        sync.Mutex // guards pool, inflight and freed, and orders pool steps with their Publish
 	pool      *Pool
+	inflight  int           // requests holding blocks
+	queued    int           // requests waiting for blocks
+	freed     chan struct{} // closed (and replaced) whenever a request frees its blocks
 	buf       []byte
 	running   bool
 	ready     chan struct{} // closed once Run accepts requests (and registered)
@@ -115,7 +118,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{}), crashed: make(chan struct{})}, nil
+	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{}), crashed: make(chan struct{}), freed: make(chan struct{})}, nil
 }
 
 func sleep(ctx context.Context, d time.Duration) error {
@@ -252,22 +255,48 @@ func (e *Engine) publishLocked(ctx context.Context) error {
 }
 
 // Serve simulates one request: the prefill step allocates the prompt's
-// blocks (reusing the cached prefix) and publishes that step's events as
-// one batch, then waits PrefillPerToken per uncached token and
+// blocks (reusing the cached prefix) — waiting, as vLLM's scheduler
+// queues a request, while running requests hold the blocks it needs; a
+// prompt larger than the whole pool is ErrNoSpace — and publishes that
+// step's events as one batch, then waits PrefillPerToken per uncached token and
 // DecodePerToken per output token, then frees the blocks (their eviction
 // events appear with later allocations).
 func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
 	res := Result{PromptTokens: len(req.TokenIDs), OutputTokens: max(req.MaxTokens, 0)}
-	e.mu.Lock()
-	if !e.running {
+	var a *Alloc
+	for {
+		e.mu.Lock()
+		if !e.running {
+			e.mu.Unlock()
+			return res, ErrNotRunning
+		}
+		var err error
+		a, err = e.pool.Alloc(req.TokenIDs)
+		if err == nil {
+			break
+		}
+		blocks := (len(req.TokenIDs) + e.cfg.BlockSize - 1) / e.cfg.BlockSize
+		if !errors.Is(err, ErrNoSpace) || e.inflight == 0 || blocks > e.pool.TotalBlocks() {
+			e.mu.Unlock()
+			return res, err // it would not fit even in an idle engine
+		}
+		// As vLLM's scheduler: wait in line until running requests free
+		// their blocks.
+		freed := e.freed
+		e.queued++
 		e.mu.Unlock()
-		return res, ErrNotRunning
-	}
-	a, err := e.pool.Alloc(req.TokenIDs)
-	if err != nil {
+		select {
+		case <-freed:
+		case <-ctx.Done():
+		}
+		e.mu.Lock()
+		e.queued--
 		e.mu.Unlock()
-		return res, err
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
 	}
+	e.inflight++
 	// A failed Publish leaves the index behind the engine, as a lost
 	// batch would; the request itself still proceeds.
 	perr := e.publishLocked(ctx)
@@ -275,6 +304,9 @@ func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
 	defer func() {
 		e.mu.Lock()
 		e.pool.Free(a)
+		e.inflight--
+		close(e.freed) // wakes the requests waiting for blocks
+		e.freed = make(chan struct{})
 		e.mu.Unlock()
 	}()
 	if perr != nil {
@@ -311,6 +343,13 @@ func (e *Engine) ResetPrefixCache(ctx context.Context) error {
 	defer e.mu.Unlock()
 	e.pool.Reset()
 	return e.publishLocked(ctx)
+}
+
+// Queued returns how many requests wait for KV blocks.
+func (e *Engine) Queued() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.queued
 }
 
 // Holds returns the engine's true cache: engine hash → copies.

@@ -412,3 +412,41 @@ func TestEngineCrash(t *testing.T) {
 	}
 	storetest.Eventually(t, 10*time.Second, "the crashed engine's lease to expire", func() bool { return !present(crashed) })
 }
+
+// TestEngineQueuesWhenFull: a request that needs blocks held by a running
+// request waits for them, as vLLM's scheduler does; one larger than the
+// whole pool is refused at once.
+func TestEngineQueuesWhenFull(t *testing.T) {
+	inPrefill, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, PrefillPerToken: time.Nanosecond,
+		Sleep: func(ctx context.Context, d time.Duration) error {
+			if d == 0 || once {
+				return nil
+			}
+			once = true // only the first request's prefill blocks; Serve calls run one at a time here until released
+			close(inPrefill)
+			<-release
+			return nil
+		}})
+	ctx := context.Background()
+	first := make(chan error, 1)
+	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(0, 12*testBS)}); first <- err }()
+	<-inPrefill
+	second := make(chan error, 1)
+	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(1000, 12*testBS)}); second <- err }()
+	waitFor(t, "the second request to queue", func() bool { return e.Queued() == 1 })
+	if _, err := e.Serve(ctx, Request{TokenIDs: toks(5000, 17*testBS)}); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a prompt larger than the pool: %v, want ErrNoSpace", err)
+	}
+	close(release)
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	if err := <-second; err != nil {
+		t.Fatalf("queued request: %v", err)
+	}
+	if e.Queued() != 0 {
+		t.Fatalf("%d still queued", e.Queued())
+	}
+}

@@ -11,8 +11,8 @@ import (
 
 // ErrNoSpace is returned by Pool.Alloc when the pool cannot hold the
 // request even after evicting every evictable cached block (blocks in use
-// by other requests cannot be evicted). vLLM would queue the request; the
-// mocker refuses it.
+// by other requests cannot be evicted). Engine.Serve then waits for
+// running requests to free blocks, as vLLM queues the request.
 var ErrNoSpace = errors.New("mocker: not enough free KV blocks")
 
 // RootHash is the parent hash used to hash a prompt's first block (vLLM
