@@ -113,7 +113,14 @@ type State struct {
 	Mode       Mode
 	Applied    uint64
 	HasApplied bool
-	Degraded   bool
+	// LastLive is the highest seq received on the live socket of the
+	// current connection (HasLive false before the first): LastLive −
+	// Applied batches have arrived but wait for a replay to close a gap.
+	// It restarts with each connection, and falls back with the seq when
+	// the engine restarts.
+	LastLive uint64
+	HasLive  bool
+	Degraded bool
 	// Synced is true once the first replay (or, without a replay
 	// endpoint, the first live batch) has completed or failed: the rank's
 	// history is as good as it is going to get.
@@ -595,8 +602,9 @@ func (r *run) publish() {
 	}
 	r.prev = st
 	seq, ok := c.Applied()
+	live, hasLive := c.LastLive()
 	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
-		Degraded: c.Degraded(), Synced: r.synced, Stats: st}
+		LastLive: live, HasLive: hasLive, Degraded: c.Degraded(), Synced: r.synced, Stats: st}
 	r.s.mu.Lock()
 	changed := next != r.s.state
 	r.s.state = next

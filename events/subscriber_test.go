@@ -497,8 +497,14 @@ func TestSubscriberMetrics(t *testing.T) {
 	s := startSubscriber(t, Source{Worker: 2, Rank: 1, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
 		SubscriberConfig{Metrics: NewMetrics(reg), ProbeInterval: -1})
 	caughtUp(t, s, e)
+	if st := s.s.State(); st.HasLive {
+		t.Fatalf("only replayed batches so far, yet a live seq: %+v", st)
+	}
 	e.publish([]indexer.Op{store(0)})
 	caughtUp(t, s, e)
+	if st := s.s.State(); !st.HasLive || st.LastLive != e.last {
+		t.Fatalf("after live batch %d: state %+v", e.last, st)
+	}
 	want := `
 # HELP prefixd_stream_batches_total Batches by outcome: applied, duplicate, or dropped (see prefixd_stream_dropped_total).
 # TYPE prefixd_stream_batches_total counter

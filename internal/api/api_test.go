@@ -390,12 +390,13 @@ func TestWorkers(t *testing.T) {
 	ix := newIndex(t)
 	p := prompt(48, 1)
 	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 7, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
+	seen := uint64(9) // two batches behind last_seq 7, waiting for a replay
 	fw := &fakeWorkers{list: []WorkerInfo{
 		{
 			InstanceID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16,
 			ReplayEndpoint: "tcp://10.0.0.1:6000", Lifecycle: "schedulable",
 			Listeners: map[uint32]Listener{
-				0: {Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:6000", Status: StatusActive},
+				0: {Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:6000", Status: StatusActive, LastSeenSeq: &seen},
 				1: {Endpoint: "tcp://10.0.0.1:5558", ReplayEndpoint: "tcp://10.0.0.1:6001", Status: StatusPending, LastError: "connect: refused", Degraded: true},
 			},
 			Extensions: Extensions{Role: "decode", DataParallelSize: 2, TotalKVBlocks: 1000},
@@ -405,8 +406,8 @@ func TestWorkers(t *testing.T) {
 	s := newServer(t, Config{Index: ix, Workers: fw})
 	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
 		`"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"},` +
-		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3},` +
-		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0}},` +
+		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"last_seen_seq":9},` +
+		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0,"last_seen_seq":null}},` +
 		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","data_parallel_size":2,"total_kv_blocks":1000}`
 	w4 := `{"instance_id":4,"source":"zmq","status":"paused","model_name":"other","routing_group":"g","block_size":32,"endpoints":{},"listeners":{}}`
 	s.get("/workers").expect(t, 200, `[`+w1+`,`+w4+`]`)
@@ -422,7 +423,8 @@ func TestWorkers(t *testing.T) {
 	}
 	// The response decodes into the exported type.
 	var got []WorkerInfo
-	if err := json.Unmarshal([]byte(s.get("/workers?model_name=m").body), &got); err != nil || len(got) != 1 || got[0].Listeners[0].Blocks != 3 || *got[0].Listeners[0].LastSeq != 7 {
+	if err := json.Unmarshal([]byte(s.get("/workers?model_name=m").body), &got); err != nil || len(got) != 1 || got[0].Listeners[0].Blocks != 3 || *got[0].Listeners[0].LastSeq != 7 ||
+		*got[0].Listeners[0].LastSeenSeq != 9 || got[0].Listeners[1].LastSeenSeq != nil {
 		t.Errorf("decode: %v %+v", err, got)
 	}
 }

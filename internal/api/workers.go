@@ -173,6 +173,11 @@ type Listener struct {
 	// index; implementations leave them zero.
 	LastSeq *uint64 `json:"last_seq"`
 	Blocks  int     `json:"blocks"`
+	// LastSeenSeq is the last seq received on the rank's live socket
+	// since it last connected (null before the first live batch): while
+	// it is above LastSeq, that many batches wait for a replay. Filled in
+	// by the implementation.
+	LastSeenSeq *uint64 `json:"last_seen_seq"`
 }
 
 // statusOrder lists listener statuses best first.

@@ -216,6 +216,10 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			}
 			if st, ok := status[streamKey{w.WorkerID, r}]; ok {
 				l.Degraded = st.Degraded
+				if st.HasLive {
+					seen := st.LastLive
+					l.LastSeenSeq = &seen
+				}
 				if st.Connected && st.Synced {
 					l.Status = api.StatusActive
 				}
