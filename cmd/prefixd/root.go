@@ -54,6 +54,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newWorkersCommand(),
 		newQueryCommand(),
 		newMockerCommand(),
+		newStatusCommand(),
 		newSoakCommand(),
 	)
 	return root

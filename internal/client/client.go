@@ -1,6 +1,6 @@
 // Package client is a small HTTP client of the prefixd API for the
-// operator commands (prefixd workers, prefixd query), with plain-text
-// table rendering.
+// operator commands (prefixd workers, prefixd query, prefixd status),
+// with plain-text table rendering.
 package client
 
 import (
@@ -27,17 +27,27 @@ type Client struct {
 }
 
 func (c *Client) do(ctx context.Context, method, path string, body, out any) error {
+	raw, err := c.send(ctx, method, path, body)
+	if err != nil || out == nil {
+		return err
+	}
+	return json.Unmarshal(raw, out)
+}
+
+// send makes one request (body, if not nil, as JSON) and returns the
+// answer's body; a non-2xx answer is an error naming the route.
+func (c *Client) send(ctx context.Context, method, path string, body any) ([]byte, error) {
 	var rd io.Reader
 	if body != nil {
 		b, err := json.Marshal(body)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		rd = bytes.NewReader(b)
 	}
 	req, err := http.NewRequestWithContext(ctx, method, c.BaseURL+path, rd)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if body != nil {
 		req.Header.Set("Content-Type", "application/json")
@@ -51,26 +61,23 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if resp.StatusCode/100 != 2 {
 		var e struct {
 			Error string `json:"error"`
 		}
 		if json.Unmarshal(raw, &e) == nil && e.Error != "" {
-			return fmt.Errorf("%s %s: %s (%d)", method, path, e.Error, resp.StatusCode)
+			return nil, fmt.Errorf("%s %s: %s (%d)", method, path, e.Error, resp.StatusCode)
 		}
-		return fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
 	}
-	if out == nil {
-		return nil
-	}
-	return json.Unmarshal(raw, out)
+	return raw, nil
 }
 
 // Workers lists the workers (filters optional).
@@ -82,9 +89,19 @@ func (c *Client) Workers(ctx context.Context, model, group string) ([]api.Worker
 	if group != "" {
 		q.Set("routing_group", group)
 	}
+	path := "/workers"
+	if len(q) > 0 {
+		path += "?" + q.Encode()
+	}
 	var out []api.WorkerInfo
-	err := c.do(ctx, http.MethodGet, "/workers?"+q.Encode(), nil, &out)
+	err := c.do(ctx, http.MethodGet, path, nil, &out)
 	return out, err
+}
+
+// Metrics returns the server's GET /metrics page (Prometheus text
+// format).
+func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
+	return c.send(ctx, http.MethodGet, "/metrics", nil)
 }
 
 // Query scores a prompt.
