@@ -125,9 +125,18 @@ type CursorStats struct {
 	Incomplete     uint64 // attempts that ended without the end marker (timeout, EOF, hole)
 	Overflows      uint64 // live buffer overflowed during a replay
 	Verified       uint64 // reconnects whose last applied batch the engine confirmed
+	Suspects       uint64 // live batches at or below the applied seq that no recent digest vouched for (verified against the engine)
 	Probes         uint64 // replays asked for by Probe on a quiet stream
 	LostHistory    uint64 // times the rank was reset and marked degraded
 	BufferedAtPeak int    // most live batches held at once
+}
+
+// recentBatches is how many applied batches' digests a Cursor keeps.
+const recentBatches = 256
+
+type recentBatch struct {
+	seq, digest uint64
+	ok          bool
 }
 
 type pending struct {
@@ -155,6 +164,12 @@ type Cursor struct {
 	hasLive, hasApplied bool
 	digest              uint64 // xxh3 of the payload applied as seq applied
 	degraded            bool
+	// recent holds the digests of the last recentBatches batches applied
+	// (slot seq % recentBatches), so that a live batch at or below the
+	// applied seq can be told apart: the same digest is a duplicate (a
+	// live batch that replay already applied), another one a new engine
+	// incarnation whose seqs started over unseen on the live socket.
+	recent [recentBatches]recentBatch
 
 	buf      []pending // live batches held during a replay, sorted by seq
 	bufBytes int
@@ -226,6 +241,7 @@ func (c *Cursor) Connected(now time.Time) []Action {
 // SeqBase.
 func (c *Cursor) Resume(seq, digest uint64) {
 	c.applied, c.hasApplied, c.digest = seq, true, digest
+	c.recent[seq%recentBatches] = recentBatch{seq: seq, digest: digest, ok: true}
 }
 
 // Disconnected is called when the socket is gone (EOF or error); the
@@ -285,6 +301,10 @@ func (c *Cursor) Live(seq uint64, payload []byte, now time.Time) []Action {
 		return c.out
 	}
 	c.live, c.hasLive = seq, true
+	if c.hasApplied && seq <= c.applied && c.mode != ModeAwaitLive && c.cfg.HasReplay {
+		c.behind(seq, payload, now)
+		return c.out
+	}
 	switch c.mode {
 	case ModeReplay, ModeVerify:
 		if c.hasApplied && seq <= c.applied {
@@ -331,6 +351,30 @@ func (c *Cursor) liveInOrder(seq uint64, payload []byte, now time.Time) {
 		}
 		if !c.hold(seq, payload, now) {
 			c.startSession(now, c.applied+1, ModeReplay)
+		}
+	}
+}
+
+// behind handles a live batch at or below the applied seq. Usually it is
+// a duplicate: replay (a join, a gap, a probe) applied it before the live
+// socket delivered it. But when the socket delivered nothing above it
+// first, it may be the start of a new incarnation that restarted its seqs
+// below the applied one — seen only when a replay, not the live socket,
+// brought the old incarnation's history. A recent digest decides; without
+// one, the last applied batch is verified with the engine as after a
+// reconnect.
+func (c *Cursor) behind(seq uint64, payload []byte, now time.Time) {
+	r := c.recent[seq%recentBatches]
+	switch {
+	case r.ok && r.seq == seq && r.digest == xxh3.Hash(payload):
+		c.stats.Duplicates++
+	case r.ok && r.seq == seq:
+		c.restart(seq, payload, now)
+	default:
+		c.stats.Duplicates++
+		if c.mode == ModeLive {
+			c.stats.Suspects++
+			c.startSession(now, c.applied, ModeVerify)
 		}
 	}
 }
@@ -458,6 +502,7 @@ func (c *Cursor) emit(a Action) { c.out = append(c.out, a) }
 
 func (c *Cursor) apply(seq uint64, payload []byte) {
 	c.digest = xxh3.Hash(payload)
+	c.recent[seq%recentBatches] = recentBatch{seq: seq, digest: c.digest, ok: true}
 	c.emit(Action{Kind: ActApply, Seq: seq, Payload: payload, Digest: c.digest})
 	c.applied, c.hasApplied = seq, true
 }
@@ -465,6 +510,7 @@ func (c *Cursor) apply(seq uint64, payload []byte) {
 func (c *Cursor) reset() {
 	c.emit(Action{Kind: ActReset})
 	c.hasApplied = false
+	clear(c.recent[:])
 }
 
 // lost marks the history lost: the rank is cleared and degraded.

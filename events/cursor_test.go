@@ -181,8 +181,8 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		sc.c.Resume(seq, xxh3.Hash(payload(seq)))
 	case "stats":
 		s := sc.c.Stats()
-		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d lost=%d probes=%d peak=%d",
-			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.LostHistory, s.Probes, s.BufferedAtPeak)}
+		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d suspects=%d lost=%d probes=%d peak=%d",
+			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.Suspects, s.LostHistory, s.Probes, s.BufferedAtPeak)}
 	default:
 		t.Fatalf("%s:%d: unknown command %q", path, lineNo, fields[0])
 	}

@@ -101,10 +101,20 @@ func caughtUp(t *testing.T, s *events.Subscriber, e *Engine) {
 	if !ok {
 		t.Fatal("engine published nothing")
 	}
-	waitFor(t, "subscriber to apply the last seq", func() bool {
-		st := s.State()
-		return st.Mode == events.ModeLive && st.HasApplied && st.Applied == last
-	})
+	var st events.State
+	deadline := time.Now().Add(30 * time.Second)
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		st = s.State()
+		if st.Mode == events.ModeLive && st.HasApplied && st.Applied == last {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for the subscriber to apply seq %d: %+v; publisher %+v", last, st, e.Publisher().Stats())
+		}
+		<-tick.C
+	}
 }
 
 // checkEqual asserts the index holds exactly the engine's cache for rank.
