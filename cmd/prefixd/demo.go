@@ -16,12 +16,13 @@ func (o *demoOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Conversations, "conversations", o.Conversations, "concurrent conversations")
 	fs.IntVar(&o.TotalBlocks, "total-kv-blocks", o.TotalBlocks, "KV capacity of each mock engine, in blocks")
 	fs.Float64Var(&o.DropLive, "drop-live", o.DropLive, "fraction of live event batches each engine drops (repaired by replay); negative: none")
+	fs.IntVar(&o.Concurrency, "concurrency", o.Concurrency, "clients routing at once in each mode (1: one request at a time)")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
 }
 
 func (o *demoOptions) Validate() error {
-	if o.Requests < 4 || o.Conversations < 1 || o.TotalBlocks < 64 || o.DropLive >= 1 {
-		return fmt.Errorf("--requests ≥ 4, --conversations ≥ 1, --total-kv-blocks ≥ 64 and --drop-live < 1")
+	if o.Requests < 4 || o.Conversations < 1 || o.TotalBlocks < 64 || o.DropLive >= 1 || o.Concurrency < 1 {
+		return fmt.Errorf("--requests ≥ 4, --conversations ≥ 1, --total-kv-blocks ≥ 64, --concurrency ≥ 1 and --drop-live < 1")
 	}
 	return nil
 }

@@ -16,9 +16,12 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
@@ -42,6 +45,9 @@ type Config struct {
 	// TTFT (default 50 µs).
 	PrefillPerToken time.Duration
 	Seed            uint64
+	// Concurrency is the number of clients routing at once in each mode
+	// (default 2), so that bookings overlap and load spreads.
+	Concurrency int
 	// LeaseTTL is the mock engines' registration lease (default 5 s).
 	LeaseTTL time.Duration
 	Out      io.Writer // report and progress (default stdout)
@@ -66,6 +72,7 @@ func (c *Config) defaults() {
 	def(&c.SystemTokens, 384)
 	def(&c.BlockSize, 16)
 	def(&c.TotalBlocks, 384)
+	def(&c.Concurrency, 2)
 	switch {
 	case c.DropLive == 0:
 		c.DropLive = 0.01
@@ -124,6 +131,7 @@ func (m ModeResult) Percentile(q float64) time.Duration {
 type Report struct {
 	Modes         []ModeResult
 	Engines       int
+	Concurrency   int
 	Batches       uint64 // batches published by the engines
 	LiveDropped   uint64
 	EventsApplied float64
@@ -205,8 +213,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 
 	prompts := Workload(cfg)
-	rep := &Report{Engines: len(engines)}
-	rng := rand.New(rand.NewPCG(cfg.Seed, 0x9e3779b97f4a7c15))
+	rep := &Report{Engines: len(engines), Concurrency: cfg.Concurrency}
 	modes := []struct {
 		name string
 		run  func(i int, p mocker.Request, m *ModeResult) error
@@ -214,21 +221,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		{"prefixd (KV-aware)", func(i int, p mocker.Request, m *ModeResult) error { return routeKV(ctx, cl, engines, i, p, m, cfg) }},
 		{"random", func(i int, p mocker.Request, m *ModeResult) error {
 			pool := byGroup(engines, groupRandom, "")
-			return serve(ctx, pool[rng.IntN(len(pool))], p, m, cfg)
+			pick := rand.New(rand.NewPCG(cfg.Seed, uint64(i))).IntN(len(pool)) // per request, whatever the interleaving
+			return serve(ctx, pool[pick], p, m, cfg)
 		}},
 		{"prefixd disaggregated", func(i int, p mocker.Request, m *ModeResult) error { return routePlan(ctx, cl, engines, i, p, m, cfg) }},
 	}
 	for _, md := range modes {
-		m := ModeResult{Name: md.name, PerWorker: map[uint64]int{}}
-		for i, p := range prompts {
-			if err := md.run(i, p, &m); err != nil {
-				return nil, fmt.Errorf("%s request %d: %w", md.name, i, err)
-			}
-			if (i+1)%(len(prompts)/4) == 0 {
-				fmt.Fprintf(cfg.Out, "  %-22s %4d/%d requests, cache hit rate so far %5.1f%%\n", md.name, i+1, len(prompts), 100*m.HitRate())
-			}
+		m, err := runMode(ctx, md.name, prompts, cfg, md.run)
+		if err != nil {
+			return nil, err
 		}
-		slices.Sort(m.TTFT)
 		rep.Modes = append(rep.Modes, m)
 	}
 
@@ -274,6 +276,58 @@ func demoSpecs() []engineSpec {
 		specs = append(specs, engineSpec{uint64(21 + i), groupDisagg, catalog.RolePrefill, rack}, engineSpec{uint64(31 + i), groupDisagg, catalog.RoleDecode, rack})
 	}
 	return specs
+}
+
+// runMode routes prompts with cfg.Concurrency clients taking the next
+// prompt in turn, and merges what they saw.
+func runMode(ctx context.Context, name string, prompts []mocker.Request, cfg Config, run func(i int, p mocker.Request, m *ModeResult) error) (ModeResult, error) {
+	total := ModeResult{Name: name, PerWorker: map[uint64]int{}}
+	var (
+		mu           sync.Mutex // guards total
+		next, done   atomic.Int64
+		promptTokens atomic.Int64
+		cachedTokens atomic.Int64
+	)
+	quarter := int64(max(len(prompts)/4, 1))
+	g, gctx := errgroup.WithContext(ctx)
+	for range cfg.Concurrency {
+		g.Go(func() error {
+			m := ModeResult{PerWorker: map[uint64]int{}}
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(prompts) || gctx.Err() != nil {
+					break
+				}
+				before := m
+				if err := run(i, prompts[i], &m); err != nil {
+					return fmt.Errorf("%s request %d: %w", name, i, err)
+				}
+				promptTokens.Add(int64(m.PromptTokens - before.PromptTokens))
+				cachedTokens.Add(int64(m.CachedTokens - before.CachedTokens))
+				if n := done.Add(1); n%quarter == 0 {
+					fmt.Fprintf(cfg.Out, "  %-22s %4d/%d requests, cache hit rate so far %5.1f%%\n", name, n, len(prompts),
+						100*float64(cachedTokens.Load())/float64(max(promptTokens.Load(), 1)))
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			total.Requests += m.Requests
+			total.PromptTokens += m.PromptTokens
+			total.CachedTokens += m.CachedTokens
+			total.TTFT = append(total.TTFT, m.TTFT...)
+			total.Bypass += m.Bypass
+			total.Remote += m.Remote
+			for id, n := range m.PerWorker {
+				total.PerWorker[id] += n
+			}
+			return nil
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return total, err
+	}
+	slices.Sort(total.TTFT)
+	return total, nil
 }
 
 // startEngines starts the demo's pools and waits until all are registered.

@@ -27,7 +27,7 @@ func sumMetric(mf []*dto.MetricFamily, name string) float64 {
 // Write prints the report.
 func (r *Report) Write(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nRouting the same %d-request chat workload three ways (simulated TTFT = uncached prompt tokens × prefill cost):\n\n", r.requests())
+	fmt.Fprintf(&b, "\nRouting the same %d-request chat workload three ways, %d clients at a time (simulated TTFT = uncached prompt tokens × prefill cost):\n\n", r.requests(), max(r.Concurrency, 1))
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "routing\tcache hit rate\tTTFT p50\tTTFT p99\trequests per worker\t")
 	for _, m := range r.Modes {
