@@ -20,8 +20,7 @@ import (
 )
 
 type mockerOptions struct {
-	etcdEndpoints []string
-	etcdPrefix    string
+	etcd          etcdFlags
 	model         string
 	group         string
 	role          string
@@ -43,15 +42,14 @@ type mockerOptions struct {
 }
 
 func newMockerOptions() *mockerOptions {
-	return &mockerOptions{etcdEndpoints: []string{"http://127.0.0.1:2379"}, etcdPrefix: catalog.DefaultPrefix, model: "mock-model",
+	return &mockerOptions{etcd: newEtcdFlags("http://127.0.0.1:2379"), model: "mock-model",
 		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), engines: 1, firstID: 1, blockSize: 16,
 		totalBlocks: 4096, host: "127.0.0.1", httpPort: 18000, prefillPerTok: 50 * time.Microsecond, decodePerTok: time.Millisecond,
 		era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL}
 }
 
 func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs of the catalog the engines register in")
-	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog")
+	o.etcd.AddFlags(fs, "etcd client URLs of the catalog the engines register in")
 	fs.StringVar(&o.model, "model", o.model, "model name the engines serve")
 	fs.StringVar(&o.group, "routing-group", o.group, "routing group")
 	fs.StringVar(&o.role, "role", o.role, "aggregated, prefill or decode")
@@ -73,8 +71,11 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 }
 
 func (o *mockerOptions) Validate() error {
-	if err := (catalog.EtcdConfig{Endpoints: o.etcdEndpoints}).Validate(); err != nil {
-		return fmt.Errorf("--etcd-endpoints: %w", err)
+	if len(o.etcd.endpoints) == 0 {
+		return fmt.Errorf("--etcd-endpoints: required")
+	}
+	if err := o.etcd.Validate(); err != nil {
+		return err
 	}
 	switch {
 	case o.engines < 1:
@@ -128,7 +129,7 @@ func newMockerCommand() *cobra.Command {
 }
 
 func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix})
+	store, err := catalog.NewEtcdStore(ctx, o.etcd.Config())
 	if err != nil {
 		return err
 	}

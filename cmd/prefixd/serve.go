@@ -11,53 +11,40 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
 type serveOptions struct {
-	etcdEndpoints []string
-	etcdPrefix    string
-	etcdCert      string
-	etcdKey       string
-	etcdCA        string
-	etcdUser      string
-	etcdPassword  string
-	dataDir       string
-	embeddedURL   string
-	listen        string
-	apiToken      string
-	maxEntries    int
-	peers         []string
-	replays       int
-	readyTimeout  time.Duration
-	disaggOrder   string
-	prefillFail   string
-	disaggPolicy  string
-	effISL        float64
-	effISLRatio   float64
-	decodeBusy    float64
-	prefillBusy   float64
-	temperature   float64
-	logLevel      string
+	etcd         etcdFlags
+	dataDir      string
+	embeddedURL  string
+	listen       string
+	apiToken     string
+	maxEntries   int
+	peers        []string
+	replays      int
+	readyTimeout time.Duration
+	disaggOrder  string
+	prefillFail  string
+	disaggPolicy string
+	effISL       float64
+	effISLRatio  float64
+	decodeBusy   float64
+	prefillBusy  float64
+	temperature  float64
+	logLevel     string
 }
 
 func newServeOptions() *serveOptions {
-	return &serveOptions{etcdPrefix: catalog.DefaultPrefix, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
+	return &serveOptions{etcd: newEtcdFlags(), dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
 		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
 		readyTimeout: time.Minute, logLevel: "info"}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs; empty runs an embedded etcd in --data-dir")
-	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog in etcd")
-	fs.StringVar(&o.etcdCert, "etcd-cert", o.etcdCert, "client certificate file for etcd TLS")
-	fs.StringVar(&o.etcdKey, "etcd-key", o.etcdKey, "client key file for etcd TLS")
-	fs.StringVar(&o.etcdCA, "etcd-ca", o.etcdCA, "CA file to verify etcd's certificate")
-	fs.StringVar(&o.etcdUser, "etcd-user", o.etcdUser, "etcd username")
-	fs.StringVar(&o.etcdPassword, "etcd-password", o.etcdPassword, "etcd password (prefer PREFIXD_ETCD_PASSWORD)")
+	o.etcd.AddFlags(fs, "etcd client URLs; empty runs an embedded etcd in --data-dir")
 	fs.StringVar(&o.dataDir, "data-dir", o.dataDir, "directory for the embedded etcd's data")
 	fs.StringVar(&o.embeddedURL, "embedded-etcd-url", o.embeddedURL, "client URL of the embedded etcd (without --etcd-endpoints); sidecars and mockers register there")
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
@@ -118,9 +105,6 @@ func (o *serveOptions) Validate() error {
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
 	}
-	if (o.etcdCert == "") != (o.etcdKey == "") {
-		return fmt.Errorf("--etcd-cert and --etcd-key go together")
-	}
 	if _, err := o.coordinator(); err != nil {
 		return err
 	}
@@ -133,15 +117,7 @@ func (o *serveOptions) Validate() error {
 			return fmt.Errorf("--peers %q: want http://host:port or dns+http://host:port", p)
 		}
 	}
-	if len(o.etcdEndpoints) == 0 {
-		return nil // embedded etcd
-	}
-	return o.etcd().Validate()
-}
-
-func (o *serveOptions) etcd() catalog.EtcdConfig {
-	return catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix, Username: o.etcdUser, Password: o.etcdPassword,
-		CertFile: o.etcdCert, KeyFile: o.etcdKey, CAFile: o.etcdCA}
+	return o.etcd.Validate()
 }
 
 func newServeCommand() *cobra.Command {
@@ -162,7 +138,7 @@ func newServeCommand() *cobra.Command {
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
 			coord, _ := o.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
-			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
+			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
 				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log})
 		},

@@ -13,49 +13,37 @@ import (
 )
 
 type sidecarOptions struct {
-	etcdEndpoints []string
-	etcdPrefix    string
-	etcdUser      string
-	etcdPassword  string
-	etcdCert      string
-	etcdKey       string
-	etcdCA        string
-	workerID      uint64
-	model         string
-	group         string
-	role          string
-	blockSize     uint32
-	events        string
-	replay        string
-	topic         string
-	dpStart       uint32
-	dpSize        uint32
-	totalBlocks   uint64
-	maxBatched    uint64
-	engineURL     string
-	healthPath    string
-	advertise     string
-	ttl           time.Duration
-	kvDomain      string
-	kvEnforce     string
-	topology      map[string]string
-	taints        []string
+	etcd        etcdFlags
+	workerID    uint64
+	model       string
+	group       string
+	role        string
+	blockSize   uint32
+	events      string
+	replay      string
+	topic       string
+	dpStart     uint32
+	dpSize      uint32
+	totalBlocks uint64
+	maxBatched  uint64
+	engineURL   string
+	healthPath  string
+	advertise   string
+	ttl         time.Duration
+	kvDomain    string
+	kvEnforce   string
+	topology    map[string]string
+	taints      []string
 }
 
 func newSidecarOptions() *sidecarOptions {
-	return &sidecarOptions{etcdEndpoints: []string{"http://127.0.0.1:2379"}, etcdPrefix: catalog.DefaultPrefix,
+	return &sidecarOptions{etcd: newEtcdFlags("http://127.0.0.1:2379"),
 		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), blockSize: 16,
 		events: "tcp://*:5557", dpSize: 1, healthPath: "/health", ttl: catalog.DefaultSessionTTL}
 }
 
 func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringSliceVar(&o.etcdEndpoints, "etcd-endpoints", o.etcdEndpoints, "etcd client URLs of the catalog")
-	fs.StringVar(&o.etcdPrefix, "etcd-prefix", o.etcdPrefix, "key prefix of the worker catalog")
-	fs.StringVar(&o.etcdUser, "etcd-user", o.etcdUser, "etcd username")
-	fs.StringVar(&o.etcdPassword, "etcd-password", o.etcdPassword, "etcd password (prefer PREFIXD_ETCD_PASSWORD)")
-	fs.StringVar(&o.etcdCert, "etcd-cert", o.etcdCert, "client certificate file for etcd TLS")
-	fs.StringVar(&o.etcdKey, "etcd-key", o.etcdKey, "client key file for etcd TLS")
-	fs.StringVar(&o.etcdCA, "etcd-ca", o.etcdCA, "CA file to verify etcd's certificate")
+	o.etcd.AddFlags(fs, "etcd client URLs of the catalog")
 	fs.Uint64Var(&o.workerID, "worker-id", o.workerID, "stable worker id (required; not a lease id)")
 	fs.StringVar(&o.model, "model", o.model, "model name as served (required)")
 	fs.StringVar(&o.group, "routing-group", o.group, "routing group within the model")
@@ -84,8 +72,7 @@ func (o *sidecarOptions) options() sidecar.Options {
 		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize, TotalKVBlocks: o.totalBlocks, MaxNumBatchedTokens: o.maxBatched,
 		TopologyDomains: o.topology, KVTransferDomain: o.kvDomain, KVTransferEnforcement: catalog.Enforcement(o.kvEnforce), Taints: o.taints}
 	so := sidecar.Options{Worker: w, AdvertiseHost: o.advertise, TTL: o.ttl,
-		Etcd: catalog.EtcdConfig{Endpoints: o.etcdEndpoints, Prefix: o.etcdPrefix, Username: o.etcdUser, Password: o.etcdPassword,
-			CertFile: o.etcdCert, KeyFile: o.etcdKey, CAFile: o.etcdCA}}
+		Etcd: o.etcd.Config()}
 	if o.engineURL != "" && o.healthPath != "" {
 		so.HealthURL = o.engineURL + o.healthPath
 	}
@@ -102,10 +89,10 @@ func (o *sidecarOptions) Validate() error {
 	if o.ttl < 2*time.Second {
 		return fmt.Errorf("--ttl %v: etcd's minimum lease is 2s", o.ttl)
 	}
-	so := o.options()
-	if err := so.Etcd.Validate(); err != nil {
+	if err := o.etcd.Validate(); err != nil {
 		return err
 	}
+	so := o.options()
 	_, err := so.Record()
 	return err
 }

@@ -370,13 +370,26 @@ func (e *Engine) LastSeq() (seq uint64, ok bool) {
 }
 
 // ServeHTTP handles POST /generate with a JSON Request and answers with a
-// JSON Result, and the fault injections POST /faults/restart,
+// JSON Result, GET /health (200 while running, as vLLM's), and the fault
+// injections POST /faults/restart,
 // /faults/reset_prefix_cache, /faults/stall_replay?for=<duration> and
 // /faults/crash.
 // Other paths are 404, other methods 405.
 func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if strings.HasPrefix(r.URL.Path, "/faults/") {
 		e.serveFault(w, r)
+		return
+	}
+	if r.URL.Path == "/health" {
+		// As vLLM's /health: 200 while the engine serves. A sidecar probes it.
+		e.mu.Lock()
+		running := e.running
+		e.mu.Unlock()
+		if !running {
+			http.Error(w, ErrNotRunning.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
 		return
 	}
 	if r.URL.Path != "/generate" {

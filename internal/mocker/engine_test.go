@@ -356,6 +356,9 @@ func TestEngineFaultEndpoints(t *testing.T) {
 	if c := call(http.MethodGet, "/faults/restart"); c != http.StatusMethodNotAllowed {
 		t.Errorf("GET /faults/restart: %d, want 405", c)
 	}
+	if c := call(http.MethodGet, "/health"); c != http.StatusOK {
+		t.Fatalf("health of a running engine: %d", c)
+	}
 	if c := call(http.MethodPost, "/faults/crash"); c != http.StatusNoContent {
 		t.Fatalf("crash: %d", c)
 	}
@@ -363,6 +366,9 @@ func TestEngineFaultEndpoints(t *testing.T) {
 		_, err := e.Serve(context.Background(), Request{TokenIDs: toks(0, testBS)})
 		return errors.Is(err, ErrNotRunning)
 	})
+	if c := call(http.MethodGet, "/health"); c != http.StatusServiceUnavailable {
+		t.Fatalf("health of a crashed engine: %d", c)
+	}
 }
 
 // TestEngineCrash: a crashed engine stops serving and publishing but
