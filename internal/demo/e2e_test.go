@@ -24,14 +24,7 @@ import (
 // daemon restarting while the engines keep publishing, and etcd
 // restarting under both.
 func TestEndToEndFailures(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	emb := storetest.StartEtcd(t)
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() }) // after the engines' cleanup revoked their leases
+	ctx, emb, store := e2eEtcd(t)
 
 	var cfgs []mocker.Config
 	for _, pc := range []events.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
@@ -89,14 +82,7 @@ func TestEndToEndFailures(t *testing.T) {
 // both replicas drop it and its blocks when the lease expires, while the
 // other engines stay exact.
 func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	emb := storetest.StartEtcd(t)
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { store.Close() })
+	ctx, emb, store := e2eEtcd(t)
 	const ttl = 2 * time.Second
 	cfg := mocker.Config{Publisher: events.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
 	engines := startE2EEngines(t, ctx, store, []mocker.Config{cfg, cfg, cfg})
@@ -183,6 +169,21 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 	trafficOn(t, ctx, live)(60)
 	checkExact(t, ctx, "after the crash, first replica", a.ix, live)
 	checkExact(t, ctx, "after the crash, bootstrapped replica", b.ix, live)
+}
+
+// e2eEtcd starts an embedded etcd and a store on it, and a context that
+// bounds the test.
+func e2eEtcd(t *testing.T) (context.Context, *catalog.Embedded, *catalog.EtcdStore) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	t.Cleanup(cancel)
+	emb := storetest.StartEtcd(t)
+	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close() }) // after the engines' cleanup revoked their leases
+	return ctx, emb, store
 }
 
 // startE2EEngines starts one registered mock engine per config (ids 1, 2,
