@@ -8,6 +8,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	up         *prometheus.GaugeVec
 	lastSeq    *prometheus.GaugeVec
+	lastSeen   *prometheus.GaugeVec
 	degraded   *prometheus.GaugeVec
 	batches    *prometheus.CounterVec
 	events     *prometheus.CounterVec
@@ -26,6 +27,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "1 while the live socket to the worker rank is connected."}, wr),
 		lastSeq: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "prefixd_stream_last_applied_seq",
 			Help: "Sequence number of the last batch applied for the worker rank."}, wr),
+		lastSeen: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "prefixd_stream_last_seen_seq",
+			Help: "Sequence number of the last batch received on the worker rank's live socket; minus prefixd_stream_last_applied_seq, the batches waiting for a gap's replay."}, wr),
 		degraded: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "prefixd_stream_degraded",
 			Help: "1 while the worker rank's history is known to be incomplete (it holds a subset of the engine's cache)."}, wr),
 		batches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_batches_total",
@@ -43,7 +46,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.replayTime)
 	return m
 }
 
@@ -52,6 +55,7 @@ func (m *Metrics) forget(worker, rank string) {
 	l := prometheus.Labels{"worker": worker, "rank": rank}
 	m.up.DeletePartialMatch(l)
 	m.lastSeq.DeletePartialMatch(l)
+	m.lastSeen.DeletePartialMatch(l)
 	m.degraded.DeletePartialMatch(l)
 	m.batches.DeletePartialMatch(l)
 	m.events.DeletePartialMatch(l)

@@ -588,6 +588,9 @@ func (r *run) publish() {
 		if seq, ok := c.Applied(); ok {
 			m.lastSeq.WithLabelValues(w, k).Set(float64(seq))
 		}
+		if seq, ok := c.LastLive(); ok {
+			m.lastSeen.WithLabelValues(w, k).Set(float64(seq))
+		}
 		d := 0.0
 		if c.Degraded() {
 			d = 1

@@ -522,13 +522,16 @@ prefixd_stream_events_total{rank="1",type="unknown",worker="2"} 0
 # HELP prefixd_stream_last_applied_seq Sequence number of the last batch applied for the worker rank.
 # TYPE prefixd_stream_last_applied_seq gauge
 prefixd_stream_last_applied_seq{rank="1",worker="2"} 3
+# HELP prefixd_stream_last_seen_seq Sequence number of the last batch received on the worker rank's live socket; minus prefixd_stream_last_applied_seq, the batches waiting for a gap's replay.
+# TYPE prefixd_stream_last_seen_seq gauge
+prefixd_stream_last_seen_seq{rank="1",worker="2"} 3
 # HELP prefixd_stream_up 1 while the live socket to the worker rank is connected.
 # TYPE prefixd_stream_up gauge
 prefixd_stream_up{rank="1",worker="2"} 1
 `
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(want),
 		"prefixd_stream_batches_total", "prefixd_stream_degraded", "prefixd_stream_events_total",
-		"prefixd_stream_last_applied_seq", "prefixd_stream_up"); err != nil {
+		"prefixd_stream_last_applied_seq", "prefixd_stream_last_seen_seq", "prefixd_stream_up"); err != nil {
 		t.Fatal(err)
 	}
 	if n := testutil.ToFloat64(s.s.cfg.Metrics.replays.WithLabelValues("2", "1", "ok")); n != 1 {
