@@ -590,6 +590,10 @@ func (r *run) publish() {
 		}
 		if seq, ok := c.LastLive(); ok {
 			m.lastSeen.WithLabelValues(w, k).Set(float64(seq))
+		} else {
+			// Nothing live on this connection yet: a seq from before a
+			// reconnect (maybe of an engine since restarted) is no lag.
+			m.lastSeen.DeleteLabelValues(w, k)
 		}
 		d := 0.0
 		if c.Degraded() {
