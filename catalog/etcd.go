@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -75,6 +76,8 @@ type EtcdStore struct {
 	// watchCheck is how often a watch verifies that etcd is the same
 	// cluster with its history (WatchCheckInterval; tests shorten it).
 	watchCheck time.Duration
+	// checkFailures counts watch header reads that failed.
+	checkFailures atomic.Uint64
 }
 
 // WatchCheckInterval is how often a watch asks etcd for its cluster id and
@@ -385,6 +388,9 @@ func (w *etcdWatch) check(ctx context.Context, listed int64) {
 		switch {
 		case err != nil:
 			failed = ctx.Err() == nil
+			if failed {
+				w.s.checkFailures.Add(1)
+			}
 		case failed || (cluster != 0 && c != cluster) || rev < base:
 			w.interrupt()
 			return
