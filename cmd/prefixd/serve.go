@@ -12,11 +12,13 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
 type serveOptions struct {
 	etcd         etcdFlags
+	probe        time.Duration
 	dataDir      string
 	embeddedURL  string
 	listen       string
@@ -37,7 +39,7 @@ type serveOptions struct {
 }
 
 func newServeOptions() *serveOptions {
-	return &serveOptions{etcd: newEtcdFlags(), dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
+	return &serveOptions{etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
 		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
 		readyTimeout: time.Minute, logLevel: "info"}
@@ -45,6 +47,7 @@ func newServeOptions() *serveOptions {
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	o.etcd.AddFlags(fs, "etcd client URLs; empty runs an embedded etcd in --data-dir")
+	fs.DurationVar(&o.probe, "probe-interval", o.probe, "after this long without a live batch from a worker rank, ask its replay endpoint for anything newer (finds a last batch the engine's PUB dropped)")
 	fs.StringVar(&o.dataDir, "data-dir", o.dataDir, "directory for the embedded etcd's data")
 	fs.StringVar(&o.embeddedURL, "embedded-etcd-url", o.embeddedURL, "client URL of the embedded etcd (without --etcd-endpoints); sidecars and mockers register there")
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
@@ -98,6 +101,9 @@ func (o *serveOptions) Validate() error {
 	if u, err := url.Parse(o.embeddedURL); err != nil || u.Scheme != "http" || u.Port() == "" {
 		return fmt.Errorf("--embedded-etcd-url %q: want http://host:port", o.embeddedURL)
 	}
+	if o.probe < time.Second {
+		return fmt.Errorf("--probe-interval %v: must be at least 1s", o.probe)
+	}
 	if o.readyTimeout <= 0 {
 		return fmt.Errorf("--ready-timeout %v: must be positive", o.readyTimeout)
 	}
@@ -140,7 +146,8 @@ func newServeCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
-				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log})
+				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log,
+				Subscriber: events.SubscriberConfig{ProbeInterval: o.probe}})
 		},
 	}
 	o.AddFlags(cmd.Flags())

@@ -366,7 +366,12 @@ func waitStreams(ctx context.Context, cl *client.Client, n int) error {
 // poll calls f every 20 ms until it returns nil, for at most 30 s; then
 // it reports f's last error.
 func poll(ctx context.Context, what string, f func() error) error {
-	deadline := time.Now().Add(30 * time.Second)
+	return pollFor(ctx, what, 30*time.Second, f)
+}
+
+// pollFor is poll with another limit.
+func pollFor(ctx context.Context, what string, limit time.Duration, f func() error) error {
+	deadline := time.Now().Add(limit)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -375,7 +380,7 @@ func poll(ctx context.Context, what string, f func() error) error {
 			return nil
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("waiting 30 s for the %s: %w", what, err)
+			return fmt.Errorf("waiting %v for the %s: %w", limit, what, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -50,6 +50,9 @@ type SoakConfig struct {
 	MaxGrowth float64
 	// CSV, if set, receives one line per sample.
 	CSV io.Writer
+	// ProbeInterval is the daemon's --probe-interval (default 30 s, as in
+	// production): how soon it finds an engine's last batch dropped.
+	ProbeInterval time.Duration
 }
 
 func (c *SoakConfig) defaults() {
@@ -72,6 +75,7 @@ func (c *SoakConfig) defaults() {
 	def(&c.Sample, 10*time.Second)
 	def(&c.ChurnEvery, time.Minute)
 	def(&c.Warmup, c.Duration/5)
+	def(&c.ProbeInterval, 30*time.Second)
 	if c.Rate <= 0 {
 		c.Rate = 200
 	}
@@ -231,7 +235,7 @@ sampling:
 
 	fmt.Fprintln(cfg.Out, "load stopped; waiting for the daemon to catch up with every engine …")
 	engines := fl.list()
-	rep.Mismatches = followed(ctx, cl, engines)
+	rep.Mismatches = followed(ctx, cl, engines, cfg.ProbeInterval)
 	m, err := d.metrics(ctx)
 	if err != nil {
 		return nil, err
@@ -299,12 +303,14 @@ func flatness(samples []SoakSample, warmup time.Duration) (growth float64, slope
 	return growth, slopePerHour
 }
 
-// followed waits (up to 30 s) until the daemon reports, for every engine,
-// its last published seq and as many blocks as the engine caches, and
-// returns the engines for which it never did.
-func followed(ctx context.Context, cl *client.Client, engines []*engine) []string {
+// followed waits until the daemon reports, for every engine, its last
+// published seq and as many blocks as the engine caches, and returns the
+// engines for which it never did. It waits up to the probe interval +
+// 15 s: when an engine's last batch was dropped, only the daemon's
+// quiet-socket probe finds it.
+func followed(ctx context.Context, cl *client.Client, engines []*engine, probe time.Duration) []string {
 	var diffs []string
-	_ = poll(ctx, "index to follow every engine", func() error {
+	_ = pollFor(ctx, "index to follow every engine", probe+15*time.Second, func() error {
 		ws, err := cl.Workers(ctx, model, "")
 		if err != nil {
 			return err
@@ -322,7 +328,7 @@ func followed(ctx context.Context, cl *client.Client, engines []*engine) []strin
 			case !ok:
 				diffs = append(diffs, fmt.Sprintf("worker %d: not listed", e.worker.WorkerID))
 			case l.Blocks != blocks:
-				diffs = append(diffs, fmt.Sprintf("worker %d: index %d blocks, engine %d", e.worker.WorkerID, l.Blocks, blocks))
+				diffs = append(diffs, fmt.Sprintf("worker %d: index %d blocks, engine %d (degraded %v)", e.worker.WorkerID, l.Blocks, blocks, l.Degraded))
 			case published && (l.LastSeq == nil || *l.LastSeq != last):
 				diffs = append(diffs, fmt.Sprintf("worker %d: applied seq %v, engine published up to %d", e.worker.WorkerID, l.LastSeq, last))
 			}
@@ -497,7 +503,8 @@ func startDaemonProcess(ctx context.Context, cfg SoakConfig, etcd []string, logP
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.Daemon, "serve", "--etcd-endpoints", strings.Join(etcd, ","), "--listen", addr, "--log-level", "warn")
+	cmd := exec.Command(cfg.Daemon, "serve", "--etcd-endpoints", strings.Join(etcd, ","), "--listen", addr, "--log-level", "warn",
+		"--probe-interval", cfg.ProbeInterval.String())
 	cmd.Stdout, cmd.Stderr = lf, lf
 	if err := cmd.Start(); err != nil {
 		lf.Close()

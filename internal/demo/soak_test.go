@@ -23,9 +23,13 @@ func TestSoakShort(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := Soak(ctx, SoakConfig{Config: Config{Out: &out}, Daemon: bin, Duration: 8 * time.Second, Sample: time.Second,
-		ChurnEvery: 1500 * time.Millisecond, Rate: 100, MaxGrowth: 100, CSV: &csv})
+		ChurnEvery: 1500 * time.Millisecond, Rate: 100, MaxGrowth: 100, CSV: &csv, ProbeInterval: time.Second})
 	if err != nil {
-		t.Fatalf("soak: %v\n%s", err, out.String())
+		var mismatches []string
+		if rep != nil {
+			mismatches = rep.Mismatches
+		}
+		t.Fatalf("soak: %v %q\n%s", err, mismatches, out.String())
 	}
 	if len(rep.Samples) < 6 || rep.Requests < 100 {
 		t.Fatalf("%d samples, %d requests\n%s", len(rep.Samples), rep.Requests, out.String())

@@ -270,6 +270,10 @@ func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
 			e.mu.Unlock()
 			return res, ErrNotRunning
 		}
+		if err := ctx.Err(); err != nil {
+			e.mu.Unlock()
+			return res, err // abandoned before it was scheduled: no cache change
+		}
 		var err error
 		a, err = e.pool.Alloc(req.TokenIDs)
 		if err == nil {
@@ -297,9 +301,11 @@ func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
 		}
 	}
 	e.inflight++
-	// A failed Publish leaves the index behind the engine, as a lost
-	// batch would; the request itself still proceeds.
-	perr := e.publishLocked(ctx)
+	// The cache changed, so its events go out whatever becomes of the
+	// request (a client that hangs up now does not unpublish a step, in
+	// vLLM either). A failed Publish leaves the index behind the engine,
+	// as a lost batch would; the request itself still proceeds.
+	perr := e.publishLocked(context.WithoutCancel(ctx))
 	e.mu.Unlock()
 	defer func() {
 		e.mu.Lock()
@@ -341,8 +347,11 @@ func (e *Engine) Restart() {
 func (e *Engine) ResetPrefixCache(ctx context.Context) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	e.pool.Reset()
-	return e.publishLocked(ctx)
+	return e.publishLocked(context.WithoutCancel(ctx)) // the cache is gone: say so
 }
 
 // Queued returns how many requests wait for KV blocks.

@@ -466,3 +466,38 @@ func TestEngineQueuesWhenFull(t *testing.T) {
 		t.Fatalf("%d still queued", e.Queued())
 	}
 }
+
+// flipCtx is a context that is live at its first Err check and cancelled
+// at every later one: a client hanging up while its request is scheduled.
+type flipCtx struct {
+	context.Context
+	checks int
+}
+
+func (c *flipCtx) Err() error {
+	c.checks++
+	if c.checks > 1 {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestEngineCancelAfterScheduling: a request cancelled after its blocks
+// were allocated still publishes that step (the engine's cache changed);
+// one cancelled before changes nothing.
+func TestEngineCancelAfterScheduling(t *testing.T) {
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS})
+	before := e.Publisher().Seq()
+	e.Serve(&flipCtx{Context: context.Background()}, Request{TokenIDs: toks(0, 3*testBS)})
+	if got := e.Publisher().Seq(); got != before+1 || len(e.Holds()) != 3 {
+		t.Fatalf("after a request cancelled once scheduled: seq %d (was %d), cache %d blocks; want the step published", got, before, len(e.Holds()))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := e.Serve(ctx, Request{TokenIDs: toks(100, 3*testBS)}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled request: %v", err)
+	}
+	if got := e.Publisher().Seq(); got != before+1 || len(e.Holds()) != 3 {
+		t.Fatalf("a request cancelled before scheduling changed the engine: seq %d, cache %d blocks", got, len(e.Holds()))
+	}
+}
