@@ -166,9 +166,15 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 	if el := time.Since(start); el > ttl+3*time.Second {
 		t.Errorf("the crashed worker left %v after the crash; want within its lease TTL %v + 3 s", el, ttl)
 	}
-	trafficOn(t, ctx, live)(60)
-	checkExact(t, ctx, "after the crash, first replica", a.ix, live)
-	checkExact(t, ctx, "after the crash, bootstrapped replica", b.ix, live)
+	// Paced again (4 batches per engine a step): a burst could outrun the
+	// 8-batch replay buffers on a loaded machine and leave a rank
+	// degraded, which is correct but not what this stage checks.
+	traffic = trafficOn(t, ctx, live)
+	for range 8 {
+		traffic(8)
+		checkExact(t, ctx, "after the crash, first replica", a.ix, live)
+		checkExact(t, ctx, "after the crash, bootstrapped replica", b.ix, live)
+	}
 }
 
 // e2eEtcd starts an embedded etcd and a store on it, and a context that
