@@ -400,13 +400,18 @@ func byGroup(engines []*engine, group string, role catalog.Role) []*engine {
 	return out
 }
 
+// errNotInFleet: prefixd chose a worker the demo does not run (in the
+// soak, one that just crashed and is still in the catalog until its
+// lease expires).
+var errNotInFleet = errors.New("not an engine the demo runs")
+
 func find(engines []*engine, id uint64) (*engine, error) {
 	for _, e := range engines {
 		if e.worker.WorkerID == id {
 			return e, nil
 		}
 	}
-	return nil, fmt.Errorf("prefixd chose worker %d, which the demo does not run", id)
+	return nil, fmt.Errorf("prefixd chose worker %d: %w", id, errNotInFleet)
 }
 
 // serve runs p on e and records it; the simulated TTFT is the prefill of

@@ -194,38 +194,23 @@ func e2eEtcd(t *testing.T) (context.Context, *catalog.Embedded, *catalog.EtcdSto
 
 // startE2EEngines starts one registered mock engine per config (ids 1, 2,
 // …, 256 blocks of 16 tokens unless set) and stops them at cleanup.
-func startE2EEngines(t *testing.T, ctx context.Context, store catalog.Registrar, cfgs []mocker.Config) []*engine {
+func startE2EEngines(t *testing.T, ctx context.Context, store *catalog.EtcdStore, cfgs []mocker.Config) []*engine {
 	t.Helper()
-	ectx, stop := context.WithCancel(ctx)
-	done := make(chan error, len(cfgs))
-	var engines []*engine
+	fl := newFleet(ctx, Config{}.Defaults(), store)
 	t.Cleanup(func() {
-		stop()
-		for range engines {
-			if err := <-done; err != nil {
-				t.Errorf("engine: %v", err)
-			}
+		if err := fl.stop(); err != nil {
+			t.Errorf("engines: %v", err)
 		}
 	})
 	for i, cfg := range cfgs {
 		cfg.TotalBlocks = cmp.Or(cfg.TotalBlocks, 256)
 		cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
-		cfg.Store = store
 		cfg.Worker = catalog.Worker{WorkerID: uint64(i + 1), ModelName: model, RoutingGroup: "e2e", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 19000+i)}
-		e, err := mocker.New(cfg)
-		if err != nil {
+		if _, err := fl.run(ctx, cfg); err != nil {
 			t.Fatal(err)
 		}
-		engines = append(engines, &engine{Engine: e, worker: cfg.Worker})
-		go func() { done <- e.Run(ectx) }()
-		select {
-		case <-e.Ready():
-		case err := <-done:
-			engines = engines[:len(engines)-1]
-			t.Fatalf("engine %d: %v", cfg.Worker.WorkerID, err)
-		}
 	}
-	return engines
+	return fl.list()
 }
 
 // trafficOn returns a function serving the next n requests of a

@@ -2,6 +2,7 @@ package demo
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -30,8 +31,9 @@ type fleet struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // one per engine Run
 
-	mu      sync.Mutex // guards engines
+	mu      sync.Mutex // guards engines and errs
 	engines []*engine
+	errs    []error // of engines whose Run failed
 }
 
 func newFleet(ctx context.Context, cfg Config, store *catalog.EtcdStore) *fleet {
@@ -47,26 +49,36 @@ func (f *fleet) start(ctx context.Context, s engineSpec) (*engine, error) {
 		w.KVTransferDomain = "rack"
 		w.KVTransferEnforcement = catalog.EnforcementRequired
 	}
-	m, err := mocker.New(mocker.Config{TotalBlocks: f.cfg.TotalBlocks, BlockSize: f.cfg.BlockSize,
-		Publisher: events.PublisherConfig{DropLive: f.cfg.DropLive}, Store: f.store, Worker: w, LeaseTTL: f.cfg.leaseTTL()})
+	return f.run(ctx, mocker.Config{TotalBlocks: f.cfg.TotalBlocks, BlockSize: f.cfg.BlockSize,
+		Publisher: events.PublisherConfig{DropLive: f.cfg.DropLive}, Worker: w, LeaseTTL: f.cfg.leaseTTL()})
+}
+
+// run runs an engine configured by mc, registered in the fleet's store,
+// and returns once it is registered.
+func (f *fleet) run(ctx context.Context, mc mocker.Config) (*engine, error) {
+	mc.Store = f.store
+	m, err := mocker.New(mc)
 	if err != nil {
 		return nil, err
 	}
-	e := &engine{Engine: m, worker: w}
+	e := &engine{Engine: m, worker: mc.Worker}
 	done := make(chan error, 1)
 	f.wg.Add(1)
 	go func() {
 		defer f.wg.Done()
 		err := m.Run(f.ctx)
 		if err != nil {
-			f.cfg.Log.Error("mock engine stopped", "worker", s.id, "err", err)
+			f.cfg.Log.Error("mock engine stopped", "worker", mc.Worker.WorkerID, "err", err)
+			f.mu.Lock()
+			f.errs = append(f.errs, fmt.Errorf("mock engine %d: %w", mc.Worker.WorkerID, err))
+			f.mu.Unlock()
 		}
 		done <- err
 	}()
 	select {
 	case <-m.Ready():
 	case err := <-done:
-		return nil, fmt.Errorf("mock engine %d: %w", s.id, err)
+		return nil, fmt.Errorf("mock engine %d: %w", mc.Worker.WorkerID, err)
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
@@ -91,10 +103,14 @@ func (f *fleet) crash(e *engine) {
 	f.engines = slices.DeleteFunc(f.engines, func(x *engine) bool { return x == e })
 }
 
-// stop stops every engine (revoking their leases) and waits for them.
-func (f *fleet) stop() {
+// stop stops every engine (revoking their leases), waits for them, and
+// returns the errors of those whose Run failed.
+func (f *fleet) stop() error {
 	f.cancel()
 	f.wg.Wait()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return errors.Join(f.errs...)
 }
 
 func (c Config) leaseTTL() time.Duration {

@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -24,6 +23,7 @@ import (
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/status"
 )
 
 // SoakConfig configures Soak.
@@ -192,6 +192,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 	defer tick.Stop()
 	defer churn.Stop()
 	nextID := uint64(100)
+	churned := 0 // fleet events so far
 sampling:
 	for {
 		select {
@@ -202,11 +203,12 @@ sampling:
 			stopLoad()
 			break sampling
 		case <-churn.C:
-			what, err := ld.churn(ctx, sumInts(rep.Churn), &nextID)
+			what, err := ld.churn(ctx, churned, &nextID)
 			if err != nil {
 				return nil, fmt.Errorf("soak: %s: %w", what, err)
 			}
 			rep.Churn[what]++
+			churned++
 		case <-tick.C:
 			s, err := d.sample(ctx)
 			if err != nil {
@@ -240,8 +242,8 @@ sampling:
 	if err != nil {
 		return nil, err
 	}
-	rep.Gaps = m["prefixd_stream_gaps_total"]
-	rep.Replays = m["prefixd_stream_replays_total"]
+	rep.Gaps = m.Sum("prefixd_stream_gaps_total")
+	rep.Replays = m.Sum("prefixd_stream_replays_total")
 	rep.Growth, rep.SlopePerHour = flatness(rep.Samples, cfg.Warmup)
 	rep.Elapsed = time.Since(start)
 	d.keepLog = true // until the verdict says otherwise
@@ -255,14 +257,6 @@ sampling:
 	}
 	d.keepLog = false
 	return rep, nil
-}
-
-func sumInts(m map[string]int) int {
-	n := 0
-	for _, v := range m {
-		n += v
-	}
-	return n
 }
 
 func mib(b float64) float64 { return b / (1 << 20) }
@@ -449,7 +443,7 @@ func (l *load) client(ctx context.Context, c int, tokens <-chan struct{}) error 
 // expires), or an engine momentarily full. Others are errors.
 func failure(err error) string {
 	switch {
-	case errors.Is(err, mocker.ErrNotRunning), strings.Contains(err.Error(), "which the demo does not run"):
+	case errors.Is(err, mocker.ErrNotRunning), errors.Is(err, errNotInFleet):
 		return "worker crashed"
 	case errors.Is(err, mocker.ErrNoSpace):
 		return "engine full"
@@ -575,49 +569,18 @@ func (d *daemonProcess) sample(ctx context.Context) (SoakSample, error) {
 	if err != nil {
 		return SoakSample{}, err
 	}
-	return SoakSample{RSS: rss, HeapInuse: m["go_memstats_heap_inuse_bytes"], Goroutines: m["go_goroutines"],
-		IndexEntries: m["prefixd_index_entries"], IndexBytes: m["prefixd_index_bytes"], Workers: m["prefixd_catalog_workers"],
-		Events: m["prefixd_stream_events_total"]}, nil
+	return SoakSample{RSS: rss, HeapInuse: m.Sum("go_memstats_heap_inuse_bytes"), Goroutines: m.Sum("go_goroutines"),
+		IndexEntries: m.Sum("prefixd_index_entries"), IndexBytes: m.Sum("prefixd_index_bytes"), Workers: m.Sum("prefixd_catalog_workers"),
+		Events: m.Sum("prefixd_stream_events_total")}, nil
 }
 
-// metrics scrapes /metrics and sums every series of each metric.
-func (d *daemonProcess) metrics(ctx context.Context) (map[string]float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.url+"/metrics", nil)
+// metrics scrapes the daemon's /metrics.
+func (d *daemonProcess) metrics(ctx context.Context) (status.Metrics, error) {
+	raw, err := (&client.Client{BaseURL: d.url}).Metrics(ctx)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return nil, err
-	}
-	return sumSeries(body), nil
-}
-
-// sumSeries sums the samples of each metric name in Prometheus text
-// exposition.
-func sumSeries(body []byte) map[string]float64 {
-	out := map[string]float64{}
-	sc := bufio.NewScanner(bytes.NewReader(body))
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		name, rest, _ := strings.Cut(line, " ")
-		if i := strings.IndexByte(name, '{'); i >= 0 {
-			name = line[:i]
-			rest = line[strings.LastIndexByte(line, '}')+1:]
-		}
-		if v, err := strconv.ParseFloat(strings.Fields(rest)[0], 64); err == nil {
-			out[name] += v
-		}
-	}
-	return out
+	return status.ParseMetrics(bytes.NewReader(raw))
 }
 
 // residentBytes reads VmRSS of a Linux process.

@@ -78,18 +78,3 @@ func TestFlatness(t *testing.T) {
 		t.Errorf("leaking curve: growth %.3f, slope %d B/h", g, slope)
 	}
 }
-
-func TestSumSeries(t *testing.T) {
-	body := []byte(`# HELP go_goroutines Number of goroutines.
-# TYPE go_goroutines gauge
-go_goroutines 42
-prefixd_index_entries{group="a",model="m"} 10
-prefixd_index_entries{group="b",model="m"} 5.5
-prefixd_stream_events_total{rank="0",type="stored",worker="1"} 1e+06 1700000000000
-weird{label="a } b"} 3
-`)
-	got := sumSeries(body)
-	if got["go_goroutines"] != 42 || got["prefixd_index_entries"] != 15.5 || got["prefixd_stream_events_total"] != 1e6 || got["weird"] != 3 {
-		t.Errorf("sums %v", got)
-	}
-}
