@@ -49,6 +49,14 @@ func tooLarge(field, format string, args ...any) *httpError {
 	return &httpError{http.StatusRequestEntityTooLarge, field + ": " + fmt.Sprintf(format, args...)}
 }
 
+// readBody reads r's body into s's buffer, which keeps it for the next
+// request, within the configured limit.
+func (h *handler) readBody(w http.ResponseWriter, r *http.Request, s *scratch) ([]byte, *httpError) {
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	s.body = body
+	return body, herr
+}
+
 // readBody reads r's body into buf (reused, grown as needed, never beyond
 // limit+1 bytes) and returns it. A body over limit bytes is a 413.
 func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte) ([]byte, *httpError) {

@@ -64,8 +64,7 @@ func noPartition(k indexer.PartitionKey) *httpError {
 func (h *handler) query(w http.ResponseWriter, r *http.Request) {
 	s := h.getScratch()
 	defer h.putScratch(s)
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
-	s.body = body
+	body, herr := h.readBody(w, r, s)
 	if herr != nil {
 		writeError(w, herr)
 		return
@@ -84,8 +83,7 @@ func (h *handler) query(w http.ResponseWriter, r *http.Request) {
 func (h *handler) queryByHash(w http.ResponseWriter, r *http.Request) {
 	s := h.getScratch()
 	defer h.putScratch(s)
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
-	s.body = body
+	body, herr := h.readBody(w, r, s)
 	if herr != nil {
 		writeError(w, herr)
 		return

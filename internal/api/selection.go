@@ -263,8 +263,7 @@ func selectionError(err error) error {
 func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *httpError {
 	s := h.getScratch()
 	defer h.putScratch(s)
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
-	s.body = body
+	body, herr := h.readBody(w, r, s)
 	if herr != nil {
 		return herr
 	}

@@ -197,8 +197,7 @@ func catalogChange[T any](h *handler, w http.ResponseWriter, r *http.Request, op
 	decode func([]byte) (T, error), apply func(Workers, context.Context, T) error, status int) {
 	s := h.getScratch()
 	defer h.putScratch(s)
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
-	s.body = body
+	body, herr := h.readBody(w, r, s)
 	if herr != nil {
 		writeError(w, herr)
 		return
