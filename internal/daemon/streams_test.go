@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
 )
@@ -60,19 +61,6 @@ func (e *testEngine) store(n int) {
 	}
 }
 
-func waitCond(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
-}
-
 func startStreams(t *testing.T, ix *indexer.Index) *Streams {
 	t.Helper()
 	s := NewStreams(ix, events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
@@ -109,7 +97,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	if err := s.Set(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "both ranks indexed", func() bool {
+	storetest.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 0) == 3 && rankBlocks(ix, k, 7, 1) == 5
 	})
 	before := s.Status()
@@ -127,7 +115,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	if err := s.Set(ctx, w); err != nil {
 		t.Fatal(err)
 	}
-	waitCond(t, "rank 1 re-indexed from its new engine", func() bool {
+	storetest.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
 	})
 	s.mu.Lock()

@@ -35,7 +35,7 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 		t.Fatalf("engine run: %v", err)
 	}
 	// Run sets running just after Ready; wait for it.
-	waitFor(t, "engine running", func() bool {
+	storetest.Eventually(t, 30*time.Second, "engine running", func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.running
@@ -52,19 +52,6 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 		}
 	})
 	return e
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
-	}
 }
 
 func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscriber, *indexer.Index) {
@@ -247,7 +234,7 @@ func TestEngineHTTPAndRegistration(t *testing.T) {
 	store := catalog.NewMemoryStore("/prefixd")
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
 		Worker: catalog.Worker{WorkerID: 9, ModelName: "m"}, LeaseTTL: time.Second})
-	waitFor(t, "registration", func() bool { return e.Session() != nil })
+	storetest.Eventually(t, 30*time.Second, "registration", func() bool { return e.Session() != nil })
 	w := e.Session().Worker()
 	if w.EventsEndpoint != e.Publisher().Endpoint() || w.ReplayEndpoint != e.Publisher().ReplayEndpoint() ||
 		w.BlockSize != testBS || w.TotalKVBlocks != 16 {
@@ -362,7 +349,7 @@ func TestEngineFaultEndpoints(t *testing.T) {
 	if c := call(http.MethodPost, "/faults/crash"); c != http.StatusNoContent {
 		t.Fatalf("crash: %d", c)
 	}
-	waitFor(t, "the crashed engine to stop serving", func() bool {
+	storetest.Eventually(t, 30*time.Second, "the crashed engine to stop serving", func() bool {
 		_, err := e.Serve(context.Background(), Request{TokenIDs: toks(0, testBS)})
 		return errors.Is(err, ErrNotRunning)
 	})
@@ -451,7 +438,7 @@ func TestEngineQueuesWhenFull(t *testing.T) {
 	<-inPrefill
 	second := make(chan error, 1)
 	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(1000, 12*testBS)}); second <- err }()
-	waitFor(t, "the second request to queue", func() bool { return e.Queued() == 1 })
+	storetest.Eventually(t, 30*time.Second, "the second request to queue", func() bool { return e.Queued() == 1 })
 	if _, err := e.Serve(ctx, Request{TokenIDs: toks(5000, 17*testBS)}); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("a prompt larger than the pool: %v, want ErrNoSpace", err)
 	}
