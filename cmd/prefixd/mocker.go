@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
 
@@ -170,18 +171,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		}
 		srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
 		g.Go(func() error { return e.Run(gctx) })
-		g.Go(func() error {
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		})
-		g.Go(func() error {
-			<-gctx.Done()
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), 5*time.Second)
-			defer cancel()
-			return srv.Shutdown(sctx)
-		})
+		g.Go(func() error { return api.Serve(gctx, srv, ln, 5*time.Second) })
 		log.Info("mock engine", "worker", o.firstID+uint64(i), "http", ln.Addr().String())
 	}
 	err = g.Wait()

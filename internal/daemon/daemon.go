@@ -197,18 +197,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
-	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-			return err
-		}
-		return nil
-	})
-	g.Go(func() error {
-		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), cfg.ShutdownTimeout)
-		defer cancel()
-		return srv.Shutdown(sctx) // drains in-flight requests
-	})
+	g.Go(func() error { return api.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
 		cfg.OnReady(ln.Addr().String())
