@@ -83,17 +83,22 @@ type Worker struct {
 	// KV-events PUB endpoints: either EventsEndpoint, a base that each rank
 	// offsets as vLLM does (see EventsEndpointFor), or EventsEndpoints, one
 	// per rank keyed by the global dp rank. At most one may be set; with
-	// neither the worker publishes no events.
+	// neither the worker publishes no events. EventsEndpoints also names
+	// the worker's ranks, which may be sparse (ranks registered one at a
+	// time, in any order).
 	EventsEndpoint  string            `json:"events_endpoint,omitempty"`
 	EventsEndpoints map[uint32]string `json:"events_endpoints,omitempty"`
 	// Replay ROUTER endpoints, in the same two forms. Optional; requires
-	// events endpoints.
+	// events endpoints. In the per-rank form a rank may have none.
 	ReplayEndpoint  string            `json:"replay_endpoint,omitempty"`
 	ReplayEndpoints map[uint32]string `json:"replay_endpoints,omitempty"`
 	// Topic is the ZMQ topic prefix the engine publishes under ("" = all).
 	Topic string `json:"topic,omitempty"`
 
-	BlockSize             uint32 `json:"block_size"`
+	BlockSize uint32 `json:"block_size"`
+	// The worker's ranks are [DataParallelStartRank, +DataParallelSize),
+	// or, with EventsEndpoints, that map's keys: then the start is the
+	// lowest key and the size the number of keys.
 	DataParallelStartRank uint32 `json:"data_parallel_start_rank"`
 	DataParallelSize      uint32 `json:"data_parallel_size"` // default 1
 	TotalKVBlocks         uint64 `json:"total_kv_blocks,omitempty"`
@@ -159,17 +164,35 @@ func (w Worker) Key() Key {
 	return Key{Model: w.ModelName, Group: w.RoutingGroup, WorkerID: w.WorkerID}
 }
 
-// Ranks returns the worker's global dp ranks, [start, start+size), in order.
+// Ranks returns the worker's global dp ranks in order: the keys of
+// EventsEndpoints when it is set (possibly sparse), otherwise
+// [start, start+size).
 func (w Worker) Ranks() []uint32 {
-	rs := make([]uint32, 0, w.DataParallelSize)
+	if len(w.EventsEndpoints) > 0 {
+		return slices.Sorted(maps.Keys(w.EventsEndpoints))
+	}
+	rs := make([]uint32, 0, min(w.DataParallelSize, MaxDataParallelSize))
 	for i := uint32(0); i < w.DataParallelSize; i++ {
 		rs = append(rs, w.DataParallelStartRank+i)
 	}
 	return rs
 }
 
-func (w Worker) hasRank(r uint32) bool {
+// HasRank reports whether r is one of the worker's ranks.
+func (w Worker) HasRank(r uint32) bool {
+	if len(w.EventsEndpoints) > 0 {
+		_, ok := w.EventsEndpoints[r]
+		return ok
+	}
 	return r >= w.DataParallelStartRank && uint64(r) < uint64(w.DataParallelStartRank)+uint64(w.DataParallelSize)
+}
+
+// rankRange describes the worker's ranks for error messages.
+func (w Worker) rankRange() string {
+	if len(w.EventsEndpoints) > 0 {
+		return fmt.Sprintf("%v", w.Ranks())
+	}
+	return fmt.Sprintf("[%d, %d)", w.DataParallelStartRank, uint64(w.DataParallelStartRank)+uint64(w.DataParallelSize))
 }
 
 // EventsEndpointFor returns the KV-events endpoint of global dp rank r:
@@ -177,8 +200,8 @@ func (w Worker) hasRank(r uint32) bool {
 // port grows by r, an inproc name gets "_dp<r>", an ipc path cannot be
 // offset for r > 0). vLLM offsets by the global dp rank, so a worker whose
 // ranks start at 2 publishes rank 2 at base port + 2. It returns "" when
-// the worker publishes no events, and an error for a rank outside
-// [start, start+size) or a base that cannot be offset.
+// the worker publishes no events, and an error for a rank that is not the
+// worker's or a base that cannot be offset.
 func (w Worker) EventsEndpointFor(r uint32) (string, error) {
 	return w.endpointFor("events_endpoint", w.EventsEndpoint, w.EventsEndpoints, r)
 }
@@ -189,8 +212,8 @@ func (w Worker) ReplayEndpointFor(r uint32) (string, error) {
 }
 
 func (w Worker) endpointFor(field, base string, per map[uint32]string, r uint32) (string, error) {
-	if !w.hasRank(r) {
-		return "", fmt.Errorf("%s: dp rank %d is outside the worker's ranks [%d, %d)", field, r, w.DataParallelStartRank, uint64(w.DataParallelStartRank)+uint64(w.DataParallelSize))
+	if !w.HasRank(r) {
+		return "", fmt.Errorf("%s: dp rank %d is not one of the worker's ranks %s", field, r, w.rankRange())
 	}
 	if len(per) > 0 {
 		return per[r], nil
@@ -321,6 +344,12 @@ func (w Worker) Validate() error {
 	case uint64(w.DataParallelStartRank)+uint64(w.DataParallelSize) > math.MaxUint32+1:
 		add("data_parallel_start_rank", "%d + data_parallel_size %d overflows a dp rank", w.DataParallelStartRank, w.DataParallelSize)
 		rankRangeOK = false
+	case len(w.EventsEndpoints) > 0 && int(w.DataParallelSize) != len(w.EventsEndpoints):
+		add("data_parallel_size", "%d, but events_endpoints lists %d ranks", w.DataParallelSize, len(w.EventsEndpoints))
+		rankRangeOK = false
+	case len(w.EventsEndpoints) > 0 && w.DataParallelStartRank != slices.Min(slices.Collect(maps.Keys(w.EventsEndpoints))):
+		add("data_parallel_start_rank", "%d, but the lowest rank in events_endpoints is %d", w.DataParallelStartRank, slices.Min(slices.Collect(maps.Keys(w.EventsEndpoints))))
+		rankRangeOK = false
 	}
 	if rankRangeOK {
 		errs = append(errs, w.checkEndpoints()...)
@@ -407,14 +436,16 @@ func (w Worker) checkEndpoints() []FieldError {
 			return
 		}
 		for _, r := range slices.Sorted(maps.Keys(per)) {
-			if !w.hasRank(r) {
-				errs = append(errs, FieldError{perField, fmt.Sprintf("dp rank %d is outside the worker's ranks [%d, %d)", r, w.DataParallelStartRank, uint64(w.DataParallelStartRank)+uint64(w.DataParallelSize))})
+			if !w.HasRank(r) {
+				errs = append(errs, FieldError{perField, fmt.Sprintf("dp rank %d is not one of the worker's ranks %s", r, w.rankRange())})
 			}
 		}
 		for _, r := range w.Ranks() {
 			s, ok := per[r]
 			if !ok {
-				errs = append(errs, FieldError{perField, fmt.Sprintf("no endpoint for dp rank %d", r)})
+				if kind == "events" { // a rank may lack a replay endpoint, not its stream
+					errs = append(errs, FieldError{perField, fmt.Sprintf("no endpoint for dp rank %d", r)})
+				}
 				continue
 			}
 			ep, err := parseEndpoint(s)

@@ -72,15 +72,28 @@ func TestValidate(t *testing.T) {
 		{"replay equals events", func(w *catalog.Worker) { w.ReplayEndpoint = "tcp://10.0.0.2:5557" }, "replay_endpoint", "collides"},
 		{"replay without events", func(w *catalog.Worker) { w.EventsEndpoint = "" }, "replay_endpoint", "without events_endpoint"},
 		{"both endpoint forms", func(w *catalog.Worker) { w.EventsEndpoints = map[uint32]string{0: "tcp://h:1"} }, "events_endpoints", "set together with events_endpoint"},
-		{"per-rank missing a rank", func(w *catalog.Worker) {
+		{"valid sparse per-rank endpoints", func(w *catalog.Worker) {
+			w.DataParallelStartRank, w.DataParallelSize = 1, 2
+			w.EventsEndpoint, w.ReplayEndpoint = "", ""
+			w.EventsEndpoints = map[uint32]string{1: "tcp://h:6001", 3: "tcp://h:6003"}
+			w.ReplayEndpoints = map[uint32]string{3: "tcp://h:7003"} // rank 1 has no replay
+		}, "", ""},
+		{"per-rank size disagrees", func(w *catalog.Worker) {
 			w.DataParallelSize = 2
 			w.EventsEndpoint, w.ReplayEndpoint = "", ""
 			w.EventsEndpoints = map[uint32]string{0: "tcp://h:1"}
-		}, "events_endpoints", "no endpoint for dp rank 1"},
-		{"per-rank outside range", func(w *catalog.Worker) {
+		}, "data_parallel_size", "2, but events_endpoints lists 1 ranks"},
+		{"per-rank start disagrees", func(w *catalog.Worker) {
+			w.DataParallelSize = 2
 			w.EventsEndpoint, w.ReplayEndpoint = "", ""
-			w.EventsEndpoints = map[uint32]string{0: "tcp://h:1", 5: "tcp://h:2"}
-		}, "events_endpoints", "dp rank 5 is outside"},
+			w.EventsEndpoints = map[uint32]string{3: "tcp://h:1", 5: "tcp://h:2"}
+		}, "data_parallel_start_rank", "0, but the lowest rank in events_endpoints is 3"},
+		{"per-rank replay for an unknown rank", func(w *catalog.Worker) {
+			w.DataParallelSize = 2
+			w.EventsEndpoint, w.ReplayEndpoint = "", ""
+			w.EventsEndpoints = map[uint32]string{0: "tcp://h:1", 1: "tcp://h:2"}
+			w.ReplayEndpoints = map[uint32]string{5: "tcp://h:3"}
+		}, "replay_endpoints", "dp rank 5 is not one of the worker's ranks [0 1]"},
 		{"per-rank duplicate", func(w *catalog.Worker) {
 			w.DataParallelSize = 2
 			w.EventsEndpoint, w.ReplayEndpoint = "", ""
