@@ -184,15 +184,167 @@ func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, er
 	if err != nil {
 		return 0, err
 	}
-	var opts []clientv3.OpOption
-	if lease != NoLease {
-		opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+	op := fmt.Sprintf("put %v lease %x", w.Key(), lease)
+	for range maxUpdateAttempts {
+		st, err := s.read(ctx, w.Key())
+		if err != nil {
+			return 0, etcdErr(op, err)
+		}
+		rev, ok, err := s.commit(ctx, st, b, lease, false)
+		if err != nil || ok {
+			return rev, wrapOp(op, err)
+		}
 	}
-	resp, err := s.cli.Put(ctx, w.Key().Path(s.prefix), string(b), opts...)
+	return 0, fmt.Errorf("%s: %w", op, errContended)
+}
+
+// Update implements Store.
+func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error) {
+	op := fmt.Sprintf("update %v", k)
+	for range maxUpdateAttempts {
+		st, err := s.read(ctx, k)
+		if err != nil {
+			return 0, etcdErr(op, err)
+		}
+		w, cur, err := st.current(s.prefix)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", op, err)
+		}
+		var b []byte
+		switch err := fn(&w, cur); {
+		case errors.Is(err, RemoveRecord) && !cur.Exists:
+			return 0, fmt.Errorf("%s: %w", op, ErrNotFound)
+		case errors.Is(err, RemoveRecord):
+		case err != nil:
+			return 0, err
+		case w.Key() != k:
+			return 0, fmt.Errorf("%s: the update moved the record to %v", op, w.Key())
+		default:
+			if b, err = encodeForPut(w); err != nil {
+				return 0, err
+			}
+		}
+		rev, ok, err := s.commit(ctx, st, b, cur.Lease, true)
+		if err != nil || ok {
+			return rev, wrapOp(op, err)
+		}
+	}
+	return 0, fmt.Errorf("%s: %w", op, errContended)
+}
+
+// errContended: a write lost its compare-and-swap maxUpdateAttempts times.
+var errContended = errors.New("catalog: too many concurrent changes; try again")
+
+func wrapOp(op string, err error) error {
+	var inUse *IDInUseError
+	if err == nil || errors.As(err, &inUse) {
+		return err
+	}
+	return etcdErr(op, err)
+}
+
+// keyState is what a write read: the record and its id claim, and the
+// record the claim names when that is another one.
+type keyState struct {
+	k           Key
+	path, claim string
+	rec         *mvccpb.KeyValue // nil: no record
+	claimRev    int64            // 0: no claim
+	holder      string           // the path another record claims the id with; "" if none
+	holderKV    *mvccpb.KeyValue // that record, nil if it is gone (the claim is stale)
+}
+
+// read reads k's record and claim at one revision.
+func (s *EtcdStore) read(ctx context.Context, k Key) (keyState, error) {
+	st := keyState{k: k, path: k.Path(s.prefix), claim: idPath(s.prefix, k.WorkerID)}
+	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(st.path), clientv3.OpGet(st.claim)).Commit()
 	if err != nil {
-		return 0, etcdErr(fmt.Sprintf("put %v lease %x", w.Key(), lease), err)
+		return st, err
 	}
-	return resp.Header.Revision, nil
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.rec = kvs[0]
+	}
+	if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) > 0 {
+		st.claimRev = kvs[0].ModRevision
+		if v := string(kvs[0].Value); v != st.path {
+			st.holder = v
+			hr, err := s.cli.Get(ctx, v)
+			if err != nil {
+				return st, err
+			}
+			if len(hr.Kvs) > 0 {
+				st.holderKV = hr.Kvs[0]
+			}
+		}
+	}
+	return st, nil
+}
+
+// current decodes the record read, for an UpdateFunc.
+func (st keyState) current(prefix string) (Worker, Current, error) {
+	if st.rec == nil {
+		return Worker{ModelName: st.k.Model, RoutingGroup: st.k.Group, WorkerID: st.k.WorkerID}, Current{}, nil
+	}
+	rec := decodeRecord(prefix, st.path, st.rec.Value, false, st.rec.ModRevision, LeaseID(st.rec.Lease))
+	if rec.Err != nil {
+		return Worker{}, Current{}, fmt.Errorf("stored record is bad: %w", rec.Err)
+	}
+	return rec.Worker, Current{Exists: true, Lease: rec.Lease, ModRevision: rec.ModRevision}, nil
+}
+
+// inUse returns the error for a write of st's key while another record
+// holds the id, or nil.
+func (st keyState) inUse(prefix string) error {
+	if st.holderKV == nil {
+		return nil
+	}
+	hk, err := ParseKey(prefix, st.holder)
+	if err != nil {
+		return nil // not a record key: a stale claim to take over
+	}
+	return &IDInUseError{ID: st.k.WorkerID, Holder: hk, Lease: LeaseID(st.holderKV.Lease)}
+}
+
+// commit writes value (nil: deletes the record) with lease if nothing it
+// read has changed (the record too when checkRecord), and reports
+// whether it did; false means try again.
+func (s *EtcdStore) commit(ctx context.Context, st keyState, value []byte, lease LeaseID, checkRecord bool) (int64, bool, error) {
+	var cmps []clientv3.Cmp
+	if checkRecord {
+		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(st.path), "=", modRev(st.rec)))
+	}
+	cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(st.claim), "=", st.claimRev))
+	var ops []clientv3.Op
+	if value == nil {
+		ops = append(ops, clientv3.OpDelete(st.path))
+		if st.claimRev != 0 && st.holder == "" {
+			ops = append(ops, clientv3.OpDelete(st.claim))
+		}
+	} else {
+		if err := st.inUse(s.prefix); err != nil {
+			return 0, false, err
+		}
+		if st.holder != "" { // a stale claim: its record must still be gone
+			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(st.holder), "=", 0))
+		}
+		var opts []clientv3.OpOption
+		if lease != NoLease {
+			opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
+		}
+		ops = append(ops, clientv3.OpPut(st.claim, st.path, opts...), clientv3.OpPut(st.path, string(value), opts...))
+	}
+	resp, err := s.cli.Txn(ctx).If(cmps...).Then(ops...).Commit()
+	if err != nil {
+		return 0, false, err
+	}
+	return resp.Header.Revision, resp.Succeeded, nil
+}
+
+func modRev(kv *mvccpb.KeyValue) int64 {
+	if kv == nil {
+		return 0
+	}
+	return kv.ModRevision
 }
 
 // Get implements Store.
@@ -213,41 +365,42 @@ func (s *EtcdStore) Get(ctx context.Context, k Key) (Worker, error) {
 	return rec.Worker, nil
 }
 
-// Delete implements Store.
+// Delete implements Store: the record and, if it names this record, its
+// id claim, in one transaction.
 func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
-	resp, err := s.cli.Delete(ctx, k.Path(s.prefix))
-	if err != nil {
-		return false, etcdErr(fmt.Sprintf("delete %v", k), err)
-	}
-	return resp.Deleted > 0, nil
-}
-
-// DeleteAllGroups implements Store: it lists the model's keys and deletes
-// the worker's in one transaction (one revision).
-func (s *EtcdStore) DeleteAllGroups(ctx context.Context, model string, id uint64) (int, error) {
-	op := fmt.Sprintf("delete worker %d from every group of model %q", id, model)
-	resp, err := s.cli.Get(ctx, modelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
-	if err != nil {
-		return 0, etcdErr(op, err)
-	}
-	var ops []clientv3.Op
-	for _, kv := range resp.Kvs {
-		if k, err := ParseKey(s.prefix, string(kv.Key)); err == nil && k.WorkerID == id {
-			ops = append(ops, clientv3.OpDelete(string(kv.Key)))
+	op := fmt.Sprintf("delete %v", k)
+	for range maxUpdateAttempts {
+		st, err := s.read(ctx, k)
+		if err != nil {
+			return false, etcdErr(op, err)
+		}
+		if st.rec == nil {
+			return false, nil
+		}
+		_, ok, err := s.commit(ctx, st, nil, NoLease, true)
+		if err != nil {
+			return false, etcdErr(op, err)
+		}
+		if ok {
+			return true, nil
 		}
 	}
-	if len(ops) == 0 {
-		return 0, nil
-	}
-	tresp, err := s.cli.Txn(ctx).Then(ops...).Commit()
+	return false, fmt.Errorf("%s: %w", op, errContended)
+}
+
+// Keys implements Store.
+func (s *EtcdStore) Keys(ctx context.Context, model string, id uint64) ([]Key, error) {
+	resp, err := s.cli.Get(ctx, modelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return 0, etcdErr(op, err)
+		return nil, etcdErr(fmt.Sprintf("keys of worker %d in model %q", id, model), err)
 	}
-	n := 0
-	for _, r := range tresp.Responses {
-		n += int(r.GetResponseDeleteRange().GetDeleted())
+	var out []Key
+	for _, kv := range resp.Kvs {
+		if k, err := ParseKey(s.prefix, string(kv.Key)); err == nil && k.WorkerID == id {
+			out = append(out, k)
+		}
 	}
-	return n, nil
+	return out, nil
 }
 
 // List implements WatchSource. It reads in pages, all at the revision of

@@ -66,6 +66,14 @@ func normPrefix(prefix string) string {
 // workersPrefix is the prefix every worker key starts with.
 func workersPrefix(prefix string) string { return normPrefix(prefix) + "/workers/" }
 
+// idPath is the key that claims worker id for one record: its value is
+// the record's path, and it carries the record's lease. Puts and updates
+// check it in the same transaction, so an id has one record. It lives
+// outside workersPrefix: lists and watches of records never see it.
+func idPath(prefix string, id uint64) string {
+	return normPrefix(prefix) + "/ids/" + strconv.FormatUint(id, 10)
+}
+
 // modelPrefix is the prefix of every key of one model.
 func modelPrefix(prefix, model string) string {
 	return workersPrefix(prefix) + url.PathEscape(model) + "/"

@@ -3,6 +3,7 @@ package catalog
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -107,7 +108,6 @@ func (s *MemoryStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, 
 	if err != nil {
 		return 0, err
 	}
-	path := w.Key().Path(s.prefix)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -118,10 +118,114 @@ func (s *MemoryStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, 
 			return 0, fmt.Errorf("put %v with lease %x: %w", w.Key(), lease, ErrLeaseNotFound)
 		}
 	}
+	if err := s.inUse(w.Key()); err != nil {
+		return 0, err
+	}
 	s.rev++
-	s.set(path, b, lease)
+	s.setRecord(w.Key(), b, lease)
 	s.notify()
 	return s.rev, nil
+}
+
+// Update implements Store. fn runs without the store's lock; the write
+// happens only if the record is still the one fn saw.
+func (s *MemoryStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error) {
+	path := k.Path(s.prefix)
+	for range maxUpdateAttempts {
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		s.mu.Lock()
+		kv, exists := s.kvs[path]
+		s.mu.Unlock()
+		w := Worker{ModelName: k.Model, RoutingGroup: k.Group, WorkerID: k.WorkerID}
+		var cur Current
+		if exists {
+			rec := decodeRecord(s.prefix, path, kv.value, false, kv.modRev, kv.lease)
+			if rec.Err != nil {
+				return 0, fmt.Errorf("update %v: stored record is bad: %w", k, rec.Err)
+			}
+			w, cur = rec.Worker, Current{Exists: true, Lease: kv.lease, ModRevision: kv.modRev}
+		}
+		var b []byte
+		switch err := fn(&w, cur); {
+		case errors.Is(err, RemoveRecord) && !exists:
+			return 0, fmt.Errorf("update %v: %w", k, ErrNotFound)
+		case errors.Is(err, RemoveRecord):
+		case err != nil:
+			return 0, err
+		case w.Key() != k:
+			return 0, fmt.Errorf("update %v: the update moved the record to %v", k, w.Key())
+		default:
+			var err error
+			if b, err = encodeForPut(w); err != nil {
+				return 0, err
+			}
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return 0, errStoreClosed
+		}
+		if now, ok := s.kvs[path]; ok != exists || now.modRev != kv.modRev {
+			s.mu.Unlock()
+			continue // changed since read
+		}
+		if b != nil {
+			if err := s.inUse(k); err != nil {
+				s.mu.Unlock()
+				return 0, err
+			}
+		}
+		s.rev++
+		if b == nil {
+			s.delRecord(k)
+		} else {
+			s.setRecord(k, b, kv.lease)
+		}
+		s.notify()
+		rev := s.rev
+		s.mu.Unlock()
+		return rev, nil
+	}
+	return 0, fmt.Errorf("update %v: %w", k, errContended)
+}
+
+// inUse returns an *IDInUseError if k's id is claimed by another record
+// that still exists. Called with s.mu held.
+func (s *MemoryStore) inUse(k Key) error {
+	c, ok := s.kvs[idPath(s.prefix, k.WorkerID)]
+	if !ok || string(c.value) == k.Path(s.prefix) {
+		return nil
+	}
+	holder, ok := s.kvs[string(c.value)]
+	if !ok {
+		return nil // stale claim
+	}
+	hk, err := ParseKey(s.prefix, string(c.value))
+	if err != nil {
+		return nil
+	}
+	return &IDInUseError{ID: k.WorkerID, Holder: hk, Lease: holder.lease}
+}
+
+// setRecord writes k's record and its id claim at s.rev. Called with
+// s.mu held.
+func (s *MemoryStore) setRecord(k Key, value []byte, lease LeaseID) {
+	path := k.Path(s.prefix)
+	s.set(idPath(s.prefix, k.WorkerID), []byte(path), lease)
+	s.set(path, value, lease)
+}
+
+// delRecord deletes k's record and, if it names the record, its claim.
+// Called with s.mu held.
+func (s *MemoryStore) delRecord(k Key) bool {
+	path := k.Path(s.prefix)
+	claim := idPath(s.prefix, k.WorkerID)
+	if c, ok := s.kvs[claim]; ok && string(c.value) == path {
+		s.del(claim)
+	}
+	return s.del(path)
 }
 
 // set writes path at s.rev. Called with s.mu held.
@@ -195,51 +299,42 @@ func (s *MemoryStore) Delete(ctx context.Context, k Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
-	path := k.Path(s.prefix)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false, errStoreClosed
 	}
-	if _, ok := s.kvs[path]; !ok {
+	if _, ok := s.kvs[k.Path(s.prefix)]; !ok {
 		return false, nil
 	}
 	s.rev++
-	s.del(path)
+	s.delRecord(k)
 	s.notify()
 	return true, nil
 }
 
-// DeleteAllGroups implements Store: one revision for all the deletes.
-func (s *MemoryStore) DeleteAllGroups(ctx context.Context, model string, id uint64) (int, error) {
+// Keys implements Store.
+func (s *MemoryStore) Keys(ctx context.Context, model string, id uint64) ([]Key, error) {
 	if err := ctx.Err(); err != nil {
-		return 0, err
+		return nil, err
 	}
 	mp := modelPrefix(s.prefix, model)
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return 0, errStoreClosed
-	}
 	var paths []string
 	for p := range s.kvs {
-		if !strings.HasPrefix(p, mp) {
-			continue
-		}
-		if k, err := ParseKey(s.prefix, p); err == nil && k.WorkerID == id {
+		if strings.HasPrefix(p, mp) {
 			paths = append(paths, p)
 		}
 	}
-	if len(paths) == 0 {
-		return 0, nil
-	}
+	s.mu.Unlock()
 	slices.Sort(paths)
-	s.rev++
+	var out []Key
 	for _, p := range paths {
-		s.del(p)
+		if k, err := ParseKey(s.prefix, p); err == nil && k.WorkerID == id {
+			out = append(out, k)
+		}
 	}
-	s.notify()
-	return len(paths), nil
+	return out, nil
 }
 
 // List implements WatchSource.
@@ -261,13 +356,19 @@ func (s *MemoryStore) List(ctx context.Context, rev int64) (Snapshot, error) {
 		s.mu.Unlock()
 		return Snapshot{}, fmt.Errorf("list at revision %d (compacted at %d): %w", rev, compacted, ErrCompacted)
 	}
+	wp := workersPrefix(s.prefix)
 	state := make(map[string]memKV, len(s.kvs))
 	for p, kv := range s.kvs {
-		state[p] = kv
+		if strings.HasPrefix(p, wp) {
+			state[p] = kv
+		}
 	}
 	// Undo the events after rev, newest first.
 	for i := len(s.events) - 1; i >= 0 && s.events[i].rev > rev; i-- {
 		e := s.events[i]
+		if !strings.HasPrefix(e.path, wp) {
+			continue
+		}
 		if e.hadPrev {
 			state[e.path] = e.prev
 		} else {
@@ -356,8 +457,12 @@ func (w *memWatch) Next(ctx context.Context) ([]Event, error) {
 			return 0
 		})
 		var evs []Event
+		wp := workersPrefix(s.prefix)
 		for ; i < len(s.events); i++ {
 			e := s.events[i]
+			if !strings.HasPrefix(e.path, wp) {
+				continue // an id claim
+			}
 			ev := Event{Type: EventPut}
 			if e.deleted {
 				ev.Type = EventDelete
@@ -365,8 +470,10 @@ func (w *memWatch) Next(ctx context.Context) ([]Event, error) {
 			ev.Record = decodeRecord(s.prefix, e.path, e.value, e.deleted, e.rev, e.lease)
 			evs = append(evs, ev)
 		}
+		if len(s.events) > 0 {
+			w.next = max(w.next, s.events[len(s.events)-1].rev+1)
+		}
 		if len(evs) > 0 {
-			w.next = s.events[len(s.events)-1].rev + 1
 			s.mu.Unlock()
 			return evs, nil
 		}

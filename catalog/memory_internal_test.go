@@ -8,7 +8,7 @@ import (
 
 // TestMemoryHistoryLimit: past the history limit the oldest revisions
 // are compacted away, never the current one (even mid-way through a
-// multi-key delete).
+// multi-key write: a record and its id claim).
 func TestMemoryHistoryLimit(t *testing.T) {
 	ctx := context.Background()
 	s := NewMemoryStore("")
@@ -31,12 +31,8 @@ func TestMemoryHistoryLimit(t *testing.T) {
 	if snap, err := s.List(ctx, revs[2]); err != nil || len(snap.Records) != 3 {
 		t.Fatalf("List at the current revision: %+v, %v", snap, err)
 	}
-	if _, err := s.Put(ctx, Worker{WorkerID: 1, ModelName: "m", RoutingGroup: "g2", BlockSize: 16}.WithDefaults(), NoLease); err != nil {
-		t.Fatal(err)
-	}
-	n, err := s.DeleteAllGroups(ctx, "m", 1) // two deletes in one revision
-	if err != nil || n != 2 {
-		t.Fatalf("DeleteAllGroups = %d, %v", n, err)
+	if ok, err := s.Delete(ctx, w(1).Key()); err != nil || !ok { // the record and its id claim: two deletes in one revision
+		t.Fatalf("Delete = %v, %v", ok, err)
 	}
 	snap, err := s.List(ctx, 0)
 	if err != nil || len(snap.Records) != 2 {
@@ -56,7 +52,7 @@ func TestMemoryHistoryLimit(t *testing.T) {
 	}
 	defer ws2.Close()
 	evs, err := ws2.Next(ctx)
-	if err != nil || len(evs) != 2 || evs[0].Type != EventDelete {
-		t.Fatalf("Watch from the current revision: %+v, %v; want the two deletes", evs, err)
+	if err != nil || len(evs) != 1 || evs[0].Type != EventDelete || evs[0].Record.Key != w(1).Key() {
+		t.Fatalf("Watch from the current revision: %+v, %v; want the record's delete (its id claim is not a record)", evs, err)
 	}
 }

@@ -158,7 +158,8 @@ func (s *Session) Run(ctx context.Context) error {
 			return rerr
 		}
 		s.markLost(lease)
-		s.logger.Warn("catalog: registration lease lost; registering again", "worker", s.w.WorkerID, "model", s.w.ModelName, "group", s.w.RoutingGroup, "lease", fmt.Sprintf("%x", lease), "err", err)
+		w := s.Worker() // Update may change s.w meanwhile
+		s.logger.Warn("catalog: registration lease lost; registering again", "worker", w.WorkerID, "model", w.ModelName, "group", w.RoutingGroup, "lease", fmt.Sprintf("%x", lease), "err", err)
 		if err := s.reregister(ctx, lease); err != nil {
 			_, rerr := s.stopped(ctx)
 			return rerr

@@ -28,8 +28,55 @@ var (
 	// have missed changes; list again and diff.
 	ErrInterrupted = errors.New("catalog: watch interrupted")
 
+	// ErrIDInUse: the worker id is registered under another key (another
+	// model or routing group). A worker id names one engine everywhere —
+	// streams, index ranks, pools, bookings, metrics — so it has one
+	// record. The error is an *IDInUseError naming the holder.
+	ErrIDInUse = errors.New("catalog: worker id in use")
+
 	errStoreClosed = errors.New("catalog: store closed")
 )
+
+// IDInUseError says which record holds a worker id that a write wanted
+// under another key. errors.Is(err, ErrIDInUse) holds.
+type IDInUseError struct {
+	ID     uint64
+	Holder Key     // the record that holds the id
+	Lease  LeaseID // the holder's lease (NoLease: a persistent record)
+}
+
+func (e *IDInUseError) Error() string {
+	lease := "persistent"
+	if e.Lease != NoLease {
+		lease = fmt.Sprintf("lease %x", e.Lease)
+	}
+	return fmt.Sprintf("worker id %d is registered for model %q routing group %q (%s); unregister it there first", e.ID, e.Holder.Model, e.Holder.Group, lease)
+}
+
+func (e *IDInUseError) Is(target error) bool { return target == ErrIDInUse }
+
+// RemoveRecord, returned by an Update function, deletes the record
+// instead of writing it (as filepath.SkipDir changes what a walk does).
+var RemoveRecord = errors.New("catalog: remove the record")
+
+// Current is what Update read under its key.
+type Current struct {
+	Exists      bool
+	Lease       LeaseID // the record's lease; NoLease for a persistent record
+	ModRevision int64   // 0 when the record does not exist
+}
+
+// UpdateFunc changes the record w in place. w is the record Update read
+// (or, when cur.Exists is false, a Worker holding only the key's model,
+// group and id). Returning RemoveRecord deletes the record; any other
+// error aborts the update and is returned by Update as it is. It may be
+// called more than once (after a concurrent change), so it must have no
+// side effects.
+type UpdateFunc func(w *Worker, cur Current) error
+
+// maxUpdateAttempts bounds how often Update retries after concurrent
+// changes (each retry means another writer succeeded).
+const maxUpdateAttempts = 64
 
 // Store is the worker catalog: records keyed by Key, optionally attached
 // to leases, with revisions, lists at a revision and watches from one. It
@@ -43,12 +90,21 @@ type Store interface {
 	// Get returns the record under k: ErrNotFound if there is none, an
 	// error wrapping the decode or validation error if it is bad.
 	Get(ctx context.Context, k Key) (Worker, error)
+	// Update changes the record under k with compare-and-swap: it reads
+	// the record, calls fn, and writes the result (validated; keeping the
+	// record's lease) — or deletes the record if fn returned RemoveRecord —
+	// only if the record has not changed since it was read; after a
+	// concurrent change it reads again and calls fn again. It returns the
+	// store revision of the write, fn's error as it is, an *IDInUseError
+	// when k's worker id is registered under another key, or
+	// ErrNotFound when fn removes a record that does not exist.
+	Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error)
 	// Delete removes the record under k, reporting whether there was one.
 	Delete(ctx context.Context, k Key) (bool, error)
-	// DeleteAllGroups removes worker id's records from every routing group
-	// of model (what /unregister without a routing_group does) and returns
-	// how many it removed.
-	DeleteAllGroups(ctx context.Context, model string, id uint64) (int, error)
+	// Keys returns the keys of the records of worker id under model (the
+	// routing groups /unregister without a routing_group removes it from),
+	// sorted by path.
+	Keys(ctx context.Context, model string, id uint64) ([]Key, error)
 }
 
 // Registrar writes records and manages their leases; Session uses it.
@@ -56,7 +112,8 @@ type Registrar interface {
 	// Put validates w (it applies no defaults) and writes it under
 	// w.Key(), attached to lease (NoLease: persistent). A record already
 	// under the key is replaced, and its lease detached. It returns the
-	// store revision of the write; ErrLeaseNotFound if lease is gone.
+	// store revision of the write; ErrLeaseNotFound if lease is gone; an
+	// *IDInUseError if w's worker id is registered under another key.
 	Put(ctx context.Context, w Worker, lease LeaseID) (int64, error)
 	// Grant creates a lease of ttl (rounded up to whole seconds; etcd may
 	// raise it to its minimum, about 2 s by default).

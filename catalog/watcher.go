@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -42,6 +43,8 @@ type Change struct {
 	Worker Worker
 	// Old is the record before an Update; zero otherwise.
 	Old Worker
+	// Lease is the record's lease (NoLease: persistent, or Removed).
+	Lease LeaseID
 	// Revision is the store revision the change was seen at.
 	Revision int64
 }
@@ -74,6 +77,13 @@ type WatcherConfig struct {
 // (ErrInterrupted), any other error — it lists again and delivers only
 // the difference, so each real change is delivered once and a consumer's
 // view converges on the store.
+//
+// A worker id names one engine, so the Watcher delivers at most one
+// record per id. Stores refuse a second record for an id (ErrIDInUse),
+// but records written by older versions or by hand may still share one:
+// the record already delivered keeps it (after a list, the lowest key
+// path), the others are reported as bad records and ignored until it
+// goes, when the lowest of them takes its place.
 type Watcher struct {
 	src WatchSource
 	cfg WatcherConfig
@@ -87,6 +97,8 @@ type Watcher struct {
 
 	// Owned by Run's goroutine.
 	delivered map[Key]Worker
+	owner     map[uint64]Key   // worker id → the delivered key that has it
+	shadowed  map[Key]Record   // good records whose id another delivered key has
 	badSeen   map[string]int64 // path → mod revision already counted
 }
 
@@ -117,6 +129,8 @@ func NewWatcher(src WatchSource, cfg WatcherConfig) *Watcher {
 		cfg:       cfg,
 		synced:    make(chan struct{}),
 		delivered: make(map[Key]Worker),
+		owner:     make(map[uint64]Key),
+		shadowed:  make(map[Key]Record),
 		badSeen:   make(map[string]int64),
 	}
 }
@@ -208,6 +222,23 @@ func (w *Watcher) sync(ctx context.Context) (int64, error) {
 	}
 	present := make(map[Key]bool, len(snap.Records))
 	paths := make(map[string]bool, len(snap.Records))
+	// One record per worker id: the delivered one if it is still there,
+	// else the lowest path (records are sorted by path).
+	winner := make(map[uint64]Key)
+	for _, rec := range snap.Records {
+		if rec.Err != nil {
+			continue
+		}
+		if k, ok := w.owner[rec.Key.WorkerID]; ok && k == rec.Key {
+			winner[rec.Key.WorkerID] = k
+		}
+	}
+	for _, rec := range snap.Records {
+		if _, ok := winner[rec.Key.WorkerID]; !ok && rec.Err == nil {
+			winner[rec.Key.WorkerID] = rec.Key
+		}
+	}
+	clear(w.shadowed)
 	var changes []Change
 	for _, rec := range snap.Records {
 		paths[rec.Path] = true
@@ -216,6 +247,10 @@ func (w *Watcher) sync(ctx context.Context) (int64, error) {
 			if _, ok := w.delivered[rec.Key]; ok && rec.Key != (Key{}) {
 				present[rec.Key] = true // keeps its last good record
 			}
+			continue
+		}
+		if k := winner[rec.Key.WorkerID]; k != rec.Key {
+			w.shadow(rec, k)
 			continue
 		}
 		delete(w.badSeen, rec.Path)
@@ -247,6 +282,32 @@ func (w *Watcher) sync(ctx context.Context) (int64, error) {
 	return snap.Revision, nil
 }
 
+// shadow sets aside a good record whose worker id the record holder
+// has, reporting it as bad.
+func (w *Watcher) shadow(rec Record, holder Key) {
+	w.shadowed[rec.Key] = rec
+	rec.Err = fmt.Errorf("record %s: %w", rec.Path, &IDInUseError{ID: rec.Key.WorkerID, Holder: holder})
+	w.badRecord(rec)
+}
+
+// promote delivers the lowest shadowed record of worker id, if any, after
+// the record that had the id went.
+func (w *Watcher) promote(id uint64, rev int64) {
+	var best *Record
+	for k, rec := range w.shadowed {
+		if k.WorkerID == id && (best == nil || rec.Path < best.Path) {
+			r := rec
+			best = &r
+		}
+	}
+	if best == nil {
+		return
+	}
+	delete(w.shadowed, best.Key)
+	delete(w.badSeen, best.Path)
+	w.deliver(Change{Kind: Added, Key: best.Key, Worker: best.Worker, Lease: best.Lease, Revision: rev})
+}
+
 func compareKeys(a, b Key) int {
 	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group), cmp.Compare(a.WorkerID, b.WorkerID))
 }
@@ -256,9 +317,9 @@ func (w *Watcher) diff(rec Record, rev int64) (Change, bool) {
 	old, ok := w.delivered[rec.Key]
 	switch {
 	case !ok:
-		return Change{Kind: Added, Key: rec.Key, Worker: rec.Worker, Revision: rev}, true
+		return Change{Kind: Added, Key: rec.Key, Worker: rec.Worker, Lease: rec.Lease, Revision: rev}, true
 	case !old.Equal(rec.Worker):
-		return Change{Kind: Updated, Key: rec.Key, Worker: rec.Worker, Old: old, Revision: rev}, true
+		return Change{Kind: Updated, Key: rec.Key, Worker: rec.Worker, Old: old, Lease: rec.Lease, Revision: rev}, true
 	}
 	return Change{}, false
 }
@@ -267,8 +328,12 @@ func (w *Watcher) diff(rec Record, rev int64) (Change, bool) {
 func (w *Watcher) deliver(c Change) {
 	if c.Kind == Removed {
 		delete(w.delivered, c.Key)
+		if w.owner[c.Key.WorkerID] == c.Key {
+			delete(w.owner, c.Key.WorkerID)
+		}
 	} else {
 		w.delivered[c.Key] = c.Worker
+		w.owner[c.Key.WorkerID] = c.Key
 	}
 	w.workers.Store(int64(len(w.delivered)))
 	w.cfg.OnChange(c)
@@ -305,14 +370,20 @@ func (w *Watcher) follow(ctx context.Context, rev int64) error {
 			case ev.Type == EventPut && rec.Err != nil:
 				w.badRecord(rec)
 			case ev.Type == EventPut:
+				if k, ok := w.owner[rec.Key.WorkerID]; ok && k != rec.Key {
+					w.shadow(rec, k)
+					break
+				}
 				delete(w.badSeen, rec.Path)
 				if c, ok := w.diff(rec, rec.ModRevision); ok {
 					w.deliver(c)
 				}
 			default: // delete
 				delete(w.badSeen, rec.Path)
+				delete(w.shadowed, rec.Key)
 				if old, ok := w.delivered[rec.Key]; ok && rec.Err == nil {
 					w.deliver(Change{Kind: Removed, Key: rec.Key, Worker: old, Revision: rec.ModRevision})
+					w.promote(rec.Key.WorkerID, rec.ModRevision)
 				}
 			}
 			w.revision.Store(rec.ModRevision)

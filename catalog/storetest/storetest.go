@@ -11,7 +11,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -42,7 +44,11 @@ func Run(t *testing.T, newStore func(t *testing.T) Testable) {
 		{"PutGet", testPutGet},
 		{"PutRejectsInvalid", testPutRejectsInvalid},
 		{"Delete", testDelete},
-		{"DeleteAllGroups", testDeleteAllGroups},
+		{"Keys", testKeys},
+		{"OneRecordPerID", testOneRecordPerID},
+		{"Update", testUpdate},
+		{"UpdateConcurrent", testUpdateConcurrent},
+		{"UpdateRemove", testUpdateRemove},
 		{"ListAtRevision", testListAtRevision},
 		{"ListBadRecords", testListBadRecords},
 		{"Watch", testWatch},
@@ -55,6 +61,7 @@ func Run(t *testing.T, newStore func(t *testing.T) Testable) {
 		{"SessionUpdate", testSessionUpdate},
 		{"WatcherChanges", testWatcherChanges},
 		{"WatcherBadRecords", testWatcherBadRecords},
+		{"WatcherOneRecordPerID", testWatcherOneRecordPerID},
 		{"WatcherCompaction", testWatcherCompaction},
 	}
 	for _, tc := range tests {
@@ -173,34 +180,194 @@ func testDelete(t *testing.T, s Testable) {
 	}
 }
 
-func testDeleteAllGroups(t *testing.T, s Testable) {
+func testKeys(t *testing.T, s Testable) {
 	ctx := ctxT(t)
-	keep := []catalog.Worker{Worker("m", "a", 8), Worker("m2", "a", 7), Worker("m/x", "a", 7), Worker("m", "a", 70)}
-	gone := []catalog.Worker{Worker("m", "a", 7), Worker("m", "b/c", 7), Worker("m", "default", 7)}
-	for _, w := range append(slices.Clone(keep), gone...) {
+	for _, w := range []catalog.Worker{Worker("m", "a", 8), Worker("m2", "a", 17), Worker("m/x", "a", 70), Worker("m", "b/c", 7)} {
 		mustPut(t, s, w, catalog.NoLease)
 	}
-	before, err := s.List(ctx, 0)
+	got, err := s.Keys(ctx, "m", 7)
+	if want := []catalog.Key{{Model: "m", Group: "b/c", WorkerID: 7}}; err != nil || !slices.Equal(got, want) {
+		t.Fatalf("Keys(m, 7) = %v, %v; want %v", got, err, want)
+	}
+	if got, err := s.Keys(ctx, "m", 9); err != nil || len(got) != 0 {
+		t.Fatalf("Keys(m, 9) = %v, %v; want none", got, err)
+	}
+}
+
+// testOneRecordPerID: a worker id is registered under one key; a write
+// under another is refused naming the holder, until the holder is gone
+// (deleted, or its lease ended).
+func testOneRecordPerID(t *testing.T, s Testable) {
+	ctx := ctxT(t)
+	a := Worker("m", "a", 7)
+	mustPut(t, s, a, catalog.NoLease)
+	mustPut(t, s, a, catalog.NoLease) // the holder itself may write again
+	b := Worker("other-model", "default", 7)
+	_, err := s.Put(ctx, b, catalog.NoLease)
+	var inUse *catalog.IDInUseError
+	if !errors.As(err, &inUse) || !errors.Is(err, catalog.ErrIDInUse) || inUse.Holder != a.Key() || inUse.ID != 7 {
+		t.Fatalf("Put of id 7 under another model: %v, want an IDInUseError naming %v", err, a.Key())
+	}
+	if !strings.Contains(err.Error(), `model "m" routing group "a"`) {
+		t.Fatalf("error %q does not name the holder", err)
+	}
+	_, err = s.Update(ctx, b.Key(), func(w *catalog.Worker, cur catalog.Current) error {
+		*w = b
+		return nil
+	})
+	if !errors.As(err, &inUse) {
+		t.Fatalf("Update of id 7 under another model: %v, want an IDInUseError", err)
+	}
+	if _, err := s.Get(ctx, b.Key()); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("the refused record was written: Get = %v", err)
+	}
+	if ok, err := s.Delete(ctx, a.Key()); !ok || err != nil {
+		t.Fatalf("Delete = %v, %v", ok, err)
+	}
+	mustPut(t, s, b, catalog.NoLease) // the id is free again
+	// A lease that ends releases the id with its record.
+	lease, err := s.Grant(ctx, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
-	n, err := s.DeleteAllGroups(ctx, "m", 7)
-	if err != nil || n != len(gone) {
-		t.Fatalf("DeleteAllGroups = %d, %v; want %d", n, err, len(gone))
+	c := Worker("m", "a", 9)
+	mustPut(t, s, c, lease)
+	if _, err := s.Put(ctx, Worker("m", "b", 9), catalog.NoLease); !errors.As(err, &inUse) || inUse.Lease != lease {
+		t.Fatalf("Put over a leased id: %v, want an IDInUseError naming lease %x", err, lease)
 	}
+	if err := s.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, s, Worker("m", "b", 9), catalog.NoLease)
 	snap, err := s.List(ctx, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := keysOf(snap); !slices.Equal(got, sortedKeys(keep)) {
-		t.Fatalf("left %v, want %v", got, sortedKeys(keep))
+	if got, want := keysOf(snap), []catalog.Key{{Model: "m", Group: "b", WorkerID: 9}, b.Key()}; !slices.Equal(got, want) {
+		t.Fatalf("List = %v, want %v (id claims are not records)", got, want)
 	}
-	if snap.Revision != before.Revision+1 {
-		t.Fatalf("DeleteAllGroups took revisions %d..%d, want one", before.Revision, snap.Revision)
+}
+
+func testUpdate(t *testing.T, s Testable) {
+	ctx := ctxT(t)
+	k := catalog.Key{Model: "m", Group: "g", WorkerID: 3}
+	calls := 0
+	rev, err := s.Update(ctx, k, func(w *catalog.Worker, cur catalog.Current) error {
+		calls++
+		if cur.Exists || w.Key() != k {
+			t.Errorf("first Update saw %+v, %+v; want a new record for %v", cur, *w, k)
+		}
+		*w = Worker("m", "g", 3)
+		return nil
+	})
+	if err != nil || calls != 1 {
+		t.Fatalf("Update (create) = %d, %v after %d calls", rev, err, calls)
 	}
-	if n, err := s.DeleteAllGroups(ctx, "m", 7); err != nil || n != 0 {
-		t.Fatalf("second DeleteAllGroups = %d, %v; want 0", n, err)
+	_, err = s.Update(ctx, k, func(w *catalog.Worker, cur catalog.Current) error {
+		if !cur.Exists || cur.ModRevision != rev || cur.Lease != catalog.NoLease {
+			t.Errorf("second Update saw %+v, want the record at revision %d", cur, rev)
+		}
+		w.Lifecycle = catalog.LifecycleDraining
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
+	if got, _ := s.Get(ctx, k); got.Lifecycle != catalog.LifecycleDraining {
+		t.Fatalf("Get after Update: %+v", got)
+	}
+	// fn's own errors come back as they are and change nothing.
+	stop := errors.New("stop")
+	if _, err := s.Update(ctx, k, func(w *catalog.Worker, _ catalog.Current) error { w.BlockSize = 64; return stop }); err != stop {
+		t.Fatalf("Update returning an error: %v, want it as is", err)
+	}
+	// An invalid result is refused, naming the field.
+	_, err = s.Update(ctx, k, func(w *catalog.Worker, _ catalog.Current) error { w.BlockSize = 0; return nil })
+	var ve *catalog.ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("Update to an invalid record: %v, want a ValidationError", err)
+	}
+	if got, _ := s.Get(ctx, k); got.BlockSize != 16 {
+		t.Fatalf("a failed Update changed the record: %+v", got)
+	}
+	// An update keeps the record's lease.
+	lease, err := s.Grant(ctx, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mustPut(t, s, Worker("m", "g", 4), lease)
+	if _, err := s.Update(ctx, catalog.Key{Model: "m", Group: "g", WorkerID: 4}, func(w *catalog.Worker, cur catalog.Current) error {
+		if cur.Lease != lease {
+			t.Errorf("Update saw lease %x, want %x", cur.Lease, lease)
+		}
+		w.Lifecycle = catalog.LifecycleDraining
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Revoke(ctx, lease); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, catalog.Key{Model: "m", Group: "g", WorkerID: 4}); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("the updated record outlived its lease: %v", err)
+	}
+}
+
+// testUpdateConcurrent: read-modify-write from many goroutines loses
+// nothing (each adds one rank).
+func testUpdateConcurrent(t *testing.T, s Testable) {
+	ctx := ctxT(t)
+	k := catalog.Key{Model: "m", Group: "g", WorkerID: 5}
+	const n = 16
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	for r := range uint32(n) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := s.Update(ctx, k, func(w *catalog.Worker, cur catalog.Current) error {
+				eps := maps.Clone(w.EventsEndpoints)
+				if eps == nil {
+					eps = map[uint32]string{}
+				}
+				eps[r] = fmt.Sprintf("tcp://10.0.0.5:%d", 6000+r)
+				*w = catalog.Worker{WorkerID: 5, ModelName: "m", RoutingGroup: "g", BlockSize: 16, EventsEndpoints: eps,
+					DataParallelStartRank: slices.Min(slices.Collect(maps.Keys(eps))), DataParallelSize: uint32(len(eps))}.WithDefaults()
+				return nil
+			})
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	got, err := s.Get(ctx, k)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Ranks()) != n {
+		t.Fatalf("after %d concurrent updates the record has ranks %v", n, got.Ranks())
+	}
+}
+
+func testUpdateRemove(t *testing.T, s Testable) {
+	ctx := ctxT(t)
+	w := Worker("m", "g", 6)
+	mustPut(t, s, w, catalog.NoLease)
+	if _, err := s.Update(ctx, w.Key(), func(*catalog.Worker, catalog.Current) error { return catalog.RemoveRecord }); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Get(ctx, w.Key()); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("Get after a removing Update: %v", err)
+	}
+	if _, err := s.Update(ctx, w.Key(), func(*catalog.Worker, catalog.Current) error { return catalog.RemoveRecord }); !errors.Is(err, catalog.ErrNotFound) {
+		t.Fatalf("removing a missing record: %v, want ErrNotFound", err)
+	}
+	mustPut(t, s, Worker("m", "h", 6), catalog.NoLease) // the id went with the record
 }
 
 func keysOf(snap catalog.Snapshot) []catalog.Key {
@@ -366,12 +533,13 @@ func testWatch(t *testing.T, s Testable) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	a, b := Worker("m", "g", 1), Worker("m", "h", 1)
+	a, b := Worker("m", "g", 1), Worker("m", "h", 2)
 	ra := mustPut(t, s, a, catalog.NoLease)
 	mustPut(t, s, b, catalog.NoLease)
-	n, err := s.DeleteAllGroups(ctx, "m", 1)
-	if err != nil || n != 2 {
-		t.Fatalf("DeleteAllGroups = %d, %v", n, err)
+	for _, k := range []catalog.Key{a.Key(), b.Key()} {
+		if ok, err := s.Delete(ctx, k); !ok || err != nil {
+			t.Fatalf("Delete(%v) = %v, %v", k, ok, err)
+		}
 	}
 	evs := collect(t, ws, 4)
 	want := []struct {
@@ -382,12 +550,12 @@ func testWatch(t *testing.T, s Testable) {
 		if ev.Type != want[i].typ || ev.Record.Key != want[i].key || ev.Record.Err != nil {
 			t.Fatalf("event %d = %v %+v, want %v %v", i, ev.Type, ev.Record, want[i].typ, want[i].key)
 		}
+		if i > 0 && ev.Record.ModRevision <= evs[i-1].Record.ModRevision {
+			t.Fatalf("event %d at revision %d, not after %d", i, ev.Record.ModRevision, evs[i-1].Record.ModRevision)
+		}
 	}
 	if evs[0].Record.ModRevision != ra || !evs[0].Record.Worker.Equal(a) {
 		t.Fatalf("first event %+v, want the put at %d", evs[0].Record, ra)
-	}
-	if evs[2].Record.ModRevision != evs[3].Record.ModRevision || evs[2].Record.ModRevision <= evs[1].Record.ModRevision {
-		t.Fatalf("the two deletes of one DeleteAllGroups are at revisions %d and %d", evs[2].Record.ModRevision, evs[3].Record.ModRevision)
 	}
 	// A closed stream or an ended context ends Next.
 	cctx, cancel := context.WithCancel(ctx)
@@ -777,6 +945,44 @@ func testWatcherBadRecords(t *testing.T, s Testable) {
 	if st := w.Stats(); st.BadRecords != uint64(len(bad))+1 {
 		t.Fatalf("BadRecords = %d, want %d", st.BadRecords, len(bad)+1)
 	}
+}
+
+// testWatcherOneRecordPerID: records that share a worker id (written
+// around the store's id check, e.g. by an older version) are delivered
+// one at a time: the first keeps the id, the others are bad records until
+// it goes.
+func testWatcherOneRecordPerID(t *testing.T, s Testable) {
+	ctx := ctxT(t)
+	plant := func(w catalog.Worker) {
+		t.Helper()
+		if _, err := s.PutRaw(ctx, w.Key().Path(s.Prefix()), []byte(mustJSON(t, w))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, b, c := Worker("m", "b", 5), Worker("m", "a", 5), Worker("m", "c", 5)
+	plant(a)
+	plant(b)
+	log := newChangeLog()
+	w := runWatcher(t, s, log.config())
+	log.expect(t, "added m/a/5") // after a list, the lowest path
+	if p := <-log.bad; p != a.Key().Path(s.Prefix()) {
+		t.Fatalf("bad record %s, want the shadowed %s", p, a.Key().Path(s.Prefix()))
+	}
+	plant(c) // while watching: the delivered record keeps the id
+	if p := <-log.bad; p != c.Key().Path(s.Prefix()) {
+		t.Fatalf("bad record %s, want %s", p, c.Key().Path(s.Prefix()))
+	}
+	if st := w.Stats(); st.Workers != 1 || st.BadRecords != 2 {
+		t.Fatalf("Stats = %+v, want 1 worker and 2 bad records", st)
+	}
+	if _, err := s.Delete(ctx, b.Key()); err != nil {
+		t.Fatal(err)
+	}
+	log.expect(t, "removed m/a/5", "added m/b/5") // the lowest shadowed record takes the id
+	if _, err := s.Delete(ctx, a.Key()); err != nil {
+		t.Fatal(err)
+	}
+	log.expect(t, "removed m/b/5", "added m/c/5")
 }
 
 // drain returns a channel that yields the element of ch after skipping n.
