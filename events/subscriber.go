@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -39,16 +41,8 @@ type Watermark struct {
 
 func (s Source) rank() indexer.Rank { return indexer.Rank{WorkerID: s.Worker, DPRank: s.Rank} }
 
-func (s Source) registered(r uint32) bool {
-	if r == s.Rank {
-		return true
-	}
-	for _, x := range s.Ranks {
-		if x == r {
-			return true
-		}
-	}
-	return false
+func registered(own uint32, ranks []uint32, r uint32) bool {
+	return r == own || slices.Contains(ranks, r)
 }
 
 // Applier receives what a Subscriber decides: batches in seq order and
@@ -138,6 +132,9 @@ type Subscriber struct {
 
 	mu    sync.Mutex // guards state
 	state State
+	// ranks is the worker's registered ranks (Source.Ranks, changed by
+	// SetRanks without a restart).
+	ranks atomic.Pointer[[]uint32]
 }
 
 // NewSubscriber returns a Subscriber for src that feeds app.
@@ -151,7 +148,17 @@ func NewSubscriber(src Source, app Applier, cfg SubscriberConfig) (*Subscriber, 
 	cfg.defaults()
 	cfg.Cursor.HasReplay = src.ReplayEndpoint != ""
 	cfg.Cursor.SeqBase = src.SeqBase
-	return &Subscriber{src: src, app: app, cfg: cfg}, nil
+	sub := &Subscriber{src: src, app: app, cfg: cfg}
+	sub.SetRanks(src.Ranks)
+	return sub, nil
+}
+
+// SetRanks changes the worker's registered ranks (Source.Ranks) while the
+// Subscriber runs: another rank of the worker registered or removed does
+// not restart this rank's stream. Safe for concurrent use.
+func (s *Subscriber) SetRanks(ranks []uint32) {
+	rs := slices.Clone(ranks)
+	s.ranks.Store(&rs)
 }
 
 // State returns the latest state. Safe for concurrent use.
@@ -408,7 +415,7 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	}
 	rank := src.rank()
 	if r.batch.HasDPRank && uint32(r.batch.DPRank) != src.Rank {
-		if r.batch.DPRank < 0 || !src.registered(uint32(r.batch.DPRank)) {
+		if r.batch.DPRank < 0 || !registered(src.Rank, *r.s.ranks.Load(), uint32(r.batch.DPRank)) {
 			r.drop("unknown_rank")
 			return nil
 		}

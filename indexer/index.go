@@ -317,6 +317,23 @@ func (ix *Index) Read(k PartitionKey, f func(t *Tree)) error {
 	return nil
 }
 
+// RemovePartition drops partition k and everything it holds. Removing a
+// missing partition is ErrNoPartition.
+func (ix *Index) RemovePartition(k PartitionKey) error {
+	ix.mu.Lock()
+	p, ok := ix.parts[k]
+	delete(ix.parts, k)
+	ix.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("partition %v: %w", k, ErrNoPartition)
+	}
+	p.mu.Lock()
+	ix.total.Add(-p.entries)
+	p.entries = 0
+	p.mu.Unlock()
+	return nil
+}
+
 // RemoveWorkerFrom removes every rank of worker id from partition k,
 // including ranks learned only from batches' data_parallel_rank.
 func (ix *Index) RemoveWorkerFrom(k PartitionKey, id uint64) error {

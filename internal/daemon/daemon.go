@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -101,11 +102,19 @@ func Run(ctx context.Context, cfg Config) error {
 		if dir == "" {
 			dir = "prefixd-data"
 		}
+		lock, err := lockDataDir(dir)
+		if err != nil {
+			return err
+		}
+		defer lock.Close()
 		dir = filepath.Join(dir, "etcd")
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("embedded etcd data dir: %w", err)
 		}
 		emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir, ClientURL: cfg.EmbeddedURL})
+		if errors.Is(err, syscall.EADDRINUSE) {
+			return fmt.Errorf("embedded etcd: %s is in use (another prefixd or etcd?): pass --embedded-etcd-url with a free port, or --etcd-endpoints to use that etcd: %w", cfg.EmbeddedURL, err)
+		}
 		if err != nil {
 			return fmt.Errorf("embedded etcd: %w", err)
 		}
@@ -131,9 +140,23 @@ func Run(ctx context.Context, cfg Config) error {
 		if err != nil {
 			log.Warn("starting without a peer's index; streams replay from the engines", "err", err)
 		} else {
-			log.Info("index restored from peer", "peer", peer)
+			entries := 0
+			for _, ps := range ix.Stats() {
+				entries += ps.Entries
+			}
+			log.Info("index restored from peer", "peer", peer, "partitions", len(ix.Partitions()), "entries", entries)
 		}
 	}
+	// Listen before anything long-lived starts, so a taken port fails
+	// with nothing to stop.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("listen %s: the address is in use (another prefixd?): pass --listen with a free port: %w", cfg.Listen, err)
+	}
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	defer ln.Close() // a no-op once the server has it
 	subCfg := cfg.Subscriber
 	if subCfg.Metrics == nil {
 		subCfg.Metrics = events.NewMetrics(reg)
@@ -152,12 +175,13 @@ func Run(ctx context.Context, cfg Config) error {
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
 	sel := newSelector(ix, pcfg, cfg.Coordinator, log, reg)
-	view := &workerView{store: store, ix: ix, streams: streams, sel: sel, known: map[catalog.Key]catalog.Worker{}}
+	view := &workerView{store: store, ix: ix, streams: streams, sel: sel, log: log, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
 	reg.MustRegister(badRecords)
 
 	g, gctx := errgroup.WithContext(ctx)
+	// The streams outlive the HTTP server and the watch: they stop last.
 	streamsCtx, stopStreams := context.WithCancel(context.WithoutCancel(gctx))
 	defer stopStreams()
 	streamsDone := make(chan error, 1)
@@ -165,7 +189,7 @@ func Run(ctx context.Context, cfg Config) error {
 
 	watcher := catalog.NewWatcher(store, catalog.WatcherConfig{
 		Logger:   log,
-		OnChange: func(c catalog.Change) { view.apply(gctx, c, log) },
+		OnChange: view.apply, // returns at once: streams start and stop on their own goroutine
 		OnBadRecord: func(path string, err error) {
 			badRecords.Inc()
 			log.Warn("bad worker record ignored", "key", path, "err", err)
@@ -173,6 +197,15 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
 	g.Go(func() error { return watcher.Run(gctx) })
+	g.Go(func() error {
+		select {
+		case <-watcher.Synced():
+			streams.Prune() // the catalog is known: drop restored ranks no worker wants
+			log.Info("catalog synced", "workers", watcher.Stats().Workers, "revision", watcher.Stats().Revision)
+		case <-gctx.Done():
+		}
+		return nil
+	})
 	g.Go(func() error { return sel.runExpiry(gctx, ExpireInterval) })
 
 	var wasReady atomic.Bool
@@ -192,19 +225,21 @@ func Run(ctx context.Context, cfg Config) error {
 		Index: ix, Workers: view, Selector: sel, Ready: ready, APIToken: cfg.APIToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
-	ln, err := net.Listen("tcp", cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
-	}
 	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
 	g.Go(func() error { return api.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
 		cfg.OnReady(ln.Addr().String())
 	}
+	<-gctx.Done()
+	stopping := time.Now()
+	if ctx.Err() != nil {
+		log.Info("shutting down: draining HTTP, then stopping the catalog watch and the streams", "drain_timeout", cfg.ShutdownTimeout)
+	}
 	err = g.Wait()
 	stopStreams()
 	<-streamsDone
+	log.Info("prefixd stopped", "took", time.Since(stopping).Round(time.Millisecond))
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
@@ -214,10 +249,11 @@ func Run(ctx context.Context, cfg Config) error {
 // workerView is the catalog and streams as the API sees them. It keeps
 // the latest record of every worker the watch delivered.
 type workerView struct {
-	store   *catalog.EtcdStore
+	store   catalog.Store
 	ix      *indexer.Index
 	streams *Streams
 	sel     *selector // nil in tests that build a view by hand
+	log     *slog.Logger
 
 	mu    sync.Mutex // guards known
 	known map[catalog.Key]catalog.Worker
@@ -225,9 +261,9 @@ type workerView struct {
 
 var _ api.Workers = (*workerView)(nil)
 
-// apply turns a catalog change into stream changes. It runs on the
-// watcher's goroutine.
-func (v *workerView) apply(ctx context.Context, c catalog.Change, log *slog.Logger) {
+// apply turns a catalog change into pool and stream changes, and logs it.
+// It runs on the watcher's goroutine and returns at once.
+func (v *workerView) apply(c catalog.Change) {
 	// The coordinator's pools first, so a worker listed by /workers is selectable.
 	if v.sel != nil {
 		if c.Kind == catalog.Removed {
@@ -243,19 +279,33 @@ func (v *workerView) apply(ctx context.Context, c catalog.Change, log *slog.Logg
 		v.known[c.Key] = c.Worker
 	}
 	v.mu.Unlock()
-	if c.Kind == catalog.Removed {
-		if err := v.streams.Remove(ctx, c.Key.WorkerID); err != nil && ctx.Err() == nil {
-			log.Error("remove worker streams", "worker", c.Key.WorkerID, "err", err)
-		}
+	w := c.Worker
+	attrs := []any{"worker", c.Key.WorkerID, "model", c.Key.Model, "group", c.Key.Group}
+	switch c.Kind {
+	case catalog.Removed:
+		v.log.Info("worker left", append(attrs, "revision", c.Revision)...)
+		v.streams.Remove(c.Key.WorkerID)
+		return
+	case catalog.Added:
+		v.log.Info("worker joined", append(attrs, "role", w.Role, "ranks", w.Ranks(), "registration", registration(c.Lease), "revision", c.Revision)...)
+	default:
+		v.log.Info("worker updated", append(attrs, "ranks", w.Ranks(), "was", c.Old.Ranks(), "lifecycle", w.Lifecycle, "revision", c.Revision)...)
+	}
+	ws, err := workerStreams(w)
+	if err != nil {
+		v.log.Error("worker not indexed", append(attrs, "err", err)...)
+		v.streams.Remove(c.Key.WorkerID)
 		return
 	}
-	ws, err := workerStreams(c.Worker)
-	if err == nil {
-		err = v.streams.Set(ctx, ws)
+	v.streams.Set(ws)
+}
+
+// registration says who keeps a record: a sidecar's lease, or nobody.
+func registration(l catalog.LeaseID) string {
+	if l == catalog.NoLease {
+		return "persistent"
 	}
-	if err != nil && ctx.Err() == nil {
-		log.Error("worker not indexed", "worker", c.Key.WorkerID, "model", c.Key.Model, "group", c.Key.Group, "err", err)
-	}
+	return fmt.Sprintf("lease %x", l)
 }
 
 func workerStreams(w catalog.Worker) (WorkerStreams, error) {

@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"testing"
@@ -139,9 +142,9 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 	if code, body := call(t, "POST", d.url+"/unregister", "s3cret", map[string]any{"instance_id": 42, "model_name": "meta-llama/Llama-3-8B"}); code != 200 {
 		t.Fatalf("unregister: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "the worker's blocks to leave the index", func() bool {
+	storetest.Eventually(t, 20*time.Second, "the worker's blocks, and its now empty partition, to leave the index", func() bool {
 		code, body := call(t, "POST", d.url+"/query", "", query)
-		return code == 200 && bytes.Contains(body, []byte(`"scores":{}`))
+		return code == http.StatusNotFound && bytes.Contains(body, []byte(`no indexer for model=meta-llama/Llama-3-8B routing_group=default`))
 	})
 	if code, _ := call(t, "POST", d.url+"/unregister", "s3cret", map[string]any{"instance_id": 42, "model_name": "meta-llama/Llama-3-8B"}); code != http.StatusNotFound {
 		t.Fatalf("second unregister: %d", code)
@@ -316,5 +319,75 @@ func TestReadyLatches(t *testing.T) {
 	})
 	if code, body := call(t, "GET", d.url+"/ready", "", nil); code != 200 {
 		t.Fatalf("/ready after an unreachable worker joined: %d %s", code, body)
+	}
+}
+
+// TestRunListenInUse: a taken --listen address fails Run at once with a
+// hint, and leaves no goroutine behind (the watch and the plan expiry
+// used to start before the listener and were never stopped).
+func TestRunListenInUse(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	err = Run(context.Background(), Config{Etcd: catalog.EtcdConfig{Endpoints: etcd.Endpoints()}, Listen: taken.Addr().String()})
+	if err == nil || !strings.Contains(err.Error(), "pass --listen with a free port") {
+		t.Fatalf("Run on a taken address: %v", err)
+	}
+	storetest.Eventually(t, 10*time.Second, "no daemon goroutine left", func() bool {
+		var buf bytes.Buffer
+		_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
+		for _, f := range []string{"catalog.(*Watcher).Run", "(*selector).runExpiry", "(*Streams).Run"} {
+			if strings.Contains(buf.String(), f) {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// TestDataDirInUse: a second daemon on a data dir in use fails at once,
+// naming the holder (it used to wait forever on etcd's file lock, deaf to
+// signals); one on another data dir but the same embedded etcd port says
+// which flag to change.
+func TestDataDirInUse(t *testing.T) {
+	dir := t.TempDir()
+	port, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdURL := "http://" + port.Addr().String()
+	port.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	ready := make(chan string, 1)
+	first := make(chan error, 1)
+	go func() {
+		first <- Run(ctx, Config{DataDir: dir, EmbeddedURL: etcdURL, Listen: "127.0.0.1:0", OnReady: func(a string) { ready <- a }})
+	}()
+	select {
+	case <-ready:
+	case err := <-first:
+		t.Fatalf("first daemon: %v", err)
+	case <-time.After(60 * time.Second):
+		t.Fatal("first daemon did not start")
+	}
+	defer func() {
+		cancel()
+		if err := <-first; err != nil {
+			t.Errorf("first daemon: %v", err)
+		}
+	}()
+	sctx, scancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer scancel()
+	err = Run(sctx, Config{DataDir: dir, EmbeddedURL: etcdURL, Listen: "127.0.0.1:0"})
+	want := fmt.Sprintf("data dir %s is in use by another prefixd (pid %d)", dir, os.Getpid())
+	if err == nil || !strings.Contains(err.Error(), want) || sctx.Err() != nil {
+		t.Fatalf("second daemon on the same data dir: %v; want at once %q", err, want)
+	}
+	err = Run(sctx, Config{DataDir: t.TempDir(), EmbeddedURL: etcdURL, Listen: "127.0.0.1:0"})
+	if err == nil || !strings.Contains(err.Error(), "pass --embedded-etcd-url with a free port") {
+		t.Fatalf("second daemon on the same etcd port: %v", err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 
@@ -29,25 +30,45 @@ type RankStatus struct {
 	Partition indexer.PartitionKey
 	Endpoint  string
 	events.State
-	Blocks int
-	Err    string // why the stream is not running, if it is not
+	// Running: the rank's stream runs (State is its subscriber's).
+	Running bool
+	Blocks  int
+	Err     string // why the rank is not indexed, if it is not
 }
 
 // Streams runs one events.Subscriber per worker rank and keeps the index
 // in step with the workers it is told about: a new worker starts its
 // streams, a changed worker restarts only the streams whose source
-// changed, and a removed worker stops its streams and leaves the index.
-// Create with NewStreams; call Run; Set and Remove are safe for concurrent
-// use from other goroutines while Run runs.
+// changed (a rank added or removed leaves its siblings' streams and
+// blocks alone), and a removed worker stops its streams and leaves the
+// index; a partition goes with its last worker.
+//
+// Set and Remove only record what is wanted and return at once (the
+// catalog watcher calls them and must not wait); Run's goroutine makes it
+// so, and never waits for a stream to stop: a stopping stream's rank is
+// cleaned up, and its successor started, when its goroutine has exited.
+// Create with NewStreams and call Run; the other methods are safe for
+// concurrent use while Run runs.
 type Streams struct {
 	ix   *indexer.Index
 	cfg  events.SubscriberConfig
 	log  *slog.Logger
-	cmds chan func(context.Context)
+	kick chan struct{} // cap 1: something changed
+	// exited receives the key of each stream whose goroutine returned; it
+	// is read by Run until quit closes.
+	exited chan streamKey
+	quit   chan struct{}
 
-	mu      sync.Mutex // guards workers and subs (read by Status from other goroutines)
+	mu      sync.Mutex // guards the fields below; never held across index calls
 	workers map[uint64]WorkerStreams
-	subs    map[streamKey]*stream
+	subs    map[streamKey]*stream // running or stopping; written only by Run's goroutine
+	errs    map[uint64]string     // why a wanted worker is not indexed
+	prune   bool                  // the catalog is synced: drop what no worker wants
+	stopped bool
+
+	// Owned by Run's goroutine.
+	indexed map[uint64]indexer.PartitionKey // workers whose ranks may be in the index
+	parts   map[indexer.PartitionKey]bool   // partitions it indexed workers in
 }
 
 type streamKey struct {
@@ -56,11 +77,11 @@ type streamKey struct {
 }
 
 type stream struct {
-	src    events.Source
-	part   indexer.PartitionKey
-	sub    *events.Subscriber
-	cancel context.CancelFunc
-	done   chan struct{}
+	src      events.Source
+	part     indexer.PartitionKey
+	sub      *events.Subscriber
+	cancel   context.CancelFunc
+	stopping bool // cancelled; its goroutine has not exited yet
 }
 
 // NewStreams returns a manager feeding ix; cfg is used for every
@@ -69,112 +90,255 @@ func NewStreams(ix *indexer.Index, cfg events.SubscriberConfig, log *slog.Logger
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Streams{ix: ix, cfg: cfg, log: log, cmds: make(chan func(context.Context)),
-		workers: map[uint64]WorkerStreams{}, subs: map[streamKey]*stream{}}
+	return &Streams{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan streamKey), quit: make(chan struct{}),
+		workers: map[uint64]WorkerStreams{}, subs: map[streamKey]*stream{}, errs: map[uint64]string{},
+		indexed: map[uint64]indexer.PartitionKey{}, parts: map[indexer.PartitionKey]bool{}}
 }
 
-// ErrStopped is returned by Set and Remove after Run has returned.
-var ErrStopped = errors.New("stream manager stopped")
+// Set adds or updates a worker. It returns at once; Run starts, restarts
+// and stops streams to match. A block size that conflicts with the
+// partition's (another worker's) keeps the worker out of the index, which
+// Status reports, until the conflict goes.
+func (s *Streams) Set(w WorkerStreams) {
+	for i := range w.Sources {
+		w.Sources[i].Worker = w.ID
+	}
+	s.mu.Lock()
+	if !s.stopped {
+		s.workers[w.ID] = w
+	}
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Remove forgets worker id: Run stops its streams and removes it from the
+// index. Removing an unknown worker does nothing.
+func (s *Streams) Remove(id uint64) {
+	s.mu.Lock()
+	delete(s.workers, id)
+	delete(s.errs, id)
+	s.mu.Unlock()
+	s.poke()
+}
+
+// Prune is called once the catalog has been listed: from then on, index
+// partitions and ranks that no worker wants (restored from a peer for a
+// worker that has since left) are removed too.
+func (s *Streams) Prune() {
+	s.mu.Lock()
+	s.prune = true
+	s.mu.Unlock()
+	s.poke()
+}
+
+func (s *Streams) poke() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
 
 // Run owns every subscriber goroutine until ctx ends, then stops them all
 // and returns ctx's error after they exited.
 func (s *Streams) Run(ctx context.Context) error {
 	for {
+		s.reconcile(ctx)
 		select {
-		case f := <-s.cmds:
-			f(ctx)
+		case <-s.kick:
+		case k := <-s.exited:
+			s.reap(k)
 		case <-ctx.Done():
-			s.mu.Lock()
-			subs := make([]*stream, 0, len(s.subs))
-			for _, st := range s.subs {
-				subs = append(subs, st)
-			}
-			s.mu.Unlock()
-			for _, st := range subs {
-				st.stop()
-			}
+			s.shutdown()
 			return ctx.Err()
 		}
 	}
 }
 
-// do runs f on Run's goroutine and waits for it.
-func (s *Streams) do(ctx context.Context, f func(context.Context) error) error {
-	errc := make(chan error, 1)
-	select {
-	case s.cmds <- func(rctx context.Context) { errc <- f(rctx) }:
-	case <-ctx.Done():
-		return ctx.Err()
+// shutdown cancels every stream and waits for their goroutines.
+func (s *Streams) shutdown() {
+	s.mu.Lock()
+	s.stopped = true
+	n := 0
+	for _, st := range s.subs {
+		st.cancel()
+		n++
 	}
-	select {
-	case err := <-errc:
-		return err
-	case <-ctx.Done():
-		return ctx.Err()
+	s.mu.Unlock()
+	for ; n > 0; n-- {
+		<-s.exited
+	}
+	close(s.quit)
+}
+
+// source returns the source w wants for rank r.
+func (w WorkerStreams) source(r uint32) (events.Source, bool) {
+	for _, src := range w.Sources {
+		if src.Rank == r {
+			return src, true
+		}
+	}
+	return events.Source{}, false
+}
+
+// reconcile brings the streams and the index in step with the wanted
+// workers. Runs on Run's goroutine.
+func (s *Streams) reconcile(ctx context.Context) {
+	s.mu.Lock()
+	workers := make(map[uint64]WorkerStreams, len(s.workers))
+	for id, w := range s.workers {
+		workers[id] = w
+	}
+	prune := s.prune
+	// Stop what is not wanted as it runs; update what only changed its
+	// registered ranks.
+	for k, st := range s.subs {
+		if st.stopping {
+			continue
+		}
+		w, ok := workers[k.worker]
+		src, want := w.source(k.rank)
+		switch {
+		case !ok || !want || w.Partition != st.part || !sameSource(src, st.src):
+			st.stopping = true
+			st.cancel()
+		case !slices.Equal(src.Ranks, st.src.Ranks):
+			st.sub.SetRanks(src.Ranks)
+			st.src.Ranks = src.Ranks
+		}
+	}
+	s.mu.Unlock()
+
+	// Workers that left (or moved partition) and have no stream left.
+	for id, part := range s.indexed {
+		if w, ok := workers[id]; ok && w.Partition == part {
+			continue
+		}
+		if s.hasStreams(id) {
+			continue
+		}
+		if err := s.ix.RemoveWorkerFrom(part, id); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
+			s.log.Error("remove worker from index", "worker", id, "model", part.Model, "group", part.Group, "err", err)
+		}
+		delete(s.indexed, id)
+		s.log.Info("worker removed from index", "worker", id, "model", part.Model, "group", part.Group)
+	}
+	s.dropEmptyPartitions(workers, prune)
+
+	// Start wanted streams that have none (a stopping one is replaced
+	// once it has exited).
+	for _, id := range slices.Sorted(maps.Keys(workers)) {
+		w := workers[id]
+		if part, ok := s.indexed[id]; ok && part != w.Partition {
+			continue // still leaving its old partition
+		}
+		if err := s.ix.AddPartition(w.Partition, w.BlockSize); err != nil {
+			s.setErr(id, fmt.Sprintf("not indexed: %v", err))
+			continue
+		}
+		s.setErr(id, "")
+		for _, src := range w.Sources {
+			k := streamKey{id, src.Rank}
+			s.mu.Lock()
+			_, exists := s.subs[k]
+			s.mu.Unlock()
+			if exists {
+				continue
+			}
+			if err := s.start(ctx, k, src, w.Partition); err != nil {
+				s.setErr(id, err.Error())
+				continue
+			}
+			s.indexed[id] = w.Partition
+			s.parts[w.Partition] = true
+		}
 	}
 }
 
-// Set adds or updates a worker: its partition is created (a block size
-// that conflicts with the partition's is an error and nothing starts),
-// streams whose source is new or changed start, and ranks it no longer
-// has stop and leave the index.
-func (s *Streams) Set(ctx context.Context, w WorkerStreams) error {
-	return s.do(ctx, func(rctx context.Context) error {
-		if err := s.ix.AddPartition(w.Partition, w.BlockSize); err != nil {
-			return fmt.Errorf("worker %d: %w", w.ID, err)
+// setErr records (or clears, with "") why worker id is not indexed,
+// logging each new reason once.
+func (s *Streams) setErr(id uint64, msg string) {
+	s.mu.Lock()
+	old := s.errs[id]
+	if msg == "" {
+		delete(s.errs, id)
+	} else if _, wanted := s.workers[id]; wanted {
+		s.errs[id] = msg
+	}
+	s.mu.Unlock()
+	if msg != "" && msg != old {
+		s.log.Error("worker not indexed", "worker", id, "err", msg)
+	}
+}
+
+func (s *Streams) hasStreams(id uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.subs {
+		if k.worker == id {
+			return true
 		}
-		s.mu.Lock()
-		old, had := s.workers[w.ID]
-		s.workers[w.ID] = w
-		s.mu.Unlock()
-		if had && old.Partition != w.Partition {
-			s.removeLocked(old)
-		}
-		want := map[streamKey]events.Source{}
-		for _, src := range w.Sources {
-			src.Worker = w.ID
-			want[streamKey{w.ID, src.Rank}] = src
-		}
-		s.mu.Lock()
-		var stop []*stream
-		var stopKeys []streamKey
-		for k, st := range s.subs {
-			if k.worker != w.ID {
-				continue
+	}
+	return false
+}
+
+// dropEmptyPartitions removes partitions no wanted or indexed worker
+// uses. Before the catalog is synced (prune false) it keeps partitions it
+// never indexed itself: they may hold a peer's dump for workers the
+// catalog has yet to deliver.
+func (s *Streams) dropEmptyPartitions(workers map[uint64]WorkerStreams, prune bool) {
+	used := map[indexer.PartitionKey]bool{}
+	for _, w := range workers {
+		used[w.Partition] = true
+	}
+	for _, part := range s.indexed {
+		used[part] = true
+	}
+	for _, part := range s.ix.Partitions() {
+		if used[part] {
+			if prune {
+				s.pruneRanks(part, workers)
 			}
-			if src, ok := want[k]; !ok || !sameSource(src, st.src) || st.part != w.Partition {
-				stop = append(stop, st)
-				stopKeys = append(stopKeys, k)
-				delete(s.subs, k)
+			continue
+		}
+		if !prune && !s.parts[part] {
+			continue
+		}
+		delete(s.parts, part)
+		if err := s.ix.RemovePartition(part); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
+			s.log.Error("remove partition", "model", part.Model, "group", part.Group, "err", err)
+			continue
+		}
+		s.log.Info("partition removed: no workers left", "model", part.Model, "group", part.Group)
+	}
+}
+
+// pruneRanks removes from part the ranks of workers that no longer want
+// it and have no stream (ranks restored from a peer's dump).
+func (s *Streams) pruneRanks(part indexer.PartitionKey, workers map[uint64]WorkerStreams) {
+	var gone []uint64
+	_ = s.ix.Read(part, func(t *indexer.Tree) {
+		for _, r := range t.Ranks() {
+			if w, ok := workers[r.WorkerID]; (!ok || w.Partition != part) && s.indexed[r.WorkerID] != part && !slices.Contains(gone, r.WorkerID) {
+				gone = append(gone, r.WorkerID)
 			}
 		}
-		s.mu.Unlock()
-		for i, st := range stop {
-			st.stop()
-			if err := s.ix.RemoveRank(st.part, indexer.Rank{WorkerID: stopKeys[i].worker, DPRank: stopKeys[i].rank}); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
-				s.log.Error("remove rank", "worker", stopKeys[i].worker, "rank", stopKeys[i].rank, "err", err)
-			}
-		}
-		for k, src := range want {
-			s.mu.Lock()
-			_, running := s.subs[k]
-			s.mu.Unlock()
-			if running {
-				continue
-			}
-			if err := s.start(rctx, k, src, w.Partition); err != nil {
-				return err
-			}
-		}
-		return nil
 	})
+	for _, id := range gone {
+		if s.hasStreams(id) {
+			continue
+		}
+		if err := s.ix.RemoveWorkerFrom(part, id); err == nil {
+			s.log.Info("restored worker removed from index: not in the catalog", "worker", id, "model", part.Model, "group", part.Group)
+		}
+	}
 }
 
 func sameSource(a, b events.Source) bool {
 	return a.Worker == b.Worker && a.Rank == b.Rank && a.Endpoint == b.Endpoint && a.ReplayEndpoint == b.ReplayEndpoint &&
-		a.Topic == b.Topic && a.SeqBase == b.SeqBase && slices.Equal(a.Ranks, b.Ranks)
+		a.Topic == b.Topic && a.SeqBase == b.SeqBase
 }
 
+// start runs a subscriber for k. Called on Run's goroutine.
 func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, part indexer.PartitionKey) error {
 	// A rank the index already holds (restored from a peer's dump) resumes
 	// after its watermark once the engine confirms the batch's digest.
@@ -187,65 +351,64 @@ func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, par
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	st := &stream{src: src, part: part, sub: sub, cancel: cancel, done: make(chan struct{})}
+	st := &stream{src: src, part: part, sub: sub, cancel: cancel}
 	s.mu.Lock()
 	s.subs[k] = st
 	s.mu.Unlock()
 	go func() {
-		defer close(st.done)
 		_ = sub.Run(sctx) // returns ctx's error when stopped
+		select {
+		case s.exited <- k:
+		case <-s.quit:
+		}
 	}()
 	return nil
 }
 
-func (st *stream) stop() {
-	st.cancel()
-	<-st.done
-}
-
-// Remove stops every stream of worker id and removes it from the index.
-// Removing an unknown worker does nothing.
-func (s *Streams) Remove(ctx context.Context, id uint64) error {
-	return s.do(ctx, func(context.Context) error {
-		s.mu.Lock()
-		w, ok := s.workers[id]
-		delete(s.workers, id)
-		s.mu.Unlock()
-		if ok {
-			s.removeLocked(w)
-		}
-		return nil
-	})
-}
-
-// removeLocked stops w's streams and drops it from its partition. Called
-// on Run's goroutine.
-func (s *Streams) removeLocked(w WorkerStreams) {
+// reap handles a stream whose goroutine exited: its rank leaves the index
+// unless the same source is still wanted (it then starts again on the
+// next reconcile, resuming from the index's watermark).
+func (s *Streams) reap(k streamKey) {
 	s.mu.Lock()
-	var stop []*stream
-	for k, st := range s.subs {
-		if k.worker == w.ID {
-			stop = append(stop, st)
-			delete(s.subs, k)
-		}
-	}
+	st := s.subs[k]
+	delete(s.subs, k)
+	w, ok := s.workers[k.worker]
 	s.mu.Unlock()
-	for _, st := range stop {
-		st.stop()
+	if st == nil {
+		return
 	}
-	if err := s.ix.RemoveWorkerFrom(w.Partition, w.ID); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
-		s.log.Error("remove worker", "worker", w.ID, "err", err)
+	src, want := w.source(k.rank)
+	if ok && want && w.Partition == st.part && sameSource(src, st.src) {
+		return
 	}
+	r := indexer.Rank{WorkerID: k.worker, DPRank: k.rank}
+	blocks := 0
+	if rs, err := s.ix.Rank(st.part, r); err == nil {
+		blocks = rs.Blocks
+	}
+	if err := s.ix.RemoveRank(st.part, r); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
+		s.log.Error("remove rank", "worker", k.worker, "rank", k.rank, "err", err)
+		return
+	}
+	s.log.Info("stream stopped; rank removed from index", "worker", k.worker, "rank", k.rank, "endpoint", st.src.Endpoint, "blocks", blocks)
 }
 
-// Status reports every stream, ordered by worker and rank. Safe for
-// concurrent use.
+// Status reports every wanted rank, ordered by worker and rank: its
+// stream's state, or why it has none.
 func (s *Streams) Status() []RankStatus {
 	s.mu.Lock()
 	out := make([]RankStatus, 0, len(s.subs))
-	for k, st := range s.subs {
-		out = append(out, RankStatus{Worker: k.worker, Rank: k.rank, Partition: st.part, Endpoint: st.src.Endpoint,
-			State: st.sub.State()})
+	for id, w := range s.workers {
+		for _, src := range w.Sources {
+			rs := RankStatus{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
+			st := s.subs[streamKey{id, src.Rank}]
+			if st != nil && !st.stopping && sameSource(src, st.src) && st.part == w.Partition {
+				rs.State, rs.Running = st.sub.State(), true
+			} else {
+				rs.Err = s.errs[id] // "" while the stream is starting
+			}
+			out = append(out, rs)
+		}
 	}
 	s.mu.Unlock()
 	for i := range out {
@@ -259,13 +422,13 @@ func (s *Streams) Status() []RankStatus {
 	return out
 }
 
-// Synced reports whether every stream finished its initial replay
-// (completed, or failed and degraded).
+// Synced reports whether every running stream finished its initial
+// replay (completed, or failed and degraded).
 func (s *Streams) Synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, st := range s.subs {
-		if !st.sub.State().Synced {
+		if !st.stopping && !st.sub.State().Synced {
 			return false
 		}
 	}

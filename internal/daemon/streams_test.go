@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,7 +86,6 @@ func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) i
 func TestStreamsLifecycle(t *testing.T) {
 	ix := indexer.New(indexer.Options{})
 	s := startStreams(t, ix)
-	ctx := context.Background()
 	k := indexer.PartitionKey{Model: "m", Group: "default"}
 	e0, e1 := startTestEngine(t), startTestEngine(t)
 	e0.store(3)
@@ -94,9 +94,7 @@ func TestStreamsLifecycle(t *testing.T) {
 		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
 		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
 	}}
-	if err := s.Set(ctx, w); err != nil {
-		t.Fatal(err)
-	}
+	s.Set(w)
 	storetest.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 0) == 3 && rankBlocks(ix, k, 7, 1) == 5
 	})
@@ -112,9 +110,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	e2 := startTestEngine(t)
 	e2.store(2)
 	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.pub.Endpoint(), e2.pub.ReplayEndpoint()
-	if err := s.Set(ctx, w); err != nil {
-		t.Fatal(err)
-	}
+	s.Set(w)
 	storetest.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
 	})
@@ -125,22 +121,23 @@ func TestStreamsLifecycle(t *testing.T) {
 		t.Fatal("rank 0's stream was restarted by a change to rank 1")
 	}
 
-	// A conflicting block size is refused.
+	// A conflicting block size keeps the worker out, and says why.
 	bad := w
 	bad.ID, bad.BlockSize = 8, 32
-	if err := s.Set(ctx, bad); err == nil {
-		t.Fatal("block size conflict accepted")
-	}
-
-	if err := s.Remove(ctx, 7); err != nil {
-		t.Fatal(err)
-	}
-	if st := s.Status(); len(st) != 0 {
-		t.Fatalf("streams left after Remove: %+v", st)
-	}
-	for _, ps := range ix.Stats() {
-		if ps.Entries != 0 || ps.Nodes != 0 {
-			t.Fatalf("index not empty after Remove: %+v", ps)
+	bad.Sources = []events.Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
+	s.Set(bad)
+	storetest.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
+		for _, st := range s.Status() {
+			if st.Worker == 8 && !st.Running && strings.Contains(st.Err, "block size") {
+				return true
+			}
 		}
-	}
+		return false
+	})
+	s.Remove(8)
+
+	s.Remove(7)
+	storetest.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
+		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
+	})
 }

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
+	"unicode/utf8"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
@@ -16,77 +18,130 @@ import (
 
 // Register writes (or extends) the worker's persistent catalog record:
 // one POST /register names one engine endpoint for one dp rank (or, with
-// data_parallel_size, consecutive ranks at vLLM's offset ports). Every
-// replica sees it through the watch; none owns it.
+// data_parallel_size, consecutive ranks at vLLM's offset ports). Ranks may
+// come in any order and leave holes. The record is changed with the
+// catalog's compare-and-swap, so concurrent registrations of different
+// ranks all land. A record a sidecar keeps under a lease is the
+// sidecar's: Register refuses it (409) rather than detach the lease.
+// Every replica sees the record through the watch; none owns it.
 func (v *workerView) Register(ctx context.Context, r api.RegisterRequest) error {
 	group := cmp.Or(r.RoutingGroup, api.DefaultRoutingGroup)
 	key := catalog.Key{Model: r.ModelName, Group: group, WorkerID: r.InstanceID}
 	part := indexer.PartitionKey{Model: r.ModelName, Group: group}
 	if bs, err := v.ix.BlockSize(part); err == nil && bs != int(r.BlockSize) {
-		return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of model=%s routing_group=%s", r.BlockSize, bs, r.ModelName, group)}
+		return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of model=%s routing_group=%s", r.BlockSize, bs, short(r.ModelName), short(group))}
 	}
 	v.mu.Lock()
 	for k, w := range v.known {
 		if k.Model == r.ModelName && k.Group == group && k != key && w.BlockSize != r.BlockSize {
 			v.mu.Unlock()
-			return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, r.ModelName, group)}
+			return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, short(r.ModelName), short(group))}
 		}
 	}
 	v.mu.Unlock()
 
-	old, err := v.store.Get(ctx, key)
-	found := err == nil
-	if err != nil && !errors.Is(err, catalog.ErrNotFound) {
-		return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
-	}
-	evs, reps := map[uint32]string{}, map[uint32]string{}
-	if found {
-		if old.BlockSize != r.BlockSize {
-			return &conflict{fmt.Sprintf("block_size: %d conflicts with the registered %d", r.BlockSize, old.BlockSize)}
-		}
-		if evs, reps, err = rankEndpoints(old); err != nil {
-			return fmt.Errorf("%w: stored record: %v", api.ErrUnavailable, err)
-		}
-	}
 	size := max(r.DataParallelSize, 1)
+	if size > catalog.MaxDataParallelSize {
+		return api.Invalid("data_parallel_size", "%d exceeds %d", size, catalog.MaxDataParallelSize)
+	}
+	if uint64(r.DPRank)+uint64(size) > math.MaxUint32+1 {
+		return api.Invalid("dp_rank", "%d + data_parallel_size %d overflows a dp rank", r.DPRank, size)
+	}
+	add, addReplay := make(map[uint32]string, size), make(map[uint32]string, size)
 	for i := uint32(0); i < size; i++ {
 		ep, err := events.OffsetEndpoint(r.Endpoint, i)
 		if err != nil {
 			return api.Invalid("endpoint", "%v", err)
 		}
-		evs[r.DPRank+i] = ep
-		delete(reps, r.DPRank+i)
+		add[r.DPRank+i] = ep
 		if r.ReplayEndpoint != "" {
 			rp, err := events.OffsetEndpoint(r.ReplayEndpoint, i)
 			if err != nil {
 				return api.Invalid("replay_endpoint", "%v", err)
 			}
-			reps[r.DPRank+i] = rp
+			addReplay[r.DPRank+i] = rp
 		}
 	}
-	w := catalog.Worker{WorkerID: r.InstanceID, ModelName: r.ModelName, RoutingGroup: group, Role: catalog.Role(r.Role),
-		Endpoint: r.EngineEndpoint, Topic: r.Topic, BlockSize: r.BlockSize, TotalKVBlocks: r.TotalKVBlocks,
-		MaxNumBatchedTokens: r.MaxNumBatchedTokens, TopologyDomains: r.TopologyDomains, KVTransferDomain: r.KVTransferDomain,
-		KVTransferEnforcement: catalog.Enforcement(r.KVTransferEnforcement), Taints: r.Taints}
-	if r.KVTransferPreferredWeight != 0 {
-		pw := r.KVTransferPreferredWeight
-		w.KVTransferPreferredWeight = &pw
+	_, err := v.store.Update(ctx, key, func(w *catalog.Worker, cur catalog.Current) error {
+		if err := sidecarOwned(key, cur); err != nil {
+			return err
+		}
+		evs, reps := map[uint32]string{}, map[uint32]string{}
+		if cur.Exists {
+			if w.BlockSize != r.BlockSize {
+				return &conflict{fmt.Sprintf("block_size: %d conflicts with the registered %d", r.BlockSize, w.BlockSize)}
+			}
+			var err error
+			if evs, reps, err = rankEndpoints(*w); err != nil {
+				return fmt.Errorf("%w: stored record: %v", api.ErrUnavailable, err)
+			}
+		}
+		for rank, ep := range add {
+			evs[rank] = ep
+			delete(reps, rank)
+			if rp, ok := addReplay[rank]; ok {
+				reps[rank] = rp
+			}
+		}
+		nw := catalog.Worker{WorkerID: r.InstanceID, ModelName: r.ModelName, RoutingGroup: group, Role: catalog.Role(r.Role),
+			Endpoint: r.EngineEndpoint, Topic: r.Topic, BlockSize: r.BlockSize, TotalKVBlocks: r.TotalKVBlocks,
+			MaxNumBatchedTokens: r.MaxNumBatchedTokens, TopologyDomains: r.TopologyDomains, KVTransferDomain: r.KVTransferDomain,
+			KVTransferEnforcement: catalog.Enforcement(r.KVTransferEnforcement), Taints: r.Taints}
+		if r.KVTransferPreferredWeight != 0 {
+			pw := r.KVTransferPreferredWeight
+			nw.KVTransferPreferredWeight = &pw
+		}
+		setRanks(&nw, evs, reps)
+		*w = nw.WithDefaults()
+		return nil
+	})
+	return catalogError(err)
+}
+
+// sidecarOwned refuses an API change to a record a sidecar keeps under a
+// lease: writing it would detach the lease (the record would never
+// expire), and deleting it would leave the sidecar renewing a lease that
+// holds nothing, its engine invisible until the sidecar restarts.
+func sidecarOwned(k catalog.Key, cur catalog.Current) error {
+	if cur.Lease == catalog.NoLease {
+		return nil
 	}
-	if err := setRanks(&w, evs, reps); err != nil {
+	return &conflict{fmt.Sprintf("instance_id: %d in model=%s routing_group=%s is registered by a sidecar under lease %x; the record is the sidecar's (stop the sidecar to remove it)",
+		k.WorkerID, short(k.Model), short(k.Group), cur.Lease)}
+}
+
+// short is s cut to 64 bytes for an error message, so a client's
+// megabyte-long model name does not come back in full.
+func short(s string) string {
+	const max = 64
+	if len(s) <= max {
+		return s
+	}
+	cut := max
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
+}
+
+// catalogError maps a catalog write error to the API's errors.
+func catalogError(err error) error {
+	var ve *catalog.ValidationError
+	var inUse *catalog.IDInUseError
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, api.ErrConflict), errors.Is(err, api.ErrInvalid), errors.Is(err, api.ErrNotFound), errors.Is(err, api.ErrUnavailable):
 		return err
-	}
-	w = w.WithDefaults()
-	if err := w.Validate(); err != nil {
-		var ve *catalog.ValidationError
-		if errors.As(err, &ve) && len(ve.Fields) > 0 {
-			return api.Invalid(ve.Fields[0].Field, "%s", ve.Fields[0].Reason)
-		}
+	case errors.As(err, &inUse):
+		return &conflict{fmt.Sprintf("instance_id: %d is registered for model=%s routing_group=%s; a worker id names one engine, so unregister it there first",
+			inUse.ID, short(inUse.Holder.Model), short(inUse.Holder.Group))}
+	case errors.As(err, &ve) && len(ve.Fields) > 0:
+		return api.Invalid(ve.Fields[0].Field, "%s", ve.Fields[0].Reason)
+	case errors.As(err, &ve):
 		return fmt.Errorf("%w: %v", api.ErrInvalid, err)
 	}
-	if _, err := v.store.Put(ctx, w, catalog.NoLease); err != nil {
-		return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
-	}
-	return nil
+	return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
 }
 
 type conflict struct{ msg string }
@@ -112,77 +167,83 @@ func rankEndpoints(w catalog.Worker) (evs, reps map[uint32]string, err error) {
 	return evs, reps, nil
 }
 
-// setRanks stores per-rank endpoints, which must cover consecutive ranks.
-func setRanks(w *catalog.Worker, evs, reps map[uint32]string) error {
-	ranks := slices.Sorted(maps.Keys(evs))
-	if len(ranks) == 0 {
-		return api.Invalid("endpoint", "required")
-	}
-	lo, hi := ranks[0], ranks[len(ranks)-1]
-	if int(hi-lo)+1 != len(ranks) {
-		return api.Invalid("dp_rank", "registered ranks %v must be consecutive", ranks)
-	}
-	w.EventsEndpoints, w.DataParallelStartRank, w.DataParallelSize = evs, lo, uint32(len(ranks))
+// setRanks stores per-rank endpoints (any set of ranks, which evs must
+// not leave empty) in the record's per-rank form.
+func setRanks(w *catalog.Worker, evs, reps map[uint32]string) {
+	w.EventsEndpoint, w.ReplayEndpoint = "", ""
+	w.EventsEndpoints, w.ReplayEndpoints = evs, nil
+	w.DataParallelStartRank, w.DataParallelSize = slices.Min(slices.Collect(maps.Keys(evs))), uint32(len(evs))
 	if len(reps) > 0 {
 		w.ReplayEndpoints = reps
 	}
-	return nil
 }
 
 // Unregister removes a worker from one group, from every group of its
 // model (no routing_group), or just one rank (routing_group and dp_rank).
+// Like Register, it refuses records a sidecar keeps under a lease.
 func (v *workerView) Unregister(ctx context.Context, r api.UnregisterRequest) error {
+	remove := func(k catalog.Key) func(*catalog.Worker, catalog.Current) error {
+		return func(_ *catalog.Worker, cur catalog.Current) error {
+			if err := sidecarOwned(k, cur); err != nil {
+				return err
+			}
+			return catalog.RemoveRecord
+		}
+	}
 	if r.RoutingGroup == "" {
-		n, err := v.store.DeleteAllGroups(ctx, r.ModelName, r.InstanceID)
+		keys, err := v.store.Keys(ctx, r.ModelName, r.InstanceID)
 		if err != nil {
 			return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
 		}
+		n := 0
+		for _, k := range keys {
+			_, err := v.store.Update(ctx, k, remove(k))
+			switch {
+			case errors.Is(err, catalog.ErrNotFound): // gone meanwhile
+			case err != nil:
+				return catalogError(err)
+			default:
+				n++
+			}
+		}
 		if n == 0 {
-			return fmt.Errorf("%w: instance_id: %d is not registered for model %s", api.ErrNotFound, r.InstanceID, r.ModelName)
+			return fmt.Errorf("%w: instance_id: %d is not registered for model %s", api.ErrNotFound, r.InstanceID, short(r.ModelName))
 		}
 		return nil
 	}
 	key := catalog.Key{Model: r.ModelName, Group: r.RoutingGroup, WorkerID: r.InstanceID}
-	if r.DPRank == nil {
-		ok, err := v.store.Delete(ctx, key)
-		if err != nil {
-			return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
+	notFound := fmt.Errorf("%w: instance_id: %d is not registered in %s/%s", api.ErrNotFound, r.InstanceID, short(r.ModelName), short(r.RoutingGroup))
+	fn := remove(key)
+	if r.DPRank != nil {
+		rank := *r.DPRank
+		fn = func(w *catalog.Worker, cur catalog.Current) error {
+			if !cur.Exists {
+				return notFound
+			}
+			if err := sidecarOwned(key, cur); err != nil {
+				return err
+			}
+			evs, reps, err := rankEndpoints(*w)
+			if err != nil {
+				return fmt.Errorf("%w: stored record: %v", api.ErrUnavailable, err)
+			}
+			if _, ok := evs[rank]; !ok {
+				return fmt.Errorf("%w: dp_rank: %d is not registered for instance %d", api.ErrNotFound, rank, r.InstanceID)
+			}
+			delete(evs, rank)
+			delete(reps, rank)
+			if len(evs) == 0 {
+				return catalog.RemoveRecord
+			}
+			setRanks(w, evs, reps)
+			return nil
 		}
-		if !ok {
-			return fmt.Errorf("%w: instance_id: %d is not registered in %s/%s", api.ErrNotFound, r.InstanceID, r.ModelName, r.RoutingGroup)
-		}
-		return nil
 	}
-	w, err := v.store.Get(ctx, key)
+	_, err := v.store.Update(ctx, key, fn)
 	if errors.Is(err, catalog.ErrNotFound) {
-		return fmt.Errorf("%w: instance_id: %d is not registered in %s/%s", api.ErrNotFound, r.InstanceID, r.ModelName, r.RoutingGroup)
+		return notFound
 	}
-	if err != nil {
-		return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
-	}
-	evs, reps, err := rankEndpoints(w)
-	if err != nil {
-		return fmt.Errorf("%w: stored record: %v", api.ErrUnavailable, err)
-	}
-	if _, ok := evs[*r.DPRank]; !ok {
-		return fmt.Errorf("%w: dp_rank: %d is not registered for instance %d", api.ErrNotFound, *r.DPRank, r.InstanceID)
-	}
-	delete(evs, *r.DPRank)
-	delete(reps, *r.DPRank)
-	if len(evs) == 0 {
-		if _, err := v.store.Delete(ctx, key); err != nil {
-			return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
-		}
-		return nil
-	}
-	w.EventsEndpoint, w.ReplayEndpoint, w.ReplayEndpoints = "", "", nil
-	if err := setRanks(&w, evs, reps); err != nil {
-		return err
-	}
-	if _, err := v.store.Put(ctx, w, catalog.NoLease); err != nil {
-		return fmt.Errorf("%w: etcd: %v", api.ErrUnavailable, err)
-	}
-	return nil
+	return catalogError(err)
 }
 
 // List returns the known workers with their streams' state.
@@ -214,7 +275,8 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			if info.ReplayEndpoint == "" {
 				info.ReplayEndpoint = rp
 			}
-			if st, ok := status[streamKey{w.WorkerID, r}]; ok {
+			switch st, ok := status[streamKey{w.WorkerID, r}]; {
+			case ok && st.Running:
 				l.Degraded = st.Degraded
 				if st.HasLive {
 					seen := st.LastLive
@@ -223,9 +285,8 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 				if st.Connected && st.Synced {
 					l.Status = api.StatusActive
 				}
-			} else if ep != "" {
-				l.Status = api.StatusFailed
-				l.LastError = "stream not running (see the daemon log)"
+			case ok && st.Err != "":
+				l.Status, l.LastError = api.StatusFailed, st.Err
 			}
 			info.Listeners[r] = l
 		}

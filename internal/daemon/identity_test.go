@@ -1,0 +1,245 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// workersOf returns GET /workers for model.
+func workersOf(t *testing.T, d *testDaemon, model string) []api.WorkerInfo {
+	t.Helper()
+	code, body := call(t, "GET", d.url+"/workers?model_name="+model, "", nil)
+	if code != 200 {
+		t.Fatalf("workers: %d %s", code, body)
+	}
+	var ws []api.WorkerInfo
+	if err := json.Unmarshal(body, &ws); err != nil {
+		t.Fatal(err)
+	}
+	return ws
+}
+
+// listener returns worker id's rank r from /workers, if listed.
+func listener(t *testing.T, d *testDaemon, model string, id uint64, r uint32) (api.Listener, bool) {
+	t.Helper()
+	for _, w := range workersOf(t, d, model) {
+		if w.InstanceID == id {
+			l, ok := w.Listeners[r]
+			return l, ok
+		}
+	}
+	return api.Listener{}, false
+}
+
+func register(t *testing.T, d *testDaemon, body map[string]any) (int, string) {
+	t.Helper()
+	code, b := call(t, "POST", d.url+"/register", "", body)
+	return code, string(b)
+}
+
+func etcdStore(t *testing.T, etcd *catalog.Embedded) *catalog.EtcdStore {
+	t.Helper()
+	s, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// TestWorkerIDIsOneEngine: a worker id names one engine. Registering the
+// id for another model (the api.md example pasted while a mock worker 2
+// runs) is a 409 naming the holder, and leaves worker 2's stream and
+// blocks alone; unregistering the id from the other model is a 404.
+func TestWorkerIDIsOneEngine(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	e := startTestEngine(t)
+	e.store(4)
+	if code, body := register(t, d, map[string]any{"instance_id": 2, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+		"model_name": "mock-model", "block_size": 16}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "worker 2's 4 blocks", func() bool {
+		l, ok := listener(t, d, "mock-model", 2, 0)
+		return ok && l.Blocks == 4 && l.Status == api.StatusActive
+	})
+	code, body := register(t, d, map[string]any{"instance_id": 2, "endpoint": "tcp://10.0.0.2:5557", "model_name": "llama-3-8b",
+		"routing_group": "customer-a", "block_size": 16, "dp_rank": 0, "replay_endpoint": "tcp://10.0.0.2:5560"})
+	if code != http.StatusConflict || !strings.Contains(body, "instance_id: 2 is registered for model=mock-model routing_group=default") {
+		t.Fatalf("register id 2 for another model: %d %s; want 409 naming the holder", code, body)
+	}
+	if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 2, "model_name": "llama-3-8b"}); code != http.StatusNotFound {
+		t.Fatalf("unregister id 2 from the other model: %d %s", code, body)
+	}
+	e.store(1)
+	storetest.Eventually(t, 20*time.Second, "worker 2 still indexed and following its engine", func() bool {
+		l, ok := listener(t, d, "mock-model", 2, 0)
+		return ok && l.Blocks == 5 && l.Status == api.StatusActive && !l.Degraded
+	})
+	if ws := workersOf(t, d, "llama-3-8b"); len(ws) != 0 {
+		t.Fatalf("workers of the refused model: %+v", ws)
+	}
+}
+
+// TestRegisterRanksConcurrently: concurrent /register calls for different
+// ranks of one instance all land (the record is merged with
+// compare-and-swap), in rounds so that an unlucky interleaving shows.
+func TestRegisterRanksConcurrently(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	store := etcdStore(t, etcd)
+	const rounds, ranks = 10, 4
+	for round := range rounds {
+		id := uint64(100 + round)
+		var wg sync.WaitGroup
+		codes := make(chan string, ranks)
+		for r := range ranks {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				code, body := register(t, d, map[string]any{"instance_id": id, "endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 20000+10*round+r),
+					"model_name": "m", "block_size": 16, "dp_rank": r})
+				codes <- fmt.Sprintf("%d %s", code, body)
+			}()
+		}
+		wg.Wait()
+		close(codes)
+		for c := range codes {
+			if !strings.HasPrefix(c, "201") {
+				t.Fatalf("round %d: register: %s", round, c)
+			}
+		}
+		w, err := store.Get(context.Background(), catalog.Key{Model: "m", Group: "default", WorkerID: id})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Ranks(); !slices.Equal(got, []uint32{0, 1, 2, 3}) {
+			t.Fatalf("round %d: the record kept ranks %v of 4 registered at once", round, got)
+		}
+	}
+}
+
+// TestRegisterSparseRanks: ranks may be registered in any order and leave
+// holes; removing one rank keeps the others.
+func TestRegisterSparseRanks(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	store := etcdStore(t, etcd)
+	for _, r := range []int{2, 0, 5} {
+		if code, body := register(t, d, map[string]any{"instance_id": 3, "endpoint": fmt.Sprintf("tcp://127.0.0.1:%d", 21000+r),
+			"model_name": "m", "block_size": 16, "dp_rank": r}); code != http.StatusCreated {
+			t.Fatalf("register rank %d: %d %s", r, code, body)
+		}
+	}
+	k := catalog.Key{Model: "m", Group: "default", WorkerID: 3}
+	if w, err := store.Get(context.Background(), k); err != nil || !slices.Equal(w.Ranks(), []uint32{0, 2, 5}) {
+		t.Fatalf("record %+v, %v; want ranks 0, 2, 5", w, err)
+	}
+	storetest.Eventually(t, 20*time.Second, "ranks 0, 2 and 5 listed", func() bool {
+		ws := workersOf(t, d, "m")
+		return len(ws) == 1 && len(ws[0].Listeners) == 3 && ws[0].Endpoints[5] == "tcp://127.0.0.1:21005"
+	})
+	if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 3, "model_name": "m", "routing_group": "default", "dp_rank": 2}); code != 200 {
+		t.Fatalf("unregister rank 2: %d %s", code, body)
+	}
+	if w, err := store.Get(context.Background(), k); err != nil || !slices.Equal(w.Ranks(), []uint32{0, 5}) {
+		t.Fatalf("record %+v, %v; want ranks 0, 5", w, err)
+	}
+}
+
+// TestSidecarRecordIsTheSidecars: a record a sidecar keeps under a lease
+// cannot be overwritten (which would detach the lease) or deleted (which
+// would leave the sidecar renewing a lease that holds nothing) through
+// the API: both are a 409 naming the lease, and the record keeps it.
+func TestSidecarRecordIsTheSidecars(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	store := etcdStore(t, etcd)
+	w := catalog.Worker{WorkerID: 5, ModelName: "m", BlockSize: 16, EventsEndpoint: "tcp://127.0.0.1:22000", DataParallelSize: 1}.WithDefaults()
+	sess, err := catalog.Register(context.Background(), store, w, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sess.Close()
+	lease := fmt.Sprintf("lease %x", sess.Lease())
+	code, body := register(t, d, map[string]any{"instance_id": 5, "endpoint": "tcp://127.0.0.1:22001", "model_name": "m", "block_size": 16, "dp_rank": 1})
+	if code != http.StatusConflict || !strings.Contains(body, lease) {
+		t.Fatalf("register over a sidecar's record: %d %s; want 409 naming %s", code, body, lease)
+	}
+	for _, req := range []map[string]any{
+		{"instance_id": 5, "model_name": "m"},
+		{"instance_id": 5, "model_name": "m", "routing_group": "default"},
+		{"instance_id": 5, "model_name": "m", "routing_group": "default", "dp_rank": 0},
+	} {
+		if code, body := call(t, "POST", d.url+"/unregister", "", req); code != http.StatusConflict || !strings.Contains(string(body), lease) {
+			t.Fatalf("unregister %v of a sidecar's record: %d %s; want 409 naming %s", req, code, body, lease)
+		}
+	}
+	snap, err := store.List(context.Background(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(snap.Records) != 1 || snap.Records[0].Lease != sess.Lease() || !snap.Records[0].Worker.Equal(w) {
+		t.Fatalf("records %+v; want the sidecar's, unchanged, under its lease", snap.Records)
+	}
+}
+
+// TestSiblingRanksKeepTheirStreams: registering or removing one rank of a
+// worker leaves its other ranks' streams and blocks alone — an engine
+// whose replay buffer no longer reaches its first batch could not give
+// them back.
+func TestSiblingRanksKeepTheirStreams(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	e0 := startTestEngineBuffer(t, 4)
+	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e0.pub.Endpoint(), "replay_endpoint": e0.pub.ReplayEndpoint(),
+		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
+		t.Fatalf("register rank 0: %d %s", code, body)
+	}
+	for i := range 12 { // one at a time, so the 4-batch buffer always covers what the stream missed
+		e0.store(1)
+		storetest.Eventually(t, 20*time.Second, fmt.Sprintf("batch %d applied", i), func() bool {
+			l, ok := listener(t, d, "m", 1, 0)
+			return ok && l.LastSeq != nil && *l.LastSeq == uint64(i)
+		})
+	}
+	exact := func(what string) {
+		t.Helper()
+		l, ok := listener(t, d, "m", 1, 0)
+		if !ok || l.Blocks != 12 || l.Degraded || l.Status != api.StatusActive {
+			t.Fatalf("%s: rank 0 is %+v; want its 12 blocks, active, not degraded", what, l)
+		}
+	}
+	exact("before")
+	e1 := startTestEngine(t)
+	e1.store(3)
+	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e1.pub.Endpoint(), "replay_endpoint": e1.pub.ReplayEndpoint(),
+		"model_name": "m", "block_size": 16, "dp_rank": 1}); code != http.StatusCreated {
+		t.Fatalf("register rank 1: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "rank 1 indexed", func() bool {
+		l, ok := listener(t, d, "m", 1, 1)
+		return ok && l.Blocks == 3
+	})
+	exact("after rank 1 joined")
+	if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 1, "model_name": "m", "routing_group": "default", "dp_rank": 1}); code != 200 {
+		t.Fatalf("unregister rank 1: %d %s", code, body)
+	}
+	storetest.Eventually(t, 20*time.Second, "rank 1 gone", func() bool {
+		_, ok := listener(t, d, "m", 1, 1)
+		return !ok
+	})
+	exact("after rank 1 left")
+}
