@@ -496,6 +496,41 @@ func (c *Cursor) ReplayIncomplete(a uint64, now time.Time) []Action {
 	return c.out
 }
 
+// Deadline returns when the replay session in progress runs out of time
+// (ok false when no session runs). The driver calls Expire then: a
+// replay that keeps trickling batches never ends an attempt, so the
+// deadline cannot wait for one to end.
+func (c *Cursor) Deadline() (at time.Time, ok bool) {
+	return c.deadline, c.inSession && (c.mode == ModeReplay || c.mode == ModeVerify)
+}
+
+// Waited extends the session's deadline by d: the time an attempt spent
+// waiting for a replay slot, which is not the replay's fault.
+func (c *Cursor) Waited(d time.Duration) {
+	if c.inSession && d > 0 {
+		c.deadline = c.deadline.Add(d)
+	}
+}
+
+// Expire ends the session in progress if its deadline has passed, as if
+// its attempts had run out: a replay is lost history (reset, degraded,
+// carry on with what is buffered); an unanswered verification means a
+// new incarnation.
+func (c *Cursor) Expire(now time.Time) []Action {
+	c.out = c.out[:0]
+	if at, ok := c.Deadline(); !ok || now.Before(at) {
+		return c.out
+	}
+	c.stats.Incomplete++ // the attempt in flight is cut short
+	if c.mode == ModeVerify {
+		c.newIncarnation(now)
+		return c.out
+	}
+	c.drain()
+	c.lostAfterAttempts()
+	return c.out
+}
+
 // ---- internals ----
 
 func (c *Cursor) emit(a Action) { c.out = append(c.out, a) }

@@ -31,6 +31,9 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	cleared                              the last applied batch held AllBlocksCleared
 //	corrupt                              the last applied batch could not be decoded
 //	probe [t=MS]                         the live socket has been quiet
+//	expire [t=MS]                        the session deadline timer fired
+//	waited ms=N                          an attempt waited N ms for a replay slot
+//	deadline                             print the session deadline (ms since the start) or "none"
 //	resume seq=N [p=PAYLOAD]             state restored from a peer up to seq N (digest of the payload)
 //	stats
 func TestCursorScenarios(t *testing.T) {
@@ -176,6 +179,15 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		acts = sc.c.Corrupt()
 	case "probe":
 		acts = sc.c.Probe(sc.now)
+	case "expire":
+		acts = sc.c.Expire(sc.now)
+	case "waited":
+		sc.c.Waited(time.Duration(num("ms", 0)) * time.Millisecond)
+	case "deadline":
+		if at, ok := sc.c.Deadline(); ok {
+			return []string{fmt.Sprintf("deadline=%d", at.Sub(sc.t0).Milliseconds())}
+		}
+		return []string{"deadline=none"}
 	case "resume":
 		seq := num("seq", 0)
 		sc.c.Resume(seq, xxh3.Hash(payload(seq)))

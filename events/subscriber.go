@@ -74,7 +74,7 @@ type SubscriberConfig struct {
 	Logger        *slog.Logger // default slog.Default()
 	Metrics       *Metrics     // nil: no metrics
 	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
-	ReplaySlots   ReplaySlots  // shared bound on concurrent replay attempts; nil = unbounded
+	ReplaySlots   *ReplaySlots // shared bound on concurrent replay attempts; nil = unbounded
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -119,7 +119,32 @@ type State struct {
 	// endpoint, the first live batch) has completed or failed: the rank's
 	// history is as good as it is going to get.
 	Synced bool
-	Stats  CursorStats
+	// Replay is what the rank's replay is doing: ReplayNone, ReplayQueued
+	// (an attempt waits for a slot; ReplayQueuedSince says since when) or
+	// ReplayRunning. While a session runs the index lags the engine.
+	Replay            ReplayPhase
+	ReplayQueuedSince time.Time
+	Stats             CursorStats
+}
+
+// ReplayPhase says what a rank's replay is doing.
+type ReplayPhase uint8
+
+// The replay phases.
+const (
+	ReplayNone    ReplayPhase = iota // no replay session
+	ReplayQueued                     // an attempt waits for a replay slot
+	ReplayRunning                    // an attempt holds a slot, or waits for its backoff
+)
+
+func (p ReplayPhase) String() string {
+	switch p {
+	case ReplayQueued:
+		return "queued"
+	case ReplayRunning:
+		return "running"
+	}
+	return ""
 }
 
 // Subscriber follows one Source: one goroutine owns its SUB socket, its
@@ -176,21 +201,6 @@ type replayMsg struct {
 	err     error // the attempt's socket failed (EOF, dial error)
 }
 
-// ReplaySlots bounds how many replay attempts run at once across the
-// Subscribers that share it (a replay costs the engine a burst of sends
-// and the daemon a burst of applies; a restarted daemon with hundreds of
-// ranks would otherwise ask every engine at once). Waiting for a slot does
-// not count against an attempt's idle timeout.
-type ReplaySlots chan struct{}
-
-// NewReplaySlots returns n slots (n ≤ 0 means unbounded: nil).
-func NewReplaySlots(n int) ReplaySlots {
-	if n <= 0 {
-		return nil
-	}
-	return make(ReplaySlots, n)
-}
-
 // run is the state of one Run: the cursor and the sockets it drives.
 type run struct {
 	s       *Subscriber
@@ -209,6 +219,15 @@ type run struct {
 	pendingTimer *time.Timer // fires at pending.At
 	idle         *time.Timer // replay idle timeout
 	probe        *time.Timer // quiet live socket
+	deadline     *time.Timer // the replay session's deadline (Cursor.Deadline)
+	deadlineAt   time.Time   // what deadline is armed for
+	queuedSince  time.Time   // the attempt in flight waits for a slot since (zero: it does not)
+	replayFrom   uint64      // the latest replay request's first seq
+	wasDegraded  bool
+	corrupt      bool // the last reset came from a batch that could not be decoded
+	expired      bool // the session deadline timer fired
+	session      replaySession
+	logs         logLimiter
 }
 
 // Run follows the source until ctx is cancelled: it connects (retrying
@@ -229,6 +248,9 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	r.probe = time.NewTimer(time.Hour)
 	r.probe.Stop()
 	defer r.probe.Stop()
+	r.deadline = time.NewTimer(time.Hour)
+	r.deadline.Stop()
+	defer r.deadline.Stop()
 	defer func() {
 		r.stopReplay()
 		if m := s.cfg.Metrics; m != nil {
@@ -245,7 +267,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		if time.Since(start) > s.cfg.RetryMax {
 			delay = s.cfg.RetryMin
 		}
-		s.cfg.Logger.Debug("stream disconnected", "worker", s.src.Worker, "rank", s.src.Rank, "err", err, "retry_in", delay)
+		r.disconnected(err, delay)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
@@ -303,6 +325,7 @@ func (r *run) connection(ctx context.Context) error {
 	}()
 	r.setUp(true)
 	defer r.setUp(false)
+	r.log(slog.LevelInfo, "connect", time.Minute, "stream connected", "endpoint", s.src.Endpoint, "replay_endpoint", s.src.ReplayEndpoint)
 	r.exec(ctx, r.cur.Connected(time.Now()))
 	r.resetProbe()
 	defer func() { r.exec(ctx, r.cur.Disconnected()) }()
@@ -332,6 +355,9 @@ func (r *run) connection(ctx context.Context) error {
 			r.resetProbe()
 		case <-r.idle.C:
 			r.exec(ctx, r.cur.ReplayIncomplete(r.cur.Attempt(), time.Now()))
+		case <-r.deadline.C:
+			r.deadlineAt, r.expired = time.Time{}, true
+			r.exec(ctx, r.cur.Expire(time.Now()))
 		case <-r.pendingTimer.C:
 			if a := r.pending; a != nil {
 				r.pending = nil
@@ -348,7 +374,21 @@ func (r *run) onReplay(ctx context.Context, m replayMsg) {
 	now := time.Now()
 	if m.started {
 		r.resetIdle() // the idle timeout runs from when the attempt got its slot
+		if !r.queuedSince.IsZero() {
+			waited := now.Sub(r.queuedSince)
+			r.cur.Waited(waited) // nor does the session's deadline count the wait
+			if waited > time.Second {
+				r.log(slog.LevelInfo, "replay slot", time.Minute, "replay got a slot", "waited", waited.Round(time.Millisecond))
+			}
+			r.queuedSince = time.Time{}
+		}
+		r.publish()
 		return
+	}
+	if errors.Is(m.err, errPreempted) {
+		seq, _ := r.cur.Applied()
+		r.log(slog.LevelInfo, "preempted", time.Minute, "replay preempted: it held its slot past its budget while others waited; it queues again",
+			"applied_seq", seq)
 	}
 	if m.err != nil {
 		r.exec(ctx, r.cur.ReplayIncomplete(m.attempt, now))
@@ -388,6 +428,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 			}
 		case ActReplay:
 			r.stopReplay()
+			r.replayFrom = a.From
 			if r.started.IsZero() {
 				r.started = time.Now()
 			}
@@ -411,6 +452,8 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
+		r.corrupt = true
+		r.log(slog.LevelWarn, "corrupt", time.Minute, "batch cannot be decoded: rank reset and marked degraded", "seq", seq, "err", err)
 		return r.cur.Corrupt()
 	}
 	rank := src.rank()
@@ -456,13 +499,21 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	return nil
 }
 
-// startAttempt opens a fresh DEALER for replay attempt a and streams its
-// messages to r.replayCh until the attempt is stopped.
+// errPreempted ends a replay attempt whose slot was given to a waiting
+// rank (ReplaySlots).
+var errPreempted = errors.New("replay preempted: slot given to a waiting rank")
+
+// startAttempt queues for a replay slot, then opens a fresh DEALER for
+// replay attempt a and streams its messages to r.replayCh until the
+// attempt is stopped or preempted.
 func (r *run) startAttempt(ctx context.Context, a Action) {
 	r.stopReplay()
 	actx, cancel := context.WithCancel(ctx)
 	r.attemptStop = cancel
 	ep, timeout, slots := r.s.src.ReplayEndpoint, r.s.cfg.DialTimeout, r.s.cfg.ReplaySlots
+	if slots != nil {
+		r.queuedSince = time.Now()
+	}
 	send := func(m replayMsg) bool {
 		select {
 		case r.replayCh <- m:
@@ -474,33 +525,39 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 	r.attemptWG.Add(1)
 	go func() {
 		defer r.attemptWG.Done()
-		if slots != nil {
-			select {
-			case slots <- struct{}{}:
-				defer func() { <-slots }()
-			case <-actx.Done():
-				return
-			}
+		// The attempt's sockets live in sctx, which preemption ends too.
+		sctx, preempt := context.WithCancel(actx)
+		defer preempt()
+		slot, err := slots.Acquire(actx, preempt)
+		if err != nil {
+			return
 		}
+		defer slot.Release()
 		if !send(replayMsg{attempt: a.Attempt, started: true}) {
 			return
 		}
-		d := zmq4.NewDealer(actx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
+		fail := func(err error) {
+			if slot.Preempted() {
+				err = errPreempted
+			}
+			send(replayMsg{attempt: a.Attempt, err: err})
+		}
+		d := zmq4.NewDealer(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
 		defer d.Close()
 		if err := d.Dial(ep); err != nil {
-			send(replayMsg{attempt: a.Attempt, err: err})
+			fail(err)
 			return
 		}
 		if err := d.SendMulti(zmq4.NewMsgFrom(ReplayRequest(a.From)...)); err != nil {
-			send(replayMsg{attempt: a.Attempt, err: err})
+			fail(err)
 			return
 		}
-		stop := context.AfterFunc(actx, func() { d.Close() }) // unblocks Recv
+		stop := context.AfterFunc(sctx, func() { d.Close() }) // unblocks Recv
 		defer stop()
 		for {
 			msg, err := d.Recv()
 			if err != nil {
-				send(replayMsg{attempt: a.Attempt, err: err})
+				fail(err)
 				return
 			}
 			if !send(replayMsg{attempt: a.Attempt, frames: msg.Frames}) {
@@ -512,6 +569,7 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 
 // stopReplay abandons the replay attempt in flight (and a pending one).
 func (r *run) stopReplay() {
+	r.queuedSince = time.Time{}
 	r.pending = nil
 	r.pendingTimer.Stop()
 	r.idle.Stop()
@@ -611,14 +669,22 @@ func (r *run) publish() {
 			m.replayTime.Observe(time.Since(r.started).Seconds())
 		}
 	}
+	r.logChanges(st)
 	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == ModeLive {
 		r.started = time.Time{}
 	}
 	r.prev = st
+	r.armDeadline()
 	seq, ok := c.Applied()
 	live, hasLive := c.LastLive()
 	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
 		LastLive: live, HasLive: hasLive, Degraded: c.Degraded(), Synced: r.synced, Stats: st}
+	if c.Mode() == ModeReplay || c.Mode() == ModeVerify {
+		next.Replay = ReplayRunning
+		if !r.queuedSince.IsZero() {
+			next.Replay, next.ReplayQueuedSince = ReplayQueued, r.queuedSince
+		}
+	}
 	r.s.mu.Lock()
 	changed := next != r.s.state
 	r.s.state = next
@@ -626,4 +692,144 @@ func (r *run) publish() {
 	if changed && r.s.cfg.OnStateChange != nil {
 		r.s.cfg.OnStateChange(next)
 	}
+}
+
+// armDeadline keeps the deadline timer on the cursor's session deadline.
+func (r *run) armDeadline() {
+	at, ok := r.cur.Deadline()
+	if !ok {
+		if !r.deadlineAt.IsZero() {
+			r.deadline.Stop()
+			r.deadlineAt = time.Time{}
+		}
+		return
+	}
+	if at.Equal(r.deadlineAt) {
+		return
+	}
+	r.deadline.Stop()
+	r.deadline.Reset(max(time.Until(at), 0))
+	r.deadlineAt = at
+}
+
+// logChanges logs what the cursor's counters say happened since the last
+// publish: replay sessions started and finished, lost history, engine
+// restarts, a rank exact again. Lines that can repeat are rate-limited
+// per kind. A probe's replay (a quiet stream asking for anything newer)
+// is logged only when it found something.
+func (r *run) logChanges(st CursorStats) {
+	p, c := r.prev, r.cur
+	applied, hasApplied := c.Applied()
+	live, hasLive := c.LastLive()
+	seqs := func(attrs ...any) []any {
+		if hasApplied {
+			attrs = append(attrs, "applied_seq", applied)
+		}
+		if hasLive {
+			attrs = append(attrs, "live_seq", live)
+		}
+		return attrs
+	}
+	if st.Restarts > p.Restarts {
+		r.log(slog.LevelInfo, "restart", 10*time.Second, "engine restarted: a new incarnation; rank reset, replaying it", seqs()...)
+	}
+	if st.Overflows > p.Overflows {
+		r.log(slog.LevelWarn, "overflow", time.Minute, "live batches overflowed the buffer during a replay: rank reset, replaying from the start", seqs()...)
+	}
+	took := time.Duration(0)
+	if !r.started.IsZero() {
+		took = time.Since(r.started).Round(time.Millisecond)
+	}
+	if st.ReplaysOK > p.ReplaysOK || st.ReplaysFailed > p.ReplaysFailed {
+		found := hasApplied && (!r.session.hadApplied || applied != r.session.applied)
+		if st.ReplaysOK > p.ReplaysOK && (r.session.reason != "probe" || found) {
+			r.log(slog.LevelInfo, "replay ok", 30*time.Second, "replay complete", seqs("reason", r.session.reason, "took", took)...)
+		}
+		r.session = replaySession{}
+	}
+	if st.Replays > p.Replays {
+		r.session = replaySession{reason: "gap", applied: applied, hadApplied: hasApplied}
+		switch {
+		case st.Probes > p.Probes:
+			r.session.reason = "probe"
+		case st.Restarts > p.Restarts || st.Overflows > p.Overflows:
+			r.session.reason = "restart"
+		case c.Mode() == ModeVerify:
+			r.session.reason = "reconnect"
+		case !hasApplied:
+			r.session.reason = "join"
+		}
+		if r.session.reason != "probe" {
+			r.log(slog.LevelInfo, "replay", 30*time.Second, "replay started", seqs("reason", r.session.reason, "from", r.replayFrom)...)
+		}
+	}
+	if st.LostHistory > p.LostHistory {
+		reason := "the engine no longer has the batches"
+		switch {
+		case r.corrupt:
+			reason = "a batch could not be decoded"
+		case !r.s.cfg.Cursor.HasReplay:
+			reason = "no replay endpoint"
+		case r.expired:
+			reason = "the replay ran past its deadline"
+		case st.ReplaysFailed > p.ReplaysFailed && st.Incomplete > p.Incomplete:
+			reason = "replay attempts ran out"
+		}
+		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", reason, "took", took)...)
+	}
+	r.corrupt, r.expired = false, false
+	if d := c.Degraded(); d != r.wasDegraded {
+		if !d {
+			r.log(slog.LevelInfo, "exact", 10*time.Second, "rank exact again: degraded cleared", seqs()...)
+		}
+		r.wasDegraded = d
+	}
+}
+
+// replaySession is what logChanges remembers of the session in progress.
+type replaySession struct {
+	reason     string // join, gap, restart, reconnect, probe
+	applied    uint64 // the applied seq when it started
+	hadApplied bool
+}
+
+// disconnected logs a connection that ended.
+func (r *run) disconnected(err error, retry time.Duration) {
+	r.log(slog.LevelWarn, "disconnect", time.Minute, "stream disconnected", "endpoint", r.s.src.Endpoint, "err", err, "retry_in", retry)
+}
+
+// log writes one line with the rank's worker and rank, at most once per
+// every for its key; the next line after a quiet spell says how many it
+// held back.
+func (r *run) log(level slog.Level, key string, every time.Duration, msg string, attrs ...any) {
+	n, ok := r.logs.allow(key, every, time.Now())
+	if !ok {
+		return
+	}
+	attrs = append([]any{"worker", r.s.src.Worker, "rank", r.s.src.Rank}, attrs...)
+	if n > 0 {
+		attrs = append(attrs, "suppressed", n)
+	}
+	r.s.cfg.Logger.Log(context.Background(), level, msg, attrs...)
+}
+
+// logLimiter rate-limits log lines per key. Not safe for concurrent use.
+type logLimiter struct {
+	last       map[string]time.Time
+	suppressed map[string]int
+}
+
+// allow reports whether a line of key may be written now, and how many
+// were held back since the last one.
+func (l *logLimiter) allow(key string, every time.Duration, now time.Time) (int, bool) {
+	if l.last == nil {
+		l.last, l.suppressed = map[string]time.Time{}, map[string]int{}
+	}
+	if t, ok := l.last[key]; ok && now.Sub(t) < every {
+		l.suppressed[key]++
+		return 0, false
+	}
+	n := l.suppressed[key]
+	l.last[key], l.suppressed[key] = now, 0
+	return n, true
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -373,10 +374,16 @@ func TestSubscriberLostHistory(t *testing.T) {
 
 // TestSubscriberWithoutReplay: without a replay endpoint a late join is
 // lost history (degraded, subset); live batches still apply in order.
+//
+// The Publisher sends asynchronously, so under load batches published
+// before the subscriber started may still be queued when it connects; it
+// then receives them all from seq 0 and is rightly exact (this test once
+// failed that way). A witness SUB that receives the last of them first
+// makes sure they are gone before the subscriber joins.
 func TestSubscriberWithoutReplay(t *testing.T) {
 	ops := e2eOps(t, 4, 1, 1200)[0]
 	e := startEngine(t, indexer.Rank{WorkerID: 6}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
-	e.feed(ops[:len(ops)/2])
+	witnessed(t, e, func() { e.feed(ops[:len(ops)/2]) })
 	ix, app := newE2EIndex(t)
 	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint()}, app, SubscriberConfig{})
 	waitUntil(t, 10*time.Second, "connect", func() bool { return s.s.State().Connected })
@@ -397,6 +404,63 @@ func TestSubscriberWithoutReplay(t *testing.T) {
 		t.Fatalf("late join without replay: %+v", s.s.State())
 	}
 	checkIndex(t, ix, e, true)
+}
+
+// witnessed runs publish with a witness SUB connected to e and returns
+// once the witness received e's last batch: everything publish sent has
+// left the Publisher's queue.
+func witnessed(t *testing.T, e *e2eEngine, publish func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := zmq4.NewSub(ctx)
+	defer w.Close()
+	if err := w.Dial(e.pub.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan uint64, 1024)
+	go func() {
+		for {
+			msg, err := w.Recv()
+			if err != nil {
+				return
+			}
+			if seq, _, err := ParseLive(msg.Frames, nil); err == nil {
+				got <- seq
+			}
+		}
+	}()
+	// The witness's subscription reaches the PUB some time after Dial: a
+	// marker (never decoded: no subscriber under test sees it) is
+	// published until one arrives.
+	deadline := time.After(30 * time.Second)
+	for joined := false; !joined; {
+		if _, err := e.pub.Publish(ctx, []byte("marker")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-got:
+			joined = true
+		case <-time.After(5 * time.Millisecond):
+		case <-deadline:
+			t.Fatal("the witness never received a batch")
+		}
+	}
+	publish()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case seq := <-got:
+			if seq == e.last {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("the witness did not receive seq %d", e.last)
+		}
+	}
 }
 
 // TestSubscriberBadInput: malformed frames and payloads are counted and
@@ -544,7 +608,7 @@ prefixd_stream_up{rank="1",worker="2"} 1
 func TestSubscriberReplaySlots(t *testing.T) {
 	ops := e2eOps(t, 14, 1, 600)[0]
 	ix, app := newE2EIndex(t)
-	slots := NewReplaySlots(1)
+	slots := NewReplaySlots(1, 0)
 	gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
 	var engines []*e2eEngine
 	var subs []*e2eSub

@@ -178,6 +178,12 @@ type Listener struct {
 	// it is above LastSeq, that many batches wait for a replay. Filled in
 	// by the implementation.
 	LastSeenSeq *uint64 `json:"last_seen_seq"`
+	// Replay is "queued" while the rank waits for a replay slot (Status is
+	// then pending: its index lags the engine until the replay runs),
+	// "running" while a replay runs, and absent otherwise.
+	Replay string `json:"replay,omitempty"`
+	// ReplayQueuedSeconds is how long the rank has waited for its slot.
+	ReplayQueuedSeconds float64 `json:"replay_queued_seconds,omitempty"`
 }
 
 // statusOrder lists listener statuses best first.

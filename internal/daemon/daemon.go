@@ -169,7 +169,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if n == 0 {
 			n = 8
 		}
-		subCfg.ReplaySlots = events.NewReplaySlots(n)
+		subCfg.ReplaySlots = events.NewReplaySlots(n, 0)
 	}
 	streams := NewStreams(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()

@@ -33,7 +33,11 @@ type RankStatus struct {
 	// Running: the rank's stream runs (State is its subscriber's).
 	Running bool
 	Blocks  int
-	Err     string // why the rank is not indexed, if it is not
+	// Truncated: the index dropped some of the rank's blocks (memory cap
+	// or the rank's capacity), so it holds a strict subset of the engine's
+	// cache: the rank is degraded whatever its stream says.
+	Truncated bool
+	Err       string // why the rank is not indexed, if it is not
 }
 
 // Streams runs one events.Subscriber per worker rank and keeps the index

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"time"
 	"unicode/utf8"
 
 	"github.com/prefixd/prefixd/catalog"
@@ -277,12 +278,16 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			}
 			switch st, ok := status[streamKey{w.WorkerID, r}]; {
 			case ok && st.Running:
-				l.Degraded = st.Degraded
+				l.Degraded = st.Degraded || st.Truncated
 				if st.HasLive {
 					seen := st.LastLive
 					l.LastSeenSeq = &seen
 				}
-				if st.Connected && st.Synced {
+				l.Replay = st.Replay.String()
+				if st.Replay == events.ReplayQueued {
+					l.ReplayQueuedSeconds = time.Since(st.ReplayQueuedSince).Round(time.Millisecond).Seconds()
+				}
+				if st.Connected && st.Synced && st.Replay != events.ReplayQueued {
 					l.Status = api.StatusActive
 				}
 			case ok && st.Err != "":

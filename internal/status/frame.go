@@ -16,17 +16,20 @@ import (
 
 // Rank states, best to worst. A rank is down when its stream is not
 // running or not connected, degraded when its history is known to be
-// incomplete, replaying while its initial replay runs or live batches wait
-// for a replay to close a gap (lag > 0), and ok otherwise.
+// incomplete, queued while it waits for a replay slot (its index lags the
+// engine until one frees up), replaying while its initial replay runs or
+// live batches wait for a replay to close a gap (lag > 0), and ok
+// otherwise.
 const (
 	StateOK        = "ok"
 	StateReplaying = "replaying"
+	StateQueued    = "queued"
 	StateDegraded  = "degraded"
 	StateDown      = "down"
 )
 
 // stateOrder lists the states best first.
-var stateOrder = []string{StateOK, StateReplaying, StateDegraded, StateDown}
+var stateOrder = []string{StateOK, StateReplaying, StateQueued, StateDegraded, StateDown}
 
 // Frame is one refresh of the status view. Its JSON form is what
 // "prefixd status --once --json" prints.
@@ -55,8 +58,11 @@ type Rank struct {
 	Model  string `json:"model"`
 	Group  string `json:"routing_group"`
 	Role   string `json:"role"`
-	// State is StateOK, StateReplaying, StateDegraded or StateDown.
+	// State is StateOK, StateReplaying, StateQueued, StateDegraded or
+	// StateDown.
 	State string `json:"state"`
+	// Replay is the listener's replay phase ("queued", "running" or "").
+	Replay string `json:"replay,omitempty"`
 	// Status and LastError are the listener's, as /workers reports them.
 	Status    string `json:"status"`
 	LastError string `json:"last_error,omitempty"`
@@ -145,7 +151,7 @@ func rank(w api.WorkerInfo, r uint32, l api.Listener, m Metrics) Rank {
 	wl := []string{"worker", strconv.FormatUint(w.InstanceID, 10), "rank", strconv.FormatUint(uint64(r), 10)}
 	res := m.By("prefixd_stream_replays_total", "result", wl...)
 	out := Rank{Worker: w.InstanceID, Rank: r, Model: w.ModelName, Group: w.RoutingGroup, Role: cmp.Or(w.Role, "aggregated"),
-		Status: l.Status, LastError: l.LastError, LastSeq: l.LastSeq, LastSeenSeq: l.LastSeenSeq, Blocks: l.Blocks,
+		Status: l.Status, LastError: l.LastError, LastSeq: l.LastSeq, LastSeenSeq: l.LastSeenSeq, Blocks: l.Blocks, Replay: l.Replay,
 		Replays:  Replays{OK: count(res["ok"]), Partial: count(res["partial"]), Failed: count(res["failed"])},
 		Gaps:     count(m.Sum("prefixd_stream_gaps_total", wl...)),
 		Restarts: count(m.Sum("prefixd_stream_restarts_total", wl...)),
@@ -161,6 +167,8 @@ func rank(w api.WorkerInfo, r uint32, l api.Listener, m Metrics) Rank {
 		out.State = StateDown
 	case l.Degraded:
 		out.State = StateDegraded
+	case l.Replay == "queued":
+		out.State = StateQueued
 	case l.Status == api.StatusPending || (out.Lag != nil && *out.Lag > 0):
 		out.State = StateReplaying
 	default:

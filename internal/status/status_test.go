@@ -161,6 +161,15 @@ func TestBuild(t *testing.T) {
 				{Worker: 3, State: StateOK, Lag: u64(0)}},
 		},
 		{
+			name: "waiting for a replay slot",
+			workers: []api.WorkerInfo{
+				worker(1, "m", map[uint32]api.Listener{0: {Status: api.StatusPending, Replay: "queued", Blocks: 0}, 1: {Status: api.StatusActive, Replay: "running", LastSeq: u64(9)}}),
+			},
+			metrics: metrics,
+			check:   func(r Rank) any { return [3]any{r.Rank, r.State, r.Replay} },
+			want:    []Rank{{Rank: 0, State: StateQueued, Replay: "queued"}, {Rank: 1, State: StateOK, Replay: "running"}},
+		},
+		{
 			name:    "no metrics for a connected rank",
 			workers: []api.WorkerInfo{worker(5, "m", map[uint32]api.Listener{0: {Status: api.StatusActive}})},
 			metrics: nil,
