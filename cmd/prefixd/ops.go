@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -20,12 +25,46 @@ type serverOptions struct {
 }
 
 func (o *serverOptions) AddFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&o.server, "server", "http://127.0.0.1:8090", "prefixd API base URL")
-	fs.StringVar(&o.token, "api-token", "", "bearer token (prefer PREFIXD_API_TOKEN)")
+	fs.StringVar(&o.server, "server", "http://127.0.0.1:8090", "prefixd API base URL (host:port means http://host:port)")
+	fs.StringVar(&o.token, "api-token", "", "bearer token: the API token, or the read token for reads (prefer PREFIXD_API_TOKEN)")
 }
 
-func (o *serverOptions) client() *client.Client {
-	return &client.Client{BaseURL: o.server, Token: o.token}
+// client returns a client of --server; a server given without a scheme
+// is plain HTTP.
+func (o *serverOptions) client() (*client.Client, error) {
+	base := strings.TrimRight(o.server, "/")
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	u, err := url.Parse(base)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("--server %q: want host:port or http(s)://host:port", o.server)
+	}
+	return &client.Client{BaseURL: base, Token: o.token}, nil
+}
+
+// unknownModel explains an empty answer for a model: it names the models
+// the server knows.
+func unknownModel(ctx context.Context, c *client.Client, model, group string) error {
+	what := "model " + model
+	if group != "" {
+		what += " routing group " + group
+	}
+	all, err := c.Workers(ctx, "", "")
+	if err != nil {
+		return fmt.Errorf("no workers for %s", what)
+	}
+	var known []string
+	for _, w := range all {
+		if k := w.ModelName + "/" + w.RoutingGroup; !slices.Contains(known, k) {
+			known = append(known, k)
+		}
+	}
+	slices.Sort(known)
+	if len(known) == 0 {
+		return fmt.Errorf("no workers for %s: the server knows no workers", what)
+	}
+	return fmt.Errorf("no workers for %s; known (model/routing group): %s", what, strings.Join(known, ", "))
 }
 
 func newWorkersCommand() *cobra.Command {
@@ -39,9 +78,16 @@ func newWorkersCommand() *cobra.Command {
 			if err := fromEnv(cmd.Flags()); err != nil {
 				return err
 			}
-			ws, err := o.client().Workers(cmd.Context(), model, group)
+			c, err := o.client()
 			if err != nil {
 				return err
+			}
+			ws, err := c.Workers(cmd.Context(), model, group)
+			if err != nil {
+				return err
+			}
+			if len(ws) == 0 && (model != "" || group != "") {
+				return unknownModel(cmd.Context(), c, model, group)
 			}
 			return client.RenderWorkers(cmd.OutOrStdout(), ws)
 		},
@@ -97,7 +143,15 @@ func newQueryCommand() *cobra.Command {
 			if err := prepare(cmd.Flags(), &o); err != nil {
 				return err
 			}
-			resp, err := o.client().Query(cmd.Context(), o.req)
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			resp, err := c.Query(cmd.Context(), o.req)
+			var he *client.HTTPError
+			if errors.As(err, &he) && he.Status == http.StatusNotFound {
+				return fmt.Errorf("%w (%v)", unknownModel(cmd.Context(), c, o.req.ModelName, o.req.RoutingGroup), err)
+			}
 			if err != nil {
 				return err
 			}

@@ -15,8 +15,14 @@ type fixedWorkers []api.WorkerInfo
 
 func (f fixedWorkers) Register(context.Context, api.RegisterRequest) error     { return nil }
 func (f fixedWorkers) Unregister(context.Context, api.UnregisterRequest) error { return nil }
-func (f fixedWorkers) List(string, string) []api.WorkerInfo {
-	return append([]api.WorkerInfo(nil), f...)
+func (f fixedWorkers) List(model, group string) []api.WorkerInfo {
+	var out []api.WorkerInfo
+	for _, w := range f {
+		if (model == "" || w.ModelName == model) && (group == "" || w.RoutingGroup == group) {
+			out = append(out, w)
+		}
+	}
+	return out
 }
 
 func runCommand(t *testing.T, args ...string) (string, error) {
@@ -60,8 +66,21 @@ func TestWorkersAndQueryCommands(t *testing.T) {
 	if len(lines) < 2 || strings.Join(strings.Fields(lines[1]), " ") != "3 0 8 8 8 8" {
 		t.Fatalf("query output (want worker 3 rank 0 holding 8 tokens):\n%s", got)
 	}
-	if _, err := runCommand(t, "query", "--server", srv.URL, "--model", "nope", "--tokens", "1"); err == nil || !strings.Contains(err.Error(), "no indexer for model") {
+	if _, err := runCommand(t, "query", "--server", srv.URL, "--model", "nope", "--tokens", "1"); err == nil ||
+		!strings.Contains(err.Error(), "no workers for model nope; known (model/routing group): m/default") || !strings.Contains(err.Error(), "no indexer for model") {
 		t.Fatalf("query of an unknown model: %v", err)
+	}
+	if _, err := runCommand(t, "workers", "--server", srv.URL, "--model", "nope"); err == nil ||
+		!strings.Contains(err.Error(), "no workers for model nope; known (model/routing group): m/default") {
+		t.Fatalf("workers of an unknown model: %v", err)
+	}
+	// --server without a scheme is plain HTTP.
+	got, err = runCommand(t, "workers", "--server", strings.TrimPrefix(srv.URL, "http://"), "--model", "m")
+	if err != nil || !strings.Contains(got, "tcp://10.0.0.3:5557") {
+		t.Fatalf("workers --server host:port: %v\n%s", err, got)
+	}
+	if _, err := runCommand(t, "workers", "--server", "ftp://x:1"); err == nil || !strings.Contains(err.Error(), "want host:port or http(s)://host:port") {
+		t.Fatalf("workers --server ftp://: %v", err)
 	}
 	if _, err := runCommand(t, "query", "--model", "m", "--tokens", "x"); err == nil || !strings.Contains(err.Error(), "--tokens") {
 		t.Fatalf("bad tokens: %v", err)

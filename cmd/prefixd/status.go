@@ -65,7 +65,11 @@ func newStatusCommand() *cobra.Command {
 			if err := prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
-			c, out := o.client(), cmd.OutOrStdout()
+			c, err := o.client()
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
 			if !o.once {
 				return o.watch(cmd.Context(), c, out, isTerminal(out))
 			}

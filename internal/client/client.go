@@ -69,15 +69,30 @@ func (c *Client) send(ctx context.Context, method, path string, body any) ([]byt
 		return nil, err
 	}
 	if resp.StatusCode/100 != 2 {
+		he := &HTTPError{Method: method, Path: path, Status: resp.StatusCode}
 		var e struct {
 			Error string `json:"error"`
 		}
-		if json.Unmarshal(raw, &e) == nil && e.Error != "" {
-			return nil, fmt.Errorf("%s %s: %s (%d)", method, path, e.Error, resp.StatusCode)
+		if json.Unmarshal(raw, &e) == nil {
+			he.Msg = e.Error
 		}
-		return nil, fmt.Errorf("%s %s: HTTP %d", method, path, resp.StatusCode)
+		return nil, he
 	}
 	return raw, nil
+}
+
+// HTTPError is a non-2xx answer: its status and the server's error text.
+type HTTPError struct {
+	Method, Path string
+	Status       int
+	Msg          string // the answer's "error", if any
+}
+
+func (e *HTTPError) Error() string {
+	if e.Msg != "" {
+		return fmt.Sprintf("%s %s: %s (%d)", e.Method, e.Path, e.Msg, e.Status)
+	}
+	return fmt.Sprintf("%s %s: HTTP %d", e.Method, e.Path, e.Status)
 }
 
 // Workers lists the workers (filters optional).

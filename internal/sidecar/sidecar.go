@@ -145,8 +145,12 @@ func Run(ctx context.Context, o Options) error {
 	}
 	defer stopSession("sidecar stopping")
 	failures := 0
+	var waitLogged time.Time
 	for {
-		healthy := o.HealthURL == "" || o.probe(ctx)
+		healthy, why := true, ""
+		if o.HealthURL != "" {
+			healthy, why = o.probe(ctx)
+		}
 		if healthy {
 			failures = 0
 		} else {
@@ -161,8 +165,15 @@ func Run(ctx context.Context, o Options) error {
 			}
 			sess, sessDone = s, make(chan error, 1)
 			go func(s *catalog.Session, done chan error) { done <- s.Run(ctx) }(sess, sessDone)
-			log.Info("worker registered", "worker", w.WorkerID, "model", w.ModelName, "events", w.EventsEndpoint+fmt.Sprint(w.EventsEndpoints))
+			waitLogged = time.Time{}
+			log.Info("worker registered", "worker", w.WorkerID, "model", w.ModelName, "group", w.RoutingGroup, "role", w.Role,
+				"ranks", w.Ranks(), "events", streamEndpoints(w, false), "replay", streamEndpoints(w, true), "lease", fmt.Sprintf("%x", s.Lease()), "ttl", o.TTL)
+		case !healthy && sess == nil && (waitLogged.IsZero() || time.Since(waitLogged) >= 30*time.Second):
+			// Say what registration waits for, at once and then every 30 s.
+			log.Info("waiting for the engine to be healthy before registering", "worker", w.WorkerID, "health_url", o.HealthURL, "probe", why)
+			waitLogged = time.Now()
 		case failures >= o.HealthFailures && sess != nil:
+			log.Warn("engine health check failing; deregistering", "worker", w.WorkerID, "health_url", o.HealthURL, "probe", why, "failures", failures)
 			stopSession("engine unhealthy")
 		}
 		select {
@@ -173,15 +184,37 @@ func Run(ctx context.Context, o Options) error {
 	}
 }
 
-func (o Options) probe(ctx context.Context) bool {
+// probe checks the engine's health URL; when it is not healthy, why says
+// what the probe saw.
+func (o Options) probe(ctx context.Context) (healthy bool, why string) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, o.HealthURL, nil)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	resp, err := o.Client.Do(req)
 	if err != nil {
-		return false
+		return false, err.Error()
 	}
 	resp.Body.Close()
-	return resp.StatusCode >= 200 && resp.StatusCode < 300
+	if resp.StatusCode < 200 || resp.StatusCode >= 300 {
+		return false, "HTTP " + resp.Status
+	}
+	return true, ""
+}
+
+// streamEndpoints lists the worker's live (or replay) endpoint per rank,
+// "rank=endpoint" in rank order, for the log.
+func streamEndpoints(w catalog.Worker, replay bool) []string {
+	ss, _ := w.Streams() // the record is validated
+	var out []string
+	for _, st := range ss {
+		ep := st.Endpoint
+		if replay {
+			ep = st.ReplayEndpoint
+		}
+		if ep != "" {
+			out = append(out, fmt.Sprintf("%d=%s", st.Rank, ep))
+		}
+	}
+	return out
 }

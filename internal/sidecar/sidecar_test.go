@@ -10,6 +10,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/testlog"
 )
 
 func TestAdvertise(t *testing.T) {
@@ -37,7 +38,6 @@ func TestAdvertise(t *testing.T) {
 func TestSidecarLifecycle(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	var healthy atomic.Bool
-	healthy.Store(true)
 	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if !healthy.Load() {
 			w.WriteHeader(http.StatusServiceUnavailable)
@@ -61,11 +61,21 @@ func TestSidecarLifecycle(t *testing.T) {
 		AdvertiseHost: "10.1.2.3", TTL: 2 * time.Second,
 		HealthURL: engine.URL + "/health", HealthInterval: 50 * time.Millisecond, HealthFailures: 2,
 	}
+	logs, log := testlog.New(t)
+	o.Logger = log
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- Run(ctx, o) }()
 
+	// An engine still starting: the sidecar says what it waits for.
+	logs.Wait(t, 10*time.Second, "waiting for the engine to be healthy before registering", "worker=11", "health_url="+o.HealthURL, "probe=HTTP 503 Service Unavailable")
+	if _, ok := registered(); ok {
+		t.Fatal("registered before the engine was healthy")
+	}
+	healthy.Store(true)
 	storetest.Eventually(t, 10*time.Second, "registration", func() bool { _, ok := registered(); return ok })
+	logs.Wait(t, 10*time.Second, "worker registered", "worker=11", "model=meta-llama/Llama-3-8B", "ranks=[0 1]",
+		"events=[0=tcp://10.1.2.3:5557 1=tcp://10.1.2.3:5558]", "replay=[0=tcp://10.1.2.3:5600 1=tcp://10.1.2.3:5601]")
 	w, _ := registered()
 	if ep, _ := w.EventsEndpointFor(1); ep != "tcp://10.1.2.3:5558" {
 		t.Fatalf("rank 1 events endpoint %q, want the advertised host with vLLM's port offset", ep)
