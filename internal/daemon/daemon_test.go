@@ -29,12 +29,23 @@ type testDaemon struct {
 
 func startDaemon(t *testing.T, etcd []string, token string, peers ...string) *testDaemon {
 	t.Helper()
+	return startDaemonWith(t, etcd, func(c *Config) { c.APIToken, c.Peers = token, peers })
+}
+
+// startDaemonWith starts a daemon on etcd with the tests' defaults, which
+// edit may change.
+func startDaemonWith(t *testing.T, etcd []string, edit func(*Config)) *testDaemon {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
-	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0", APIToken: token,
-		ReadyTimeout: 30 * time.Second, OnReady: func(a string) { addr <- a }, Peers: peers,
-		Subscriber: events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
+	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
+		ReadyTimeout: 30 * time.Second,
+		Subscriber:   events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
+	if edit != nil {
+		edit(&cfg)
+	}
+	cfg.OnReady = func(a string) { addr <- a }
 	go func() { d.done <- Run(ctx, cfg) }()
 	select {
 	case a := <-addr:
