@@ -243,3 +243,43 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 	})
 	exact("after rank 1 left")
 }
+
+// TestEmptyPartitionsGo: a partition goes with its last worker — with its
+// block size, its /dump entry and its metric series — so models created
+// and deleted leave nothing behind, and a new fleet may bring another
+// block size.
+func TestEmptyPartitionsGo(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemon(t, etcd.Endpoints(), "")
+	e := startTestEngine(t)
+	e.store(3)
+	const models = 60
+	for i := range models {
+		model := fmt.Sprintf("churn-%d", i)
+		if code, body := register(t, d, map[string]any{"instance_id": 1000 + i, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+			"model_name": model, "block_size": 16}); code != http.StatusCreated {
+			t.Fatalf("register %s: %d %s", model, code, body)
+		}
+		storetest.Eventually(t, 20*time.Second, model+" indexed", func() bool {
+			l, ok := listener(t, d, model, uint64(1000+i), 0)
+			return ok && l.Blocks == 3
+		})
+		if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 1000 + i, "model_name": model}); code != 200 {
+			t.Fatalf("unregister %s: %d %s", model, code, body)
+		}
+	}
+	storetest.Eventually(t, 20*time.Second, "every partition gone from /dump", func() bool {
+		code, body := call(t, "GET", d.url+"/dump", "", nil)
+		return code == 200 && strings.TrimSpace(string(body)) == "{}"
+	})
+	_, metrics := call(t, "GET", d.url+"/metrics", "", nil)
+	for _, line := range strings.Split(string(metrics), "\n") {
+		if strings.Contains(line, `"churn-`) || strings.Contains(line, `worker="10`) {
+			t.Fatalf("a series of a deleted model or worker is left: %s", line)
+		}
+	}
+	// The block size left with the last worker.
+	if code, body := register(t, d, map[string]any{"instance_id": 2000, "endpoint": "tcp://127.0.0.1:23000", "model_name": "churn-0", "block_size": 32}); code != http.StatusCreated {
+		t.Fatalf("register churn-0 with another block size: %d %s", code, body)
+	}
+}
