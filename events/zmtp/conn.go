@@ -107,8 +107,8 @@ func (g *conn) Read(p []byte) (int, error) {
 		}
 	}
 	if err != nil {
-		if werr, ok := g.wrap(err); ok {
-			return 0, g.fail(werr)
+		if gerr := g.guardErr(err); gerr != nil {
+			return 0, g.fail(gerr)
 		}
 	}
 	return n, err
@@ -120,9 +120,9 @@ func (g *conn) Write(p []byte) (int, error) {
 	}
 	n, err := g.Conn.Write(p)
 	if err != nil {
-		if werr, ok := g.wrap(err); ok {
+		if gerr := g.guardErr(err); gerr != nil {
 			_ = g.Close()
-			err = werr
+			err = gerr
 		}
 	}
 	return n, err
@@ -148,23 +148,25 @@ func (g *conn) endHandshake() {
 	g.timer.Reset(g.timeout)
 }
 
-// wrap turns an I/O error caused by the guard (the socket's context ended,
-// the handshake timed out) into one that says so, and reports whether it
-// did; other errors, io.EOF among them, are returned as they are.
-func (g *conn) wrap(err error) (error, bool) {
+// guardErr returns the error to report for an I/O error the guard caused
+// (the socket's context ended, the handshake timed out), saying so, or nil
+// for any other error (io.EOF among them), which is reported as it is.
+func (g *conn) guardErr(err error) error {
 	switch {
 	case g.ctx.Err() != nil:
-		return &canceled{cause: context.Cause(g.ctx), err: err}, true
+		return &canceled{cause: context.Cause(g.ctx), err: err}
 	case g.expired.Load() || errors.Is(err, os.ErrDeadlineExceeded):
 		// The only deadline ever set is the handshake's.
-		return &handshakeTimeout{after: g.timeout, err: err}, true
+		return &handshakeTimeout{after: g.timeout, err: err}
 	}
-	return err, false
+	return nil
 }
 
-// wrapped is wrap's error alone.
-func (g *conn) wrapped(err error) error {
-	err, _ = g.wrap(err)
+// ioErr returns the error to report for err.
+func (g *conn) ioErr(err error) error {
+	if gerr := g.guardErr(err); gerr != nil {
+		return gerr
+	}
 	return err
 }
 
@@ -192,7 +194,7 @@ func (g *conn) prefetch() error {
 	greet[0], greet[9], greet[10] = 0xFF, 0x7F, 3 // version 3.0, as go-zeromq
 	const early = 11
 	if _, err := g.Conn.Write(greet[:early]); err != nil {
-		return g.fail(g.wrapped(err))
+		return g.fail(g.ioErr(err))
 	}
 	buf := make([]byte, 0, greetingLen+longHeaderLen)
 	for sent := false; g.rx.cmds == 0; {
@@ -206,12 +208,12 @@ func (g *conn) prefetch() error {
 			buf = buf[:len(buf)+n]
 		}
 		if err != nil {
-			return g.fail(g.wrapped(err))
+			return g.fail(g.ioErr(err))
 		}
 		if !sent && g.rx.st != stageGreeting {
 			copy(greet[12:32], buf[12:32])
 			if _, err := g.Conn.Write(greet[early:]); err != nil {
-				return g.fail(g.wrapped(err))
+				return g.fail(g.ioErr(err))
 			}
 			sent = true
 		}

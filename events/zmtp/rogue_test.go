@@ -84,22 +84,6 @@ func (p *peer) readFrame() (flags byte, body []byte) {
 	return h[0], body
 }
 
-// readMessage reads one message, failing on commands.
-func (p *peer) readMessage() [][]byte {
-	p.t.Helper()
-	var frames [][]byte
-	for {
-		fl, body := p.readFrame()
-		if fl&flagCommand != 0 {
-			p.t.Fatalf("rogue: command %q where a message was expected", body)
-		}
-		frames = append(frames, body)
-		if fl&flagMore == 0 {
-			return frames
-		}
-	}
-}
-
 // handshake runs a NULL handshake as a socket of type typ: both sides write
 // first, so it serves for either role.
 func (p *peer) handshake(typ string) {

@@ -10,9 +10,9 @@ import (
 )
 
 // feedAll feeds in to s the way conn does: chunks of at most chunk bytes,
-// never more than room allows. It returns the stream's first error and the
-// offsets at which room cut a chunk short of chunk (the state boundaries).
-func feedAll(t testing.TB, s *stream, in []byte, chunk int) (err error, cuts []int) {
+// never more than room allows. It returns the offsets at which room cut a
+// chunk short of chunk (the state boundaries) and the stream's first error.
+func feedAll(t testing.TB, s *stream, in []byte, chunk int) (cuts []int, err error) {
 	off := 0
 	for off < len(in) {
 		want := min(chunk, len(in)-off)
@@ -24,11 +24,11 @@ func feedAll(t testing.TB, s *stream, in []byte, chunk int) (err error, cuts []i
 			cuts = append(cuts, off+n)
 		}
 		if err := s.feed(in[off : off+n]); err != nil {
-			return err, cuts
+			return cuts, err
 		}
 		off += n
 	}
-	return nil, cuts
+	return cuts, nil
 }
 
 func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
@@ -95,7 +95,7 @@ func TestStream(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			for _, chunk := range []int{1, 2, 3, 7, 64, 1 << 20} {
 				s := stream{maxMsg: testMax}
-				err, _ := feedAll(t, &s, c.in, chunk)
+				_, err := feedAll(t, &s, c.in, chunk)
 				if got := describe(err); got != c.want {
 					t.Fatalf("chunks of %d: error %v (%s), want %q", chunk, err, got, c.want)
 				}
@@ -138,7 +138,7 @@ func TestStreamRoomStopsAtBoundaries(t *testing.T) {
 		want = append(want, off)
 	}
 	s := stream{maxMsg: testMax}
-	err, cuts := feedAll(t, &s, in, 1<<20)
+	cuts, err := feedAll(t, &s, in, 1<<20)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,7 +162,7 @@ func TestStreamReportsSizes(t *testing.T) {
 		{cat(greeting("NULL"), header(flagCommand, 1<<40, true)), LimitError{"command", 1 << 40, MaxCommandBytes}},
 	} {
 		s := stream{maxMsg: testMax}
-		err, _ := feedAll(t, &s, c.in, 1<<20)
+		_, err := feedAll(t, &s, c.in, 1<<20)
 		var le *LimitError
 		if !errors.As(err, &le) || *le != c.want {
 			t.Errorf("error %v, want %+v", err, c.want)

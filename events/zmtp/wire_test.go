@@ -67,4 +67,3 @@ func message(frames ...[]byte) []byte {
 	}
 	return b
 }
-
