@@ -17,10 +17,11 @@ import (
 // full read). Any refusal or handshake timeout closes the connection.
 //
 // The handshake runs under a deadline set when the connection is made and
-// cleared once the peer's last handshake command (READY) has been read. A
-// timer closes the connection if go-zeromq has not come back to read it
-// within HandshakeTimeout of the peer's READY: that is the library
-// abandoning it after a failed Open, which it never closes. The connection
+// cleared once go-zeromq has read the peer's last handshake command (READY;
+// the library writes its own before it reads the peer's). A timer closes
+// the connection if go-zeromq has not come back to read it within
+// HandshakeTimeout after that: the library has abandoned it after a failed
+// Open, and it never closes such a connection. The connection
 // is also closed when the socket's context ends, which aborts a Dial stuck
 // in the handshake.
 //
@@ -88,7 +89,10 @@ func (g *conn) Read(p []byte) (int, error) {
 		g.pre = g.pre[n:]
 		if len(g.pre) == 0 {
 			g.pre = nil
-			g.waiting = g.cleared
+			if g.rx.ready { // go-zeromq has written its READY and read the peer's
+				g.endHandshake()
+				g.waiting = true
+			}
 		}
 		return n, nil
 	}
@@ -186,7 +190,8 @@ func (g *conn) fail(err error) error {
 // mirrored, once the peer's greeting is in. go-zeromq's own greeting is
 // then dropped when it writes it, and the bytes read here are handed to it
 // before anything else is read. Under NULL the first command is the peer's
-// READY, so the library's handshake then completes without waiting.
+// READY, so the library's handshake then completes without waiting. The
+// handshake deadline stays until go-zeromq has read that READY.
 //
 // On error the connection is closed.
 func (g *conn) prefetch() error {
@@ -219,9 +224,6 @@ func (g *conn) prefetch() error {
 		}
 	}
 	g.pre, g.swallow = buf, greetingLen
-	if g.rx.ready {
-		g.endHandshake()
-	}
 	return nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/go-zeromq/zmq4"
 )
@@ -187,5 +188,36 @@ func TestLimitsFrom(t *testing.T) {
 	got := LimitsFrom(WithLimits(t.Context(), Limits{MaxMessageBytes: 1 << 20}))
 	if want := (Limits{MaxMessageBytes: 1 << 20, HandshakeTimeout: DefaultHandshakeTimeout}); got != want {
 		t.Errorf("LimitsFrom = %+v, want %+v", got, want)
+	}
+}
+
+// TestIdleOutlivesHandshakeTimeout: the handshake deadline and the timer
+// that closes abandoned connections end with the handshake, so a
+// well-behaved connection idle for several HandshakeTimeouts still carries
+// messages, both dialed and accepted. (Waiting for time to pass is what
+// this test is about; nothing waits on it to synchronise.)
+func TestIdleOutlivesHandshakeTimeout(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	lim := Limits{HandshakeTimeout: timeout}
+	router := newSocket(t, t.Context(), zmq4.Router, lim)
+	listenGuarded(t, router)
+	dealer := newSocket(t, t.Context(), zmq4.Dealer, lim)
+	if err := dealer.Dial(guarded("tcp://" + router.Addr().String())); err != nil {
+		t.Fatal(err)
+	}
+	<-time.After(4 * timeout)
+	if err := dealer.Send(zmq4.NewMsgString("late")); err != nil {
+		t.Fatal(err)
+	}
+	r := within(t, wait, "ROUTER Recv", recvAsync(router))
+	if r.err != nil || len(r.msg.Frames) != 2 || string(r.msg.Frames[1]) != "late" {
+		t.Fatalf("ROUTER Recv: %v %v", r.msg, r.err)
+	}
+	if err := router.Send(zmq4.NewMsgFrom(r.msg.Frames[0], []byte("later"))); err != nil {
+		t.Fatal(err)
+	}
+	r = within(t, wait, "DEALER Recv", recvAsync(dealer))
+	if r.err != nil || string(r.msg.Bytes()) != "later" {
+		t.Fatalf("DEALER Recv: %v %v", r.msg, r.err)
 	}
 }
