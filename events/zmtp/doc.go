@@ -84,7 +84,7 @@
 // (context.Canceled). ROUTER and PUB readers drop connection errors, so
 // on a listening socket a refused peer is only closed.
 //
-// The guard costs no allocation per frame and about 70 ns per three-frame
+// The guard costs no allocation per frame and about 75 ns per three-frame
 // message next to go-zeromq's own syscalls (BenchmarkStream,
 // BenchmarkPubSub). It loses one thing: go-zeromq's SendMulti writes a
 // message with writev on a plain *net.TCPConn, and with one Write per
