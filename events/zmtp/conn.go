@@ -21,13 +21,14 @@ import (
 // the library writes its own before it reads the peer's). A timer closes
 // the connection if go-zeromq has not come back to read it within
 // HandshakeTimeout after that: the library has abandoned it after a failed
-// Open, and it never closes such a connection. The connection
-// is also closed when the socket's context ends, which aborts a Dial stuck
-// in the handshake.
+// Open, and it never closes such a connection. The connection is also
+// closed when the socket's context ends, which aborts a Dial stuck in the
+// handshake.
 //
-// Read must not be called concurrently with itself, nor Write with itself
-// (go-zeromq reads from one goroutine and serialises writes); Read, Write
-// and Close may run concurrently with each other.
+// Read must not be called concurrently with itself (go-zeromq reads each
+// connection from one goroutine). Read, Write and Close may run
+// concurrently with each other, and Write with itself once the handshake
+// is over (it only passes bytes on then).
 type conn struct {
 	net.Conn
 	ctx     context.Context
