@@ -1,8 +1,12 @@
 // Package coordinator owns worker selection, reservations and decode-first
-// disaggregated coordination (reference §9–§15). It does no I/O, starts no
-// goroutines and reads no clock: every time-dependent method takes now, and
-// randomness comes from an injected Rand. Nothing here is safe for
-// concurrent use; callers wrap it in one lock.
+// disaggregated coordination, with the semantics of Dynamo's KV router
+// (lib/kv-router/src/scheduling, sequences and conditional_disagg.rs) and of
+// the linked-booking coordinator in ishandhanani/dynamo
+// lib/kv-router/src/services/selection/coordinator.rs; docs/coordinator.md
+// describes them. It does no I/O, starts no goroutines and reads no clock:
+// every time-dependent method takes now, and randomness comes from an
+// injected Rand. Nothing here is safe for concurrent use; callers wrap it
+// in one lock.
 //
 //   - Worker, PoolKey: a schedulable (worker id, dp rank) of one pool
 //     (model, routing group, role), with capacities, taints, topology

@@ -10,7 +10,8 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 )
 
-// State is a plan's LinkedBookingState (§14.3).
+// State is a plan's LinkedBookingState (the states of ishandhanani/dynamo
+// lib/kv-router/src/services/selection/coordinator.rs).
 type State uint8
 
 const (
@@ -125,7 +126,8 @@ type Request struct {
 	Allowed       []uint64
 	Constraints   Constraints
 	// DecodeOptions and PrefillOptions override the pools' defaults; the
-	// coordinator still forces the overrides of §14.2.
+	// coordinator still forces its decode overrides (no prefill-token
+	// tracking, no assumed KV reuse, zero overlap credit unless bypass).
 	DecodeOptions  *Options
 	PrefillOptions *Options
 	// Policy and PrefillFailure, when set, override the coordinator's
@@ -212,10 +214,11 @@ type live struct {
 }
 
 // Coordinator books disaggregated requests across a decode pool and a
-// prefill pool as linked plans (§14), decode-first by default. There is no
-// cross-pool lock: every partial state is recorded on the plan and
-// compensated explicitly. It is a driven state machine: no goroutines, no
-// clock (every method takes now), no I/O. Not safe for concurrent use.
+// prefill pool as linked plans (docs/coordinator.md), decode-first by
+// default. There is no cross-pool lock: every partial state is recorded on
+// the plan and compensated explicitly. It is a driven state machine: no
+// goroutines, no clock (every method takes now), no I/O. Not safe for
+// concurrent use.
 //
 // Only live plans (holding a booking, or PrefillReleased awaiting decode)
 // are kept; a plan that is released,
@@ -363,9 +366,10 @@ func (c *Coordinator) Plan(req Request, now time.Time) (Plan, error) {
 	return c.planDecodeFirst(req, now)
 }
 
-// planDecodeFirst is §14.4: preview decode, probe prefill if the policy
-// reads it, decide, book decode pinned to the preview, then (unless bypass)
-// book prefill inside the decode worker's KV-transfer domain.
+// planDecodeFirst is the decode-first flow: preview decode, probe prefill
+// if the policy reads it, decide, book decode pinned to the preview, then
+// (unless bypass) book prefill inside the decode worker's KV-transfer
+// domain.
 func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) {
 	l, err := c.admit(&req, now)
 	if err != nil {
@@ -505,7 +509,7 @@ func (c *Coordinator) free(l *live, now time.Time) {
 	}
 }
 
-// PlanPrefill is the first half of prefill-first (§14.5): book prefill
+// PlanPrefill is the first half of prefill-first: book prefill
 // KV-aware (pin, allow-set and constraints honoured). Success →
 // PrefillCommitted; failure → an Idle plan and ErrPrefillCommit.
 func (c *Coordinator) PlanPrefill(req Request, now time.Time) (Plan, error) {
@@ -527,7 +531,9 @@ func (c *Coordinator) PlanPrefill(req Request, now time.Time) (Plan, error) {
 // a hand-off). Valid in PrefillCommitted or PrefillReleased without a decode
 // booking, else ErrInvalidState. Success → Linked if prefill is still held;
 // after a hand-off the state stays PrefillReleased (no transition, as in
-// the reference trace). Failure frees prefill → Compensated, error.
+// the prefill-anchored trace of ishandhanani/dynamo's coordinator: Idle →
+// PrefillCommitted → PrefillReleased → Released). Failure frees prefill →
+// Compensated, error.
 func (c *Coordinator) PlanDecode(id string, now time.Time) (Plan, error) {
 	l, ok := c.plans[id]
 	if !ok {

@@ -29,7 +29,8 @@ func busyIf(b bool) Busy {
 	return NotBusy
 }
 
-// PolicyKind is a conditional-disaggregation policy (§13.3).
+// PolicyKind is a conditional-disaggregation policy (Dynamo
+// lib/kv-router/src/conditional_disagg.rs).
 type PolicyKind uint8
 
 const (

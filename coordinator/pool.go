@@ -27,9 +27,10 @@ type Rand interface {
 	IntN(n int) int
 }
 
-// Options are the per-request parameters of the cost function (§9.2 of the
-// reference). DefaultOptions returns Dynamo's defaults; the zero value is
-// not useful.
+// Options are the per-request parameters of the cost function of Dynamo
+// lib/kv-router/src/scheduling/selector/default.rs (which a request
+// overrides with router_config_override). DefaultOptions returns Dynamo's defaults; the
+// zero value is not useful.
 type Options struct {
 	// OverlapCredit weighs device-tier overlap blocks. 0 ignores prefix
 	// matching entirely (no host or disk credit either); > 1 gives extra credit.
@@ -204,9 +205,11 @@ type reservation struct {
 }
 
 // Pool is the workers of one (model, group, role) and their bookings. It
-// selects workers (§9), books reservations (§10) and filters busy workers
-// (§11). It is not safe for concurrent use; it does no I/O and reads no
-// clock: every time-dependent method takes now.
+// selects workers, books reservations refcounted by sequence hash and
+// filters busy workers, as Dynamo's scheduling and sequences modules do
+// (lib/kv-router/src/{scheduling,sequences}). It is not safe for
+// concurrent use; it does no I/O and reads no clock: every time-dependent
+// method takes now.
 type Pool struct {
 	key     PoolKey
 	cfg     PoolConfig
@@ -348,8 +351,9 @@ func (p *Pool) eligible(ws *workerState, q *Query) bool {
 	return true
 }
 
-// candidates applies the filters of §9.1 in order: pin validation, the
-// allow-set and required taints, then the busy thresholds.
+// candidates applies the filters in Dynamo's order
+// (lib/kv-router/src/scheduling/filter.rs): pin validation, the allow-set
+// and required taints, then the busy thresholds.
 func (p *Pool) candidates(q *Query) ([]*workerState, error) {
 	if len(p.workers) == 0 {
 		return nil, fmt.Errorf("pool %v: %w", p.key, ErrNoWorkers)

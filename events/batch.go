@@ -68,7 +68,8 @@ func (e Era) String() string {
 }
 
 // HashType selects how an Encoder writes block hashes. The Decoder accepts
-// every form (reference §7.2) regardless.
+// every form (any integer width, signed or unsigned, and bin; see
+// docs/wire.md) regardless.
 type HashType uint8
 
 const (
@@ -122,10 +123,10 @@ type Event struct {
 	// (TagBlockStored, …); for KindUnknown it is the unrecognised tag.
 	Tag string
 
-	// BlockHashes are the engine's block hashes normalised to uint64 per
-	// reference §7.2 (width-agnostic ints, negative ints reinterpreted as
-	// two's complement, bin/str → last 8 bytes big-endian). One per full
-	// block, in prompt order.
+	// BlockHashes are the engine's block hashes normalised to uint64
+	// (width-agnostic ints, negative ints reinterpreted as two's complement,
+	// bin/str → last 8 bytes big-endian, as vLLM's int mode truncates its
+	// sha256 digest). One per full block, in prompt order.
 	BlockHashes []uint64
 	// ParentHash is the normalised hash of the block before BlockHashes[0];
 	// valid only when HasParent (nil on the wire = first block of a prompt).
@@ -139,8 +140,8 @@ type Event struct {
 
 	// LoraID is vLLM's deprecated integer adapter id (array position 5).
 	// Caveat: in a 6-element array a Dynamo-mocker group_idx is
-	// indistinguishable from a lora_id and decodes as LoraID (reference
-	// §10.1 item 4: lora_id never influences hashing, so this is harmless).
+	// indistinguishable from a lora_id and decodes as LoraID (harmless:
+	// lora_id never influences hashing).
 	LoraID    int64
 	HasLoraID bool
 	// Medium is the storage tier ("GPU", "CPU", "CPU_PINNED", "DISK", …);
@@ -170,8 +171,9 @@ type Event struct {
 	Locality  string
 	Ownership string
 	SessionID string
-	// EventVersion is the map key "event_version" of one vLLM variant
-	// (reference §6.4, declared default 1, omitted when 1). 0 means absent.
+	// EventVersion is the map key "event_version" of one vLLM variant of
+	// BlockStored (declared default 1, so msgspec omits it when 1). 0 means
+	// absent.
 	EventVersion int
 }
 

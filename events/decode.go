@@ -26,8 +26,8 @@ const (
 	// ReasonEvent: an event is not an array or map, has no string tag, is
 	// too short for its kind, or contains invalid msgpack.
 	ReasonEvent = "event"
-	// ReasonHash: a block or parent hash has a type that reference §7.2
-	// rejects (float, bool, map, array, ext, or nil in block_hashes).
+	// ReasonHash: a block or parent hash has a type no engine sends for a
+	// hash (float, bool, map, array, ext, or nil in block_hashes).
 	ReasonHash = "hash"
 	// ReasonToken: a token id is not an integer in [0, 2^32-1].
 	ReasonToken = "token"
@@ -56,9 +56,10 @@ func (e *DecodeError) Unwrap() error { return e.Err }
 // Is reports whether target is ErrMalformed.
 func (e *DecodeError) Is(target error) bool { return target == ErrMalformed }
 
-// Decoder decodes vLLM KVEventBatch payloads (msgpack, every era: reference
-// §6 and §10.1). The zero Decoder is ready to use. A Decoder is reusable but
-// not safe for concurrent use; use one per goroutine.
+// Decoder decodes vLLM KVEventBatch payloads (msgpack, every era; the
+// accepted forms are listed in docs/wire.md). The zero Decoder is ready to
+// use. A Decoder is reusable but not safe for concurrent use; use one per
+// goroutine.
 type Decoder struct {
 	r reader
 }
@@ -67,18 +68,23 @@ type Decoder struct {
 // reusing b's storage (see Batch). payload is not retained: b holds no
 // reference to it after Decode returns.
 //
-// Accepted input, per reference §10.1:
+// Accepted input:
 //
 //   - Envelope: an array [ts, events] or [ts, events, rank], further elements
 //     skipped; ts a float64, float32 or int; rank an int or nil. Or a map
 //     keyed "ts", "events" (required) and "data_parallel_rank" (aliases
 //     "dp_rank", "attn_dp_rank"), other keys skipped.
 //   - Each event independently either a tagged array or a tagged map (see
-//     Event for the fields). Arrays: positions per §6.4/§6.5 with length
-//     guards; from position 5 of a BlockStored, a string selects the Dynamo
-//     mocker's compact layout [.., block_size, medium, group_idx], and in
-//     a BlockRemoved an int at position 2 is the mocker's group_idx. Maps:
-//     "type" may be anywhere; fields by name; unknown keys skipped.
+//     Event for the fields). Arrays: positions in vLLM's declaration order
+//     with length guards, since older vLLMs declare fewer fields
+//     (BlockStored [tag, block_hashes, parent_block_hash, token_ids,
+//     block_size, lora_id, medium, lora_name, extra_keys, group_idx,
+//     kv_cache_spec_kind, kv_cache_spec_sliding_window], BlockRemoved [tag,
+//     block_hashes, medium, group_idx]); from position 5 of a BlockStored, a
+//     string selects the Dynamo mocker's compact layout [.., block_size,
+//     medium, group_idx], and in a BlockRemoved an int at position 2 is the
+//     mocker's group_idx. Maps: "type" may be anywhere; fields by name;
+//     unknown keys skipped.
 //   - Unknown tags are counted in Batch.Unknown (the first one's tag in
 //     Batch.UnknownTag); their bodies are skipped, they are not kept in
 //     Events, and decoding continues.
@@ -252,7 +258,8 @@ func (r *reader) key(reason string) (key []byte, ok bool) {
 	return key, true
 }
 
-// envelope decodes an EventBatch (reference §6.2).
+// envelope decodes an EventBatch: the array [ts, events, rank] (two
+// elements before vLLM PR #18925), or defensively a map.
 func (r *reader) envelope(b *Batch) {
 	c, ok := r.peek()
 	switch {
@@ -421,8 +428,9 @@ func (r *reader) tag(ev *Event, prev *prevStrings) {
 	ev.Tag = intern(t, prev.tag)
 }
 
-// arrayEvent decodes a tagged positional array (reference §6.4, §6.5,
-// §10.1 item 4).
+// arrayEvent decodes a tagged positional array: vLLM's layout before PR
+// #42892, or the Dynamo mocker's compact one, which omits absent fields
+// instead of writing nil (told apart by the type at position 5).
 func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 	at := r.p
 	n := r.arrayHeader(ReasonEvent, "event")
@@ -502,8 +510,8 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 	}
 }
 
-// mapEvent decodes a tagged map (reference §6.3): "type" anywhere, fields by
-// name, unknown keys skipped.
+// mapEvent decodes a tagged map (vLLM since PR #42892, v0.26+): "type"
+// anywhere, fields by name, unknown keys skipped.
 func (r *reader) mapEvent(ev *Event, prev *prevStrings) {
 	at := r.p
 	n := r.mapHeader(ReasonEvent, "event")

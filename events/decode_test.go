@@ -24,8 +24,9 @@ func batchOf(rank int32, hasRank bool, evs ...Event) *Batch {
 	return b
 }
 
-// TestDecodeVariants covers the §9.6 variants and the other accepted shapes
-// of §10.1.
+// TestDecodeVariants covers the accepted shapes no golden vector shows
+// (docs/wire.md, "Payload"): 2- and 4-element envelopes, unknown keys and
+// tags, map16 headers, map envelopes, the Dynamo mocker's compact arrays.
 func TestDecodeVariants(t *testing.T) {
 	removedH := Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "GPU"}
 	cleared := Event{Kind: KindAllBlocksCleared, Tag: TagAllBlocksCleared}
@@ -203,8 +204,9 @@ func TestDecodeVariants(t *testing.T) {
 
 func loadVectorsHex(t *testing.T, i int) string { return loadVectors(t)[i].Hex }
 
-// TestDecodeHashEncodings: §7.2 normalisation of every msgpack form, both as
-// a block hash and as a parent, through the full decoder.
+// TestDecodeHashEncodings: normalisation of every msgpack form of a hash to
+// uint64 (docs/wire.md, "Block hashes"), both as a block hash and as a
+// parent, through the full decoder.
 func TestDecodeHashEncodings(t *testing.T) {
 	digest := make([]byte, 32)
 	for i := range digest {

@@ -10,15 +10,15 @@
 //
 // The codec does no I/O. Decoder.Decode turns one payload frame into a Batch;
 // Encoder.AppendBatch does the reverse, byte-identical to vLLM's msgspec
-// output for the supported layouts (golden vectors in testdata/vectors.json,
-// taken verbatim from the wire reference §9).
+// output for the supported layouts (golden vectors in testdata/vectors.json:
+// msgspec 0.21.1 output for vLLM's structs, hex verbatim).
 //
 //   - Both event eras are accepted per event: tagged positional arrays (vLLM
 //     before PR #42892, SGLang, the Dynamo mocker's compact arrays) and
 //     tagged maps (vLLM v0.26+). Envelopes of 2, 3 or more elements and map
 //     envelopes are accepted.
 //   - Block hashes are normalised to uint64 whatever their msgpack form
-//     (wire reference §7.2), so int-mode and bytes-mode engines and signed
+//     (see docs/wire.md), so int-mode and bytes-mode engines and signed
 //     (SGLang) producers yield the same keys.
 //   - Unknown event tags are counted in Batch.Unknown and skipped; the
 //     rest of the batch is decoded.
@@ -28,8 +28,8 @@
 //   - Decode never panics and bounds its memory by the payload size, whatever
 //     the headers claim.
 //   - Semantic validation (block_size against the model, token coverage,
-//     tier mapping, group/kind filters, reference §10.1 items 6–7) is the
-//     consumer's job: the codec reports what was sent.
+//     tier mapping, group/kind filters; see AppendOps and docs/wire.md) is
+//     the consumer's job: the codec reports what was sent.
 //
 // Decoder and Batch are not safe for concurrent use. Slices in a Batch are
 // overwritten by the next Decode into it; strings may be kept.

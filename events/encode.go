@@ -10,10 +10,13 @@ import (
 )
 
 // Encoder writes Batches as KVEventBatch payloads byte-identical to what
-// vLLM's msgspec encoder produces for the same values (reference §6.1), for
-// use by test publishers and golden tests. The zero Encoder writes the map era
-// with integer hashes (vLLM v0.26+ defaults). An Encoder holds no state
-// besides its options and is safe for concurrent use if not modified.
+// vLLM's msgspec encoder produces for the same values (msgspec
+// src/msgspec/_core.c: array_like structs write every field, omit_defaults
+// map structs leave out fields equal to their default, ints take the
+// smallest form), for use by test publishers and golden tests. The zero
+// Encoder writes the map era with integer hashes (vLLM v0.26+ defaults). An
+// Encoder holds no state besides its options and is safe for concurrent use
+// if not modified.
 //
 // Layout:
 //
@@ -32,8 +35,9 @@ import (
 //     the others is prefixd's choice). cache_salt is written only when it is
 //     not already implied by extra_keys, so that decoding gives it back.
 //   - EraArray: BlockStored [tag, hashes, parent|nil, tokens, block_size,
-//     lora_id|nil, medium|nil, lora_name|nil] (reference §9.4), BlockRemoved
-//     [tag, hashes, medium|nil]; with Wide, BlockStored adds extra_keys|nil,
+//     lora_id|nil, medium|nil, lora_name|nil] (vLLM after lora_name, PR
+//     #27577, and before extra_keys, PR #33304), BlockRemoved [tag, hashes,
+//     medium|nil]; with Wide, BlockStored adds extra_keys|nil,
 //     group_idx|nil, kv_cache_spec_kind|nil, sliding_window|nil (12
 //     elements) and BlockRemoved adds group_idx|nil (4 elements).
 //   - AllBlocksCleared is {"type": tag} or [tag]; a KindUnknown event is

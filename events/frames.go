@@ -7,9 +7,11 @@ import (
 	"fmt"
 )
 
-// Frame helpers for the ZMQ layer (wire reference §3.1 and §4). They do no
-// I/O and keep no state, so the subscriber and the test publisher share
-// them. Frames are [][]byte as go-zeromq's Msg.Frames holds them.
+// Frame helpers for the ZMQ layer: the live PUB messages and the replay
+// ROUTER protocol of vLLM's ZmqEventPublisher (vllm/distributed/kv_events.py;
+// docs/wire.md says what prefixd accepts). They do no I/O and keep no
+// state, so the subscriber and the test publisher share them. Frames are
+// [][]byte as go-zeromq's Msg.Frames holds them.
 
 // SeqLen is the length of a seq frame: 8 bytes, big-endian, unsigned.
 const SeqLen = 8
@@ -35,8 +37,8 @@ const (
 	// with an empty frame.
 	ReasonBadDelimiter = "bad_delimiter"
 	// ReasonBadEndMarker: a replay message has the end seq FF×8 with a
-	// non-empty payload, or an empty payload with another seq (§4.3 step
-	// 4: a protocol error, not a batch).
+	// non-empty payload, or an empty payload with another seq (a protocol
+	// error, not a batch: vLLM always sends both signals together).
 	ReasonBadEndMarker = "bad_end_marker"
 )
 
@@ -63,11 +65,11 @@ func AppendSeq(dst []byte, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64(dst, seq)
 }
 
-// ParseLive checks a message received on a SUB socket (reference §3.1):
-// exactly 3 frames [topic, seq, payload], a seq frame of exactly SeqLen
-// bytes, and a topic frame that starts with topicPrefix (the subscription;
-// nil or empty accepts any topic). Checks run in that order; the first
-// failure is returned as a *FrameError.
+// ParseLive checks a message received on a SUB socket (vLLM's live message,
+// docs/wire.md): exactly 3 frames [topic, seq, payload], a seq frame of
+// exactly SeqLen bytes, and a topic frame that starts with topicPrefix (the
+// subscription; nil or empty accepts any topic). Checks run in that order;
+// the first failure is returned as a *FrameError.
 //
 // payload aliases frames[2]. The payload is not inspected: an empty one is
 // returned as is and left to the decoder to reject.
@@ -84,8 +86,9 @@ func ParseLive(frames [][]byte, topicPrefix []byte) (seq uint64, payload []byte,
 	return binary.BigEndian.Uint64(frames[1]), frames[2], nil
 }
 
-// ParseReplay classifies one replay reply message as a DEALER receives it,
-// per reference §4.3:
+// ParseReplay classifies one replay reply message as a DEALER receives it
+// (the layouts before and after vLLM PR #45177, which added the topic
+// frame):
 //
 //  1. The first frame must be empty (the ROUTER envelope delimiter) and is
 //     stripped; a missing or non-empty one is ReasonBadDelimiter.
@@ -128,8 +131,10 @@ func ParseReplay(frames [][]byte) (seq uint64, payload []byte, end bool, err err
 }
 
 // ReplayRequest returns the frames a DEALER sends to ask for a replay from
-// start (reference §4.1): ["", start as SeqLen big-endian bytes]. The slices
-// are freshly allocated.
+// start: ["", start as SeqLen big-endian bytes]. vLLM's ROUTER needs the
+// empty delimiter frame (without it the request is never answered), and the
+// Dynamo mocker ignores a start that is not exactly 8 bytes. The slices are
+// freshly allocated.
 func ReplayRequest(start uint64) [][]byte {
 	return [][]byte{{}, AppendSeq(make([]byte, 0, SeqLen), start)}
 }

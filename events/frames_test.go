@@ -16,8 +16,8 @@ func unhex(t testing.TB, s string) []byte {
 	return b
 }
 
-// frameVectorPayload stands in for <payload> in the §9.5 vectors; the frame
-// helpers never look inside it.
+// frameVectorPayload stands in for the payload frame in the frame-level
+// vectors below; the frame helpers never look inside it.
 var frameVectorPayload = []byte{0x93, 0xcb, 0x41, 0xda}
 
 func TestFrameSeq(t *testing.T) {
@@ -30,7 +30,7 @@ func TestFrameSeq(t *testing.T) {
 	if got := hex.EncodeToString(EndSeq[:]); got != "ffffffffffffffff" {
 		t.Errorf("EndSeq = %s", got)
 	}
-	// §9.5: "Replay request, DEALER sends: F0 (empty) F1 0000000000000005".
+	// A DEALER's replay request from seq 5: F0 empty, F1 0000000000000005.
 	req := ReplayRequest(5)
 	if len(req) != 2 || len(req[0]) != 0 || hex.EncodeToString(req[1]) != "0000000000000005" {
 		t.Errorf("ReplayRequest(5) = %x", req)
@@ -50,13 +50,13 @@ func TestFrameParseLive(t *testing.T) {
 		payload []byte
 		reason  string // "" = valid
 	}{
-		// §9.5 vectors.
+		// Frame-level vectors: an llm-d-style topic and the default one.
 		{name: "topic kv@pod1@m seq 19", frames: [][]byte{topic, seq19, p}, prefix: "kv@pod1@m", seq: 19, payload: p},
 		{name: "default empty topic", frames: [][]byte{{}, seq0, p}, prefix: "", seq: 0, payload: p},
 		{name: "prefix of the topic", frames: [][]byte{topic, seq19, p}, prefix: "kv@pod1", seq: 19, payload: p},
 		{name: "any topic with empty prefix", frames: [][]byte{topic, seq19, p}, prefix: "", seq: 19, payload: p},
 		{name: "largest seq", frames: [][]byte{{}, EndSeq[:], p}, seq: 1<<64 - 1, payload: p},
-		// §9.6 negative vectors and the topic check.
+		// Negative vectors (wrong frame counts, seq widths) and the topic check.
 		{name: "2 frames", frames: [][]byte{seq19, p}, reason: ReasonBadFrames},
 		{name: "4 frames", frames: [][]byte{topic, seq19, p, p}, reason: ReasonBadFrames},
 		{name: "no frames", frames: nil, reason: ReasonBadFrames},
@@ -92,7 +92,7 @@ func TestFrameParseReplay(t *testing.T) {
 		end     bool
 		reason  string // "" = valid
 	}{
-		// §9.5: vLLM >= v0.26 (topic layout).
+		// vLLM >= v0.26, since PR #45177 (topic layout).
 		{name: "topic layout batch", frames: [][]byte{{}, topic, seq5, p}, seq: 5, payload: p},
 		{name: "topic layout end", frames: [][]byte{{}, {}, end, {}}, end: true},
 		// The 4-frame end marker's topic frame is empty even when the
@@ -100,11 +100,12 @@ func TestFrameParseReplay(t *testing.T) {
 		{name: "topic layout batch, default topic", frames: [][]byte{{}, {}, seq5, p}, seq: 5, payload: p},
 		// ...and not rejected either (the topic frame is never inspected).
 		{name: "topic layout end with a topic", frames: [][]byte{{}, topic, end, {}}, end: true},
-		// §9.5: vLLM <= v0.25 / SGLang / Dynamo mocker (legacy layout).
+		// vLLM <= v0.25 / SGLang / Dynamo mocker (legacy layout).
 		{name: "legacy batch", frames: [][]byte{{}, seq5, p}, seq: 5, payload: p},
 		{name: "legacy end", frames: [][]byte{{}, end, {}}, end: true},
 		{name: "nil frames count as empty", frames: [][]byte{nil, end, nil}, end: true},
-		// §9.6 and §4.3 negatives.
+		// Negatives: no leading delimiter, wrong frame counts and seq
+		// widths, and end markers with only one of their two signals.
 		{name: "legacy without leading empty frame", frames: [][]byte{seq5, p}, reason: ReasonBadDelimiter},
 		{name: "topic layout without leading empty frame", frames: [][]byte{topic, seq5, p}, reason: ReasonBadDelimiter},
 		{name: "REQ-view end marker", frames: [][]byte{end, {}}, reason: ReasonBadDelimiter},

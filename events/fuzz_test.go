@@ -8,8 +8,8 @@ import (
 // FuzzDecode: Decode never panics; errors are typed; a successful decode
 // re-encodes (map era) to a payload that decodes to the same Batch; and
 // decoding into a dirty, reused Batch gives the same result as a fresh one.
-// Seeds: every §9 vector, the typical batch in both eras, and constructed
-// variants. Regression inputs live in testdata/fuzz/FuzzDecode.
+// Seeds: every golden vector, the typical batch in both eras, and
+// constructed variants. Regression inputs live in testdata/fuzz/FuzzDecode.
 func FuzzDecode(f *testing.F) {
 	for _, v := range loadVectors(f) {
 		f.Add(v.payload(f))

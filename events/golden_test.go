@@ -6,8 +6,8 @@ import (
 	"testing"
 )
 
-// TestGoldenDecode decodes every payload vector of reference §9 and checks
-// every field against the meaning recorded in testdata/vectors.json.
+// TestGoldenDecode decodes every msgspec payload vector and checks every
+// field against the meaning recorded in testdata/vectors.json.
 func TestGoldenDecode(t *testing.T) {
 	for _, v := range loadVectors(t) {
 		t.Run(v.Name, func(t *testing.T) {
@@ -23,9 +23,9 @@ func TestGoldenDecode(t *testing.T) {
 	}
 }
 
-// TestGoldenConstants pins the reference's spelled-out expectations
-// independently of the JSON file, so a wrong expectation there cannot hide a
-// decoder bug.
+// TestGoldenConstants pins the vectors' spelled-out expectations (hashes,
+// parents, ranks, ts) independently of the JSON file, so a wrong expectation
+// there cannot hide a decoder bug.
 func TestGoldenConstants(t *testing.T) {
 	vs := loadVectors(t)
 	dec := func(i int) *Batch {
@@ -108,7 +108,8 @@ func TestGoldenEncode(t *testing.T) {
 }
 
 // TestGoldenEquivalence: the array-era and map-era encodings of the same
-// events decode identically (reference §9.4, last paragraph).
+// events (the BlockStored and the rank-1 BlockRemoved vectors) decode
+// identically.
 func TestGoldenEquivalence(t *testing.T) {
 	vs := loadVectors(t)
 	byName := map[string]vector{}

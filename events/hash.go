@@ -7,11 +7,11 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// HashFromBytes normalises a byte-string block hash to uint64 per reference
-// §7.2: for len(b) ≥ 8 the last 8 bytes read big-endian (for a 32-byte
-// sha256 digest this equals vLLM's int mode, int.from_bytes(digest, "big") &
-// (2**64-1)); for shorter input the big-endian value of the bytes (left-padded
-// with zeros).
+// HashFromBytes normalises a byte-string block hash to uint64: for
+// len(b) ≥ 8 the last 8 bytes read big-endian (for a 32-byte sha256 digest
+// this equals vLLM's int mode, int.from_bytes(digest, "big") & (2**64-1) in
+// vllm/v1/core/kv_cache_utils.py); for shorter input the big-endian value of
+// the bytes (left-padded with zeros).
 func HashFromBytes(b []byte) uint64 {
 	if len(b) >= 8 {
 		return binary.BigEndian.Uint64(b[len(b)-8:])
@@ -56,7 +56,8 @@ func hex2(c byte) string {
 //
 // msgp's typed readers are not used here: ReadUint64Bytes rejects negative
 // values and ReadInt64Bytes rejects values ≥ 2^63, and hashes need both in
-// one path (reference §7.2).
+// one path (vLLM's unsigned 64-bit hashes, SGLang's and old vLLM's signed
+// ones).
 func readInt(p []byte, want string) (bits uint64, neg bool, rest []byte, err error) {
 	if len(p) == 0 {
 		return 0, false, p, errShort
@@ -110,8 +111,8 @@ func readInt(p []byte, want string) (bits uint64, neg bool, rest []byte, err err
 	}
 }
 
-// readHash reads one block hash and normalises it to uint64 per reference
-// §7.2:
+// readHash reads one block hash and normalises it to uint64 (the same rules
+// as docs/wire.md, "Block hashes"):
 //
 //   - positive fixint, cc, cd, ce, cf: the value, zero-extended;
 //   - negative fixint, d0, d1, d2, d3: sign-extended to int64 and

@@ -15,7 +15,8 @@ import (
 	"github.com/tinylib/msgp/msgp"
 )
 
-// vector is one entry of testdata/vectors.json (reference §9, verbatim hex).
+// vector is one entry of testdata/vectors.json (msgspec 0.21.1 output,
+// verbatim hex).
 type vector struct {
 	Name       string   `json:"name"`
 	Section    string   `json:"section"`
@@ -73,7 +74,7 @@ func loadVectors(tb testing.TB) []vector {
 		tb.Fatal(err)
 	}
 	if len(doc.Vectors) != 10 {
-		tb.Fatalf("testdata/vectors.json has %d vectors, want the 10 payload vectors of §9", len(doc.Vectors))
+		tb.Fatalf("testdata/vectors.json has %d vectors, want the 10 msgspec payload vectors", len(doc.Vectors))
 	}
 	return doc.Vectors
 }
@@ -85,7 +86,7 @@ func (v vector) payload(tb testing.TB) []byte {
 		tb.Fatalf("%s: %v", v.Name, err)
 	}
 	if len(p) != v.Len {
-		tb.Fatalf("%s: %d bytes, reference says %d", v.Name, len(p), v.Len)
+		tb.Fatalf("%s: %d bytes, vectors.json says %d", v.Name, len(p), v.Len)
 	}
 	return p
 }
@@ -325,10 +326,12 @@ func mustHex(s string) []byte {
 	return b
 }
 
-// H is the reference's hash constant (§9).
+// H is the block hash of the golden vectors: ≥ 2^63, so msgpack writes it
+// as cf (uint64) and an int64 decoder would see a negative value.
 const H uint64 = 0xFEDCBA9876543210
 
-// stored91 is the event of §9.1/§9.4.
+// stored91 is the event of the golden vectors "9.1 map-era minimal
+// BlockStored" and "9.4 array-era BlockStored".
 func stored91() Event {
 	return Event{
 		Kind: KindBlockStored, Tag: TagBlockStored,
@@ -336,7 +339,7 @@ func stored91() Event {
 	}
 }
 
-// map91 is the §9.1 event as a builder value.
+// map91 is the "9.1 map-era minimal BlockStored" event as a builder value.
 func map91() kvs {
 	return kvs{
 		"type", "BlockStored", "block_hashes", []any{H}, "parent_block_hash", nil,

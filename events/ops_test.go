@@ -77,7 +77,7 @@ func TestAppendOps(t *testing.T) {
 	}
 }
 
-// TestDecodedVectorsApply runs the reference BlockStored vectors of both
+// TestDecodedVectorsApply runs the golden BlockStored vectors of both
 // eras through decode → AppendOps → a tree: each indexes the block under
 // engine hash H and matches tokens 1..4.
 func TestDecodedVectorsApply(t *testing.T) {

@@ -15,7 +15,8 @@ import (
 )
 
 // ReplayLayout selects the frames a Publisher's ROUTER writes per replayed
-// batch (reference §4.2).
+// batch: with the topic frame (vLLM ≥ v0.26) or without it (older vLLM,
+// SGLang, the Dynamo mocker).
 type ReplayLayout uint8
 
 const (
@@ -76,7 +77,8 @@ type PublisherConfig struct {
 	// repairs.
 	DropLive float64
 	// DropReplay is the fraction of replay messages (batches and end
-	// markers alike) not sent, as a ROUTER dropping at SNDHWM (§4.5):
+	// markers alike) not sent, as vLLM's ROUTER drops silently at libzmq's
+	// default SNDHWM of 1000 (it sets no socket options):
 	// replays have holes and may end without an end marker. As with a real
 	// high-water mark, the first message of a reply is never dropped, so
 	// a reply that starts above the requested seq still means the history
@@ -103,11 +105,12 @@ type PublisherStats struct {
 	ReplayAborted   uint64 // replays abandoned because a write failed
 }
 
-// Publisher is a vLLM-semantics KV-event publisher (reference §2–§4) for
-// the mocker and for tests: a PUB socket sending [topic, seq, payload], a
-// ROUTER socket answering replay requests from a bounded buffer of the
-// latest batches, and fault knobs to provoke the losses real publishers
-// produce. Payloads are opaque; build them with an Encoder.
+// Publisher is a KV-event publisher with the socket semantics of vLLM's
+// ZmqEventPublisher (vllm/distributed/kv_events.py) for the mocker and for
+// tests: a PUB socket sending [topic, seq, payload], a ROUTER socket
+// answering replay requests from a bounded buffer of the latest batches, and
+// fault knobs to provoke the losses real publishers produce. Payloads are
+// opaque; build them with an Encoder.
 //
 // Differences from vLLM, all deliberate: both sockets always bind; live
 // publishing does not pause while a replay is written (a replay sends the
@@ -407,12 +410,12 @@ func (p *Publisher) serve(ctx context.Context, router zmq4.Socket, reqs <-chan z
 	}
 }
 
-// parseReplayRequest parses a request as the ROUTER sees it (reference
-// §4.1): exactly [identity, "", start]. start is an unsigned big-endian
-// integer of any length, as vLLM's int.from_bytes; one beyond uint64 is
-// clamped to MaxUint64, which, like the real value, is newer than any
-// buffered seq. vLLM checks only the frame count; the delimiter is checked
-// here too, so that a DEALER forgetting it is always refused.
+// parseReplayRequest parses a request as the ROUTER sees it: exactly
+// [identity, "", start]. start is an unsigned big-endian integer of any
+// length, as vLLM's int.from_bytes; one beyond uint64 is clamped to
+// MaxUint64, which, like the real value, is newer than any buffered seq.
+// vLLM checks only the frame count; the delimiter is checked here too, so
+// that a DEALER forgetting it is always refused.
 func parseReplayRequest(frames [][]byte) (id []byte, start uint64, ok bool) {
 	if len(frames) != 3 || len(frames[1]) != 0 {
 		return nil, 0, false

@@ -20,8 +20,9 @@ import (
 // Publisher tests run real go-zeromq sockets over TCP loopback. They never
 // sleep to synchronise: they wait for conditions with deadlines. The only
 // fixed windows are the probe interval of joinLive (publish, wait briefly
-// for the SUB, repeat: the slow-joiner dance of reference §3.4) and the
-// window in which a stalled replay must stay silent.
+// for the SUB, repeat: a SUB misses what is published before its
+// subscription reaches the PUB, the ZMQ slow joiner) and the window in which
+// a stalled replay must stay silent.
 
 const (
 	loopback = "tcp://127.0.0.1:0"

@@ -74,7 +74,7 @@ func (g *gatedApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) 
 }
 
 // TestSubscriberInteropPyPub: the Go subscriber against a real libzmq
-// publisher written from the wire reference, in both payload eras, both
+// publisher of vLLM's wire protocol (pypub.py), in both payload eras, both
 // replay layouts and both hash encodings. The subscriber joins late after
 // a history longer than libzmq's ROUTER high-water mark (the replay loses
 // its tail and end marker, as vLLM's does), live batches are dropped, and

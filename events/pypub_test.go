@@ -406,7 +406,7 @@ func (ps *pyPubSock) requestReplay(t testing.TB, start uint64) {
 	}
 }
 
-// pyPubLive is one parsed live message (reference §3.1).
+// pyPubLive is one parsed live message [topic, seq, payload].
 type pyPubLive struct {
 	topic   string
 	seq     uint64
@@ -423,7 +423,7 @@ func pyPubParseLive(t testing.TB, frames [][]byte) pyPubLive {
 	return pyPubLive{string(frames[0]), seq, payload}
 }
 
-// pyPubReplayMsg is one classified replay reply (reference §4.3).
+// pyPubReplayMsg is one replay reply message as ParseReplay classifies it.
 type pyPubReplayMsg struct {
 	layout  string // "topic" (4 frames at the DEALER) or "legacy" (3)
 	topic   string // topic layout only
@@ -703,7 +703,8 @@ func TestPyPubReplayInterop(t *testing.T) {
 			const id = "prefixd-test-dealer"
 			d := pyPubDealer(t, p.ReplayEndpoint, id)
 			// A DEALER request without the empty delimiter is invalid: no reply
-			// at all (reference §4.1). The valid request after it proves that.
+			// at all (vLLM's ROUTER wants [identity, "", start]). The valid
+			// request after it proves that.
 			if err := d.s.Send(zmq4.NewMsg(AppendSeq(nil, 0))); err != nil {
 				t.Fatal(err)
 			}

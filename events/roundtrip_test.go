@@ -221,7 +221,7 @@ func mustEncodeR(t *rapid.T, e Encoder, b *Batch) []byte {
 }
 
 // TestHashNormalisationProperty: every msgpack form of a hash value
-// normalises to the same uint64 (reference §7.2).
+// normalises to the same uint64 (docs/wire.md, "Block hashes").
 func TestHashNormalisationProperty(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
 		h := rapid.OneOf(rapid.Uint64(), rapid.Uint64Range(0, 1<<16), rapid.Uint64Range(1<<64-1<<16, 1<<64-1)).Draw(t, "h")

@@ -6,7 +6,9 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 )
 
-// The llm-d comparison workload (peers.md §3.11).
+// The llm-d comparison workload: the shape also measured with the llm-d
+// KV-cache indexer's in-memory index (results in docs/benchmarks.md, the
+// comparison against peers).
 const (
 	LLMDRanks        = 8
 	LLMDPromptBlocks = 512     // one 8,192-token prompt

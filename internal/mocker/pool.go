@@ -21,7 +21,8 @@ var ErrNoSpace = errors.New("mocker: not enough free KV blocks")
 const RootHash uint64 = 0x6d6f636b65722121 // "mocker!!"
 
 // BlockHash is the mocker's engine block hash, in the spirit of vLLM's
-// sha256 hashing with integer block hashes (reference §7): the last 8 bytes,
+// sha256 hashing with integer block hashes (vLLM PR #23673, with
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1, the default): the last 8 bytes,
 // big-endian, of SHA-256(be64(parent) || le32(token_0) || … ||
 // le32(token_{n-1})). It is deliberately unrelated to prefixd's XXH3 local
 // hash, so that code navigating by engine hash instead of local hash fails

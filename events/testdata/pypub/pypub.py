@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """pypub: a clean-room vLLM-compatible KV-event publisher on real libzmq.
 
-Written from the reference "vLLM KV-cache events over ZMQ: wire
-protocol reference" (§2, §3, §4, §6, §7, §9, §12), not from vLLM's code. It
-exists so that prefixd's Go tests can talk to libzmq (through pyzmq) instead
-of only to go-zeromq, which is the interop risk that matters.
+Written from a description of what vLLM's ZmqEventPublisher
+(vllm/distributed/kv_events.py) and msgspec's encoder put on the wire (framing,
+replay, payload encodings, hashes), not from their code. It exists so that
+prefixd's Go tests can talk to libzmq (through pyzmq) instead of only to
+go-zeromq, which is the interop risk that matters.
 
 Needs the Debian packages python3-zmq and python3-msgpack; run it with
 /usr/bin/python3 (`make test` installs them).
@@ -66,8 +67,9 @@ stdout line is {"endpoint": ..., "replay_endpoint": ...|null}. Commands:
   {"cmd":"quit"}    -> {"ok":true}, then the sockets are closed and it exits 0.
   EOF on stdin also exits 0. A bad command answers {"ok":false,"error":"..."}.
 
-Self-test: `pypub.py --self-test` checks the encoder against all ten payload
-vectors of reference §9.1-§9.4 byte for byte and exits 0 (all match) or 1.
+Self-test: `pypub.py --self-test` checks the encoder against all ten msgspec
+0.21.1 payload vectors of events/testdata/vectors.json byte for byte and exits
+0 (all match) or 1.
 """
 
 import argparse
@@ -92,8 +94,9 @@ except ImportError as exc:  # the Go harness looks for this text
 END_SEQ = b"\xff" * 8
 U64_MAX = (1 << 64) - 1
 
-# Field declarations in vLLM's order (reference §6.4, §6.5; map era as on main
-# 2026-09). REQUIRED fields have no default: always written, nil included.
+# Field declarations in vLLM's order (BlockStored and BlockRemoved in
+# vllm/distributed/kv_events.py; map era as on main 2026-09). REQUIRED fields
+# have no default: always written, nil included.
 # OPTIONAL fields default to None: written only when not None.
 STORED_REQUIRED = ("block_hashes", "parent_block_hash", "token_ids", "block_size",
                    "lora_id", "medium", "lora_name")
@@ -115,7 +118,7 @@ class EncodeError(ValueError):
 
 
 def wire_hash(h, mode):
-    """A block hash as vLLM puts it on the wire (reference §7.1)."""
+    """A block hash as vLLM >= v0.10.2 puts it on the wire (vLLM PR #23673)."""
     if isinstance(h, bytes) or mode == "raw":  # self-test only: digests, signed ints
         return h
     if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= U64_MAX:
@@ -173,7 +176,7 @@ def encode_event(ev, era, hash_mode):
 
 
 def encode_batch(ts, events, rank, era, hash_mode):
-    """msgspec-identical KVEventBatch: always [ts, events, rank] (§6.2)."""
+    """msgspec-identical KVEventBatch: [ts, events, rank], never trimmed."""
     if era not in ("map", "array"):
         raise EncodeError("era must be map or array")
     if not isinstance(events, list):
@@ -183,7 +186,8 @@ def encode_batch(ts, events, rank, era, hash_mode):
 
 
 # ---------------------------------------------------------------------------
-# Self-test against the reference's msgspec vectors (§9.1, §9.3, §9.4).
+# Self-test against the msgspec 0.21.1 vectors of events/testdata/vectors.json
+# (the same hex; names abridged).
 
 H = 0xFEDCBA9876543210
 STORED_91 = {"type": "BlockStored", "block_hashes": [H], "parent_block_hash": None,
@@ -244,8 +248,9 @@ def self_test(out):
         if not ok:
             out.write("  want %s\n  got  %s\n" % (want, got))
     # The bytes-hash mode keeps the int-mode value in the digest's last 8
-    # bytes: the §9.3 bytes vector with its 32-byte digest 00..1f normalises
-    # to 0x18191a1b1c1d1e1f; ours writes 24 zero bytes then the uint64.
+    # bytes: the "9.3 map BlockStored bytes hash" vector's 32-byte digest
+    # 00..1f normalises to 0x18191a1b1c1d1e1f; ours writes 24 zero bytes then
+    # the uint64.
     got = encode_batch(1.5, [{"type": "BlockRemoved", "block_hashes": [0x18191a1b1c1d1e1f],
                               "medium": None}], 0, "map", "bytes")
     want = msgpack.unpackb(got, raw=True)[1][0][b"block_hashes"][0]
