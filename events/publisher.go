@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+
+	"github.com/prefixd/prefixd/events/zmtp"
 )
 
 // ReplayLayout selects the frames a Publisher's ROUTER writes per replayed
@@ -67,6 +69,9 @@ type PublisherConfig struct {
 	BufferSteps int
 	// Layout selects the replay frames; the zero value is ReplayTopic.
 	Layout ReplayLayout
+	// Limits bound what a connecting peer can make the sockets hold or
+	// wait for (zmtp's defaults for zero fields).
+	Limits zmtp.Limits
 
 	// Fault knobs, fractions in [0, 1]; 0 disables. Decisions are drawn
 	// from Rand.
@@ -326,15 +331,16 @@ func (p *Publisher) Run(ctx context.Context) error {
 	// The sockets do not take ctx: they are closed explicitly after ctx is
 	// done, because go-zeromq's context cancellation does not end a write
 	// blocked on a peer that stopped reading, and Close does.
-	pub := zmq4.NewPub(context.Background())
-	if err := pub.Listen(p.cfg.Endpoint); err != nil {
+	sctx := zmtp.WithLimits(context.Background(), p.cfg.Limits)
+	pub := zmq4.NewPub(sctx)
+	if err := pub.Listen(zmtp.Endpoint(p.cfg.Endpoint)); err != nil {
 		pub.Close()
 		return fmt.Errorf("events: publisher: bind PUB %s: %w", p.cfg.Endpoint, err)
 	}
 	var router zmq4.Socket
 	if p.cfg.ReplayEndpoint != "" {
-		router = zmq4.NewRouter(context.Background())
-		if err := router.Listen(p.cfg.ReplayEndpoint); err != nil {
+		router = zmq4.NewRouter(sctx)
+		if err := router.Listen(zmtp.Endpoint(p.cfg.ReplayEndpoint)); err != nil {
 			router.Close()
 			pub.Close()
 			return fmt.Errorf("events: publisher: bind ROUTER %s: %w", p.cfg.ReplayEndpoint, err)

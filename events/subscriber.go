@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -71,6 +72,12 @@ type SubscriberConfig struct {
 	// replay from the next expected seq, to find a last batch the PUB
 	// dropped (default 30 s; negative disables).
 	ProbeInterval time.Duration
+	// Limits bound what an engine can make the subscriber hold or wait
+	// for on its sockets: the largest message (a bigger frame closes the
+	// connection before anything is allocated for it; counted as
+	// dropped{reason="oversize"}) and the ZMTP handshake time. Zero
+	// fields take zmtp's defaults (16 MiB, 10 s).
+	Limits        zmtp.Limits
 	Logger        *slog.Logger // default slog.Default()
 	Metrics       *Metrics     // nil: no metrics
 	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
@@ -290,12 +297,9 @@ func (r *run) connection(ctx context.Context) error {
 	s := r.s
 	cctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	sub := zmq4.NewSub(cctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout))
+	sub := zmq4.NewSub(zmtp.WithLimits(cctx, s.cfg.Limits), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.DialTimeout))
 	defer sub.Close()
-	if err := sub.Dial(s.src.Endpoint); err != nil {
-		return err
-	}
-	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
+	if err := sub.Dial(zmtp.Endpoint(s.src.Endpoint)); err != nil {
 		return err
 	}
 	live := make(chan [][]byte, s.cfg.LiveQueue)
@@ -323,6 +327,11 @@ func (r *run) connection(ctx context.Context) error {
 		sub.Close()
 		readers.Wait()
 	}()
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.src.Topic); err != nil {
+		// The connection died under the subscription: the reader has (or
+		// will soon have) the reason, e.g. a frame the guard refused.
+		return firstErr(ctx, readErr, err, s.cfg.DialTimeout)
+	}
 	r.setUp(true)
 	defer r.setUp(false)
 	r.log(slog.LevelInfo, "connect", time.Minute, "stream connected", "endpoint", s.src.Endpoint, "replay_endpoint", s.src.ReplayEndpoint)
@@ -391,6 +400,7 @@ func (r *run) onReplay(ctx context.Context, m replayMsg) {
 			"applied_seq", seq)
 	}
 	if m.err != nil {
+		r.refused(m.err, "replay")
 		r.exec(ctx, r.cur.ReplayIncomplete(m.attempt, now))
 		return
 	}
@@ -510,7 +520,7 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 	r.stopReplay()
 	actx, cancel := context.WithCancel(ctx)
 	r.attemptStop = cancel
-	ep, timeout, slots := r.s.src.ReplayEndpoint, r.s.cfg.DialTimeout, r.s.cfg.ReplaySlots
+	ep, timeout, slots := zmtp.Endpoint(r.s.src.ReplayEndpoint), r.s.cfg.DialTimeout, r.s.cfg.ReplaySlots
 	if slots != nil {
 		r.queuedSince = time.Now()
 	}
@@ -542,14 +552,23 @@ func (r *run) startAttempt(ctx context.Context, a Action) {
 			}
 			send(replayMsg{attempt: a.Attempt, err: err})
 		}
-		d := zmq4.NewDealer(sctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
+		d := zmq4.NewDealer(zmtp.WithLimits(sctx, r.s.cfg.Limits), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(timeout))
 		defer d.Close()
 		if err := d.Dial(ep); err != nil {
 			fail(err)
 			return
 		}
 		if err := d.SendMulti(zmq4.NewMsgFrom(ReplayRequest(a.From)...)); err != nil {
-			fail(err)
+			// The connection died under the request: its reader knows why.
+			recvErr, recvDone := make(chan error, 1), make(chan struct{})
+			go func() {
+				defer close(recvDone)
+				_, err := d.Recv()
+				recvErr <- err
+			}()
+			fail(firstErr(sctx, recvErr, err, timeout))
+			d.Close() // ends the Recv if it is still waiting
+			<-recvDone
 			return
 		}
 		stop := context.AfterFunc(sctx, func() { d.Close() }) // unblocks Recv
@@ -793,9 +812,60 @@ type replaySession struct {
 	hadApplied bool
 }
 
+// firstErr returns the error a socket's reader reports within wait (or
+// until ctx ends), or fallback: when a write fails because the connection
+// closed, the reader has the cause (a frame the guard refused, an EOF).
+// It consumes what it reads from reader.
+func firstErr(ctx context.Context, reader <-chan error, fallback error, wait time.Duration) error {
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case err := <-reader:
+		if err != nil {
+			return err
+		}
+	case <-t.C:
+	case <-ctx.Done():
+	}
+	return fallback
+}
+
 // disconnected logs a connection that ended.
 func (r *run) disconnected(err error, retry time.Duration) {
+	if r.refused(err, "live") {
+		return // logged as what it was
+	}
+	if errors.Is(err, zmtp.ErrHandshakeTimeout) {
+		r.log(slog.LevelWarn, "handshake", time.Minute, "stream handshake timed out: the endpoint accepted but did not speak ZMTP in time",
+			"endpoint", r.s.src.Endpoint, "err", err, "retry_in", retry)
+		return
+	}
 	r.log(slog.LevelWarn, "disconnect", time.Minute, "stream disconnected", "endpoint", r.s.src.Endpoint, "err", err, "retry_in", retry)
+}
+
+// refused counts and logs a connection the ZMTP guard closed because the
+// engine sent a frame over the size limit or broke the protocol, and
+// reports whether err was one. socket is "live" or "replay".
+func (r *run) refused(err error, socket string) bool {
+	ep := r.s.src.Endpoint
+	if socket == "replay" {
+		ep = r.s.src.ReplayEndpoint
+	}
+	var le *zmtp.LimitError
+	var pe *zmtp.ProtocolError
+	switch {
+	case errors.As(err, &le):
+		r.drop("oversize")
+		r.log(slog.LevelWarn, "oversize "+socket, time.Minute, "frame refused: larger than the message size limit; connection closed, reconnecting with backoff",
+			"socket", socket, "endpoint", ep, "claimed_bytes", le.Size, "limit_bytes", le.Max)
+	case errors.As(err, &pe):
+		r.drop("protocol")
+		r.log(slog.LevelWarn, "protocol "+socket, time.Minute, "connection refused: the engine broke the ZMTP protocol; reconnecting with backoff",
+			"socket", socket, "endpoint", ep, "err", err)
+	default:
+		return false
+	}
+	return true
 }
 
 // log writes one line with the rank's worker and rank, at most once per

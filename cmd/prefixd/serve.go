@@ -13,6 +13,7 @@ import (
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
@@ -36,13 +37,15 @@ type serveOptions struct {
 	prefillBusy  float64
 	temperature  float64
 	logLevel     string
+	maxMessage   int64
+	handshake    time.Duration
 }
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
 		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
-		readyTimeout: time.Minute, logLevel: "info"}
+		readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -65,6 +68,8 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
+	fs.Int64Var(&o.maxMessage, "max-message-bytes", o.maxMessage, "largest KV-event message accepted from an engine; a bigger frame closes that connection before anything is allocated for it")
+	fs.DurationVar(&o.handshake, "handshake-timeout", o.handshake, "an engine socket that has not completed the ZMTP handshake after this long is closed and retried")
 }
 
 // prepare reads PREFIXD_* variables into the flags not given on the
@@ -107,6 +112,12 @@ func (o *serveOptions) Validate() error {
 	if o.readyTimeout <= 0 {
 		return fmt.Errorf("--ready-timeout %v: must be positive", o.readyTimeout)
 	}
+	if o.maxMessage < 1<<10 {
+		return fmt.Errorf("--max-message-bytes %d: must be at least 1024", o.maxMessage)
+	}
+	if o.handshake <= 0 {
+		return fmt.Errorf("--handshake-timeout %v: must be positive", o.handshake)
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
@@ -147,7 +158,7 @@ func newServeCommand() *cobra.Command {
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
 				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log,
-				Subscriber: events.SubscriberConfig{ProbeInterval: o.probe}})
+				Subscriber: events.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}
 	o.AddFlags(cmd.Flags())

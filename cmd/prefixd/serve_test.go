@@ -28,6 +28,8 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		{[]string{"serve", "--embedded-etcd-url", "127.0.0.1:2379"}, nil, "--embedded-etcd-url"},
 		{[]string{"serve", "--peers", "prefixd-0:8090"}, nil, "--peers"},
 		{[]string{"serve", "--probe-interval", "10ms"}, nil, "--probe-interval"},
+		{[]string{"serve", "--max-message-bytes", "100"}, nil, "--max-message-bytes"},
+		{[]string{"serve", "--handshake-timeout", "0s"}, nil, "--handshake-timeout"},
 		{[]string{"serve", "--peers", "dns+prefixd-peers"}, nil, "--peers"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_DISAGG_POLICY": "never"}, "--disagg-policy"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_ETCD_ENDPOINTS": "localhost:2379"}, "not an http(s) or unix URL"},
