@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -120,7 +121,7 @@ func NewHandler(cfg Config) http.Handler {
 	route("/metrics", methods{http.MethodGet: h.metrics})
 	h.registerSelection(route)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + r.URL.Path})
+		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + clip(r.URL.Path, maxEcho)})
 	})
 	return mux
 }
@@ -148,7 +149,7 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	slices.Sort(allow)
 	w.Header().Set("Allow", strings.Join(allow, ", "))
 	writeError(w, &httpError{http.StatusMethodNotAllowed,
-		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))})
+		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", clip(r.Method, maxEcho), clip(r.URL.Path, maxEcho), strings.Join(allow, ", "))})
 }
 
 // auth requires the API token, if one is configured.
@@ -228,7 +229,35 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *httpError) {
 	writeJSON(w, e.status, struct {
 		Error string `json:"error"`
-	}{e.msg})
+	}{clip(e.msg, maxErrorBytes)})
+}
+
+// Error messages repeat at most maxEcho bytes of any one value a client
+// sent, and are at most maxErrorBytes long in all (a Workers or Selector
+// error quoting a client's value included).
+const (
+	maxEcho       = 64
+	maxErrorBytes = 1024
+)
+
+// Clip shortens a value a client sent for an error message: a value of up
+// to 64 bytes is returned as is, a longer one as its first 64 bytes (cut
+// at a UTF-8 boundary) followed by "… (N bytes)". Every error the API
+// writes quotes client values through it, so a request can never make an
+// error as large as itself; Selector and Workers implementations should
+// do the same.
+func Clip(s string) string { return clip(s, maxEcho) }
+
+// clip is Clip at n bytes. A string short enough is returned without a copy.
+func clip[T string | []byte](s T, n int) string {
+	if len(s) <= n {
+		return string(s)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return string(s[:cut]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // fail writes err: an *httpError as is, anything else as a 500 that is

@@ -202,7 +202,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			return err
 		}
 		if l.peek() != ':' {
-			return l.syntax(field, "expected ':' after key %q", key)
+			return l.syntax(field, "expected ':' after key %q", clip(key, maxEcho))
 		}
 		l.pos++
 		if err := f(key); err != nil {
@@ -215,7 +215,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			l.pos++
 			return nil
 		default:
-			return l.syntax(field, "expected ',' or '}' after the value of %q", key)
+			return l.syntax(field, "expected ',' or '}' after the value of %q", clip(key, maxEcho))
 		}
 	}
 }
@@ -434,14 +434,14 @@ func (l *lexer) uint(field string, max uint64) (uint64, error) {
 		return 0, l.syntax(field, "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(field, "%s is not an integer", raw)
+		return 0, badRequest(field, "%s is not an integer", clip(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok && v <= max {
 			return v, nil
 		}
 	}
-	return 0, badRequest(field, "%s is out of range [0, %d]", raw, max)
+	return 0, badRequest(field, "%s is out of range [0, %d]", clip(raw, maxEcho), max)
 }
 
 // at names element i of field (or field itself when i < 0); it is only
@@ -465,7 +465,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 		return 0, l.syntax(at(field, i), "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(at(field, i), "%s is not an integer", raw)
+		return 0, badRequest(at(field, i), "%s is not an integer", clip(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok {
@@ -474,7 +474,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 	} else if v, ok := parseDigits(raw[1:]); ok && v <= 1<<63 {
 		return -v, nil // two's complement: the int64 bit pattern of -v
 	}
-	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", raw)
+	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", clip(raw, maxEcho))
 }
 
 // float reads a finite number.
@@ -488,7 +488,7 @@ func (l *lexer) float(field string) (float64, error) {
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil {
-		return 0, badRequest(field, "%s is out of range", raw)
+		return 0, badRequest(field, "%s is out of range", clip(raw, maxEcho))
 	}
 	return f, nil
 }
@@ -609,7 +609,7 @@ func (l *lexer) stringMap(field string) (map[string]string, error) {
 	}
 	out := map[string]string{}
 	err := l.object(field, 2, func(k string) error {
-		s, err := l.string(field+"."+k, false)
+		s, err := l.string(field+"."+clip(k, maxEcho), false)
 		out[k] = s
 		return err
 	})

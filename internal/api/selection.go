@@ -293,15 +293,19 @@ func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *htt
 	return nil
 }
 
-// checkID validates an id a client chooses: non-empty, no '/'.
+// maxIDBytes bounds the ids a client chooses (selection_id, request_id).
+const maxIDBytes = 256
+
+// checkID validates an id a client chooses: non-empty, at most maxIDBytes,
+// no '/'.
 func checkID(field, id string) *httpError {
 	switch {
 	case id == "":
 		return badRequest(field, "required")
+	case len(id) > maxIDBytes:
+		return badRequest(field, "%q is longer than %d bytes", clip(id, maxEcho), maxIDBytes)
 	case strings.Contains(id, "/"):
 		return badRequest(field, "%q must not contain '/'", id)
-	case len(id) > 256:
-		return badRequest(field, "longer than 256 bytes")
 	}
 	return nil
 }
@@ -345,7 +349,7 @@ func checkPartition(model string, group, role *string) *httpError {
 			*role = RoleAggregated
 		case RoleAggregated, RolePrefill, RoleDecode:
 		default:
-			return badRequest("role", "%q is not one of aggregated, prefill, decode", *role)
+			return badRequest("role", "%q is not one of aggregated, prefill, decode", clip(*role, maxEcho))
 		}
 	}
 	return nil
@@ -505,13 +509,13 @@ func checkPlanPolicy(r *PlanRequest) *httpError {
 	switch r.PrefillFailure {
 	case "", "free_decode", "bypass_on_decode":
 	default:
-		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", r.PrefillFailure)
+		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", clip(r.PrefillFailure, maxEcho))
 	}
 	if p := r.Policy; p != nil {
 		switch p.Kind {
 		case "off", "isl_bounding", "prefill_load", "isl_or_load":
 		default:
-			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", p.Kind)
+			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", clip(p.Kind, maxEcho))
 		}
 		for _, f := range []struct {
 			name string
@@ -541,7 +545,7 @@ func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan PlanInfo
 	writeJSON(w, he.status, struct {
 		Error string    `json:"error"`
 		Plan  *PlanInfo `json:"plan"`
-	}{he.msg, &plan})
+	}{clip(he.msg, maxErrorBytes), &plan})
 }
 
 func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {

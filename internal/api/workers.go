@@ -388,7 +388,7 @@ func (l *lexer) extension(key string, x *Extensions) error {
 	case "taints":
 		x.Taints, err = l.strings(key)
 	default:
-		err = l.skip(key, 1) // unknown: tolerated for forward compatibility
+		err = l.skip(clip(key, maxEcho), 1) // unknown: tolerated for forward compatibility
 	}
 	return err
 }
@@ -399,26 +399,30 @@ func (l *lexer) extension(key string, x *Extensions) error {
 func checkEndpoint(field, ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {
-		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", ep)
+		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", clip(ep, maxEcho))
 	}
 	switch scheme {
 	case "tcp":
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
-			return badRequest(field, "%q: %v", ep, err)
+			why := err.Error()
+			if ae, ok := err.(*net.AddrError); ok {
+				why = ae.Err // the rest repeats the address
+			}
+			return badRequest(field, "%q: %s", clip(ep, maxEcho), why)
 		}
 		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
-			return badRequest(field, "%q: host %q is not an address to connect to", ep, host)
+			return badRequest(field, "%q: host %q is not an address to connect to", clip(ep, maxEcho), clip(host, maxEcho))
 		}
 		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-			return badRequest(field, "%q: port %q is not in 1–65535", ep, port)
+			return badRequest(field, "%q: port %q is not in 1–65535", clip(ep, maxEcho), clip(port, maxEcho))
 		}
 	case "ipc", "inproc":
 		if addr == "" {
-			return badRequest(field, "%q: empty %s address", ep, scheme)
+			return badRequest(field, "%q: empty %s address", clip(ep, maxEcho), scheme)
 		}
 	default:
-		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", ep, scheme)
+		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", clip(ep, maxEcho), clip(scheme, maxEcho))
 	}
 	return nil
 }
@@ -448,7 +452,7 @@ func decodeUnregister(body []byte) (UnregisterRequest, error) {
 				req.DPRank = &rank
 			}
 		default:
-			err = l.skip(key, 1) // tenant_id and unknown fields
+			err = l.skip(clip(key, maxEcho), 1) // tenant_id and unknown fields
 		}
 		return err
 	})
