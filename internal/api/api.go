@@ -1,19 +1,16 @@
 package api
 
 import (
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -24,8 +21,9 @@ import (
 
 // Defaults for the zero values of Config's limits.
 const (
-	DefaultMaxBodyBytes = 8 << 20   // as Dynamo's selection service
-	DefaultMaxTokens    = 1_000_000 // per /query (and block hashes per /query_by_hash)
+	DefaultMaxBodyBytes         = 8 << 20   // as Dynamo's selection service
+	DefaultMaxTokens            = 1_000_000 // per /query (and block hashes per /query_by_hash)
+	DefaultMaxInflightBodyBytes = 256 << 20 // request bodies held at once, over all requests
 )
 
 // Config configures the handler. Index is required; the rest may be zero.
@@ -54,6 +52,13 @@ type Config struct {
 	// MaxTokens limits token_ids per /query and block_hashes per
 	// /query_by_hash (413 beyond); 0 means DefaultMaxTokens.
 	MaxTokens int
+	// MaxInflightBodyBytes bounds the bytes of request bodies that all
+	// requests in flight hold together, counted as they arrive: a body
+	// that would go beyond it is refused with a 503 (and Retry-After), so
+	// no number of slow or large uploads can make the process hold more.
+	// 0 means DefaultMaxInflightBodyBytes; it is raised to MaxBodyBytes if
+	// below (one body of the maximum size must fit).
+	MaxInflightBodyBytes int64
 	// Registerer, when set, receives prefixd_http_request_duration_seconds
 	// {handler, method, code} for every route.
 	Registerer prometheus.Registerer
@@ -66,11 +71,12 @@ type Config struct {
 }
 
 // handler serves the API. It is safe for concurrent use; all its state is
-// immutable after NewHandler except the scratch pool.
+// immutable after NewHandler except the scratch pool and the body budget.
 type handler struct {
 	cfg     Config
 	log     *slog.Logger
 	scratch sync.Pool // *scratch
+	bodies  bodyBudget
 }
 
 // NewHandler returns the HTTP API on its own mux (never
@@ -79,6 +85,12 @@ type handler struct {
 // an unknown path is a 404 and a known path with the wrong method a 405
 // with an Allow header. NewHandler panics if cfg.Index is nil.
 func NewHandler(cfg Config) http.Handler {
+	_, mux := newHandler(cfg)
+	return mux
+}
+
+// newHandler is NewHandler, also returning the handler behind the mux.
+func newHandler(cfg Config) (*handler, http.Handler) {
 	if cfg.Index == nil {
 		panic("api.NewHandler: Config.Index is nil")
 	}
@@ -88,7 +100,12 @@ func NewHandler(cfg Config) http.Handler {
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
+	if cfg.MaxInflightBodyBytes <= 0 {
+		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, int64(cfg.MaxBodyBytes))
 	h := &handler{cfg: cfg, log: cfg.Logger}
+	h.bodies.limit = cfg.MaxInflightBodyBytes
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -123,7 +140,7 @@ func NewHandler(cfg Config) http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + clip(r.URL.Path, maxEcho)})
 	})
-	return mux
+	return h, mux
 }
 
 // methods routes one path by method; HEAD is served by GET. Other methods
@@ -276,6 +293,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 // scratch is per-request memory reused through handler.scratch.
 type scratch struct {
 	body   []byte
+	held   int64 // body bytes taken from handler.bodies
 	tokens []uint32
 	hashes []uint64
 	ov     []indexer.Overlap
@@ -291,30 +309,14 @@ const (
 
 func (h *handler) getScratch() *scratch { return h.scratch.Get().(*scratch) }
 
+// putScratch ends a request's use of s: it gives back the body bytes s
+// holds and pools s unless it grew too large.
 func (h *handler) putScratch(s *scratch) {
+	h.bodies.give(s.held)
+	s.held = 0
 	if cap(s.body) > maxPooledBytes || cap(s.out) > maxPooledBytes ||
 		cap(s.tokens) > maxPooledTokens || cap(s.hashes) > maxPooledTokens {
 		return
 	}
 	h.scratch.Put(s)
-}
-
-// Serve serves srv on ln until ctx ends, then shuts it down, letting
-// requests in flight finish for at most drain. It returns when the server
-// has stopped: Serve's error, or Shutdown's.
-func Serve(ctx context.Context, srv *http.Server, ln net.Listener, drain time.Duration) error {
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return err // never ErrServerClosed: only Shutdown below closes it
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-		err = errors.Join(err, serr)
-	}
-	return err
 }

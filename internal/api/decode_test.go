@@ -221,10 +221,15 @@ func TestHostileTokenIDs(t *testing.T) {
 		maxAlloc uint64
 	}{
 		{"declared length", Config{}, int64((&hostile{n: n}).size()), `{"error":"body: 20000032 bytes exceeds the limit of 8388608"}`, 1 << 20},
-		{"chunked", Config{}, -1, `{"error":"body: exceeds the limit of 8388608 bytes"}`, 12<<20 + 1<<16},
+		// The body buffer doubles as bytes arrive (it is never sized by
+		// what a client claims), so reading b bytes allocates the
+		// doublings below b (< 2b together) and then b: at most 16 MiB
+		// for the 8 MiB limit.
+		{"chunked", Config{}, -1, `{"error":"body: exceeds the limit of 8388608 bytes"}`, 16<<20 + 1<<16},
 		// With room for the body, MaxTokens stops the decoding: the 20 MB
-		// body plus at most 1M tokens (4 MB, 8 MB with growth).
-		{"token limit", Config{MaxBodyBytes: 1 << 30}, int64((&hostile{n: n}).size()), `{"error":"token_ids: more than 1000000 tokens"}`, 20e6 + 8<<20 + 1<<16},
+		// body read as above (< 3 × 20 MB) plus at most 1M tokens (4 MB,
+		// 8 MB with growth).
+		{"token limit", Config{MaxBodyBytes: 1 << 30}, int64((&hostile{n: n}).size()), `{"error":"token_ids: more than 1000000 tokens"}`, 3*20e6 + 8<<20 + 1<<16},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg

@@ -1,7 +1,9 @@
 // Package api is prefixd's HTTP API, the one transport adapter over the
 // index and the worker catalog: it is the only prefixd package that
-// imports net/http. NewHandler returns the handler; the caller owns the
-// server (listener, timeouts, shutdown).
+// imports net/http. NewHandler returns the handler and NewServer the
+// http.Server to serve it with (its read timeouts and header limit); the
+// caller owns the listener, and Serve runs the server until a context
+// ends, then drains it.
 //
 // The routes and shapes are those of Dynamo's standalone indexer (and the
 // Mooncake KV indexer RFC), so its clients work unchanged:
