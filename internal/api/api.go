@@ -42,10 +42,18 @@ type Config struct {
 	// nil → /metrics is a 404.
 	Metrics http.Handler
 	// APIToken, when set, is required as "Authorization: Bearer <token>"
-	// on every endpoint that changes the catalog or bookings (POST
-	// /register, POST /unregister, and every selection route but POST
-	// /select); otherwise they answer 401. Reads stay open.
+	// on every route that changes the catalog or bookings (POST /register,
+	// POST /unregister, and every selection route but POST /select and
+	// GET /disagg/plans/{id}) and on GET /dump, which shows which prompts
+	// are cached; without it they answer 401, with the read token 403. It
+	// is accepted wherever the read token is.
 	APIToken string
+	// ReadToken, when set, is required (or the API token) on every other
+	// route — the queries, /select, /workers, GET /disagg/plans/{id} and
+	// /metrics — except the probes /health and /ready; without it they
+	// answer 401. Unset, those routes are open. With a ReadToken but no
+	// APIToken, the routes of the API token need the read token.
+	ReadToken string
 	// MaxBodyBytes limits request bodies (413 beyond); 0 means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int
@@ -121,14 +129,17 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 		cfg.Registerer.MustRegister(duration)
 	}
 	route := func(path string, m methods) {
+		for method, f := range m {
+			m[method] = h.guard(accessOf(method, path), path, f)
+		}
 		if duration == nil {
 			mux.Handle(path, m)
 			return
 		}
 		mux.Handle(path, promhttp.InstrumentHandlerDuration(duration.MustCurryWith(prometheus.Labels{"handler": path}), m))
 	}
-	route("/register", methods{http.MethodPost: h.auth(h.register)})
-	route("/unregister", methods{http.MethodPost: h.auth(h.unregister)})
+	route("/register", methods{http.MethodPost: h.register})
+	route("/unregister", methods{http.MethodPost: h.unregister})
 	route("/workers", methods{http.MethodGet: h.workers})
 	route("/query", methods{http.MethodPost: h.query})
 	route("/query_by_hash", methods{http.MethodPost: h.queryByHash})
@@ -169,25 +180,67 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", clip(r.Method, maxEcho), clip(r.URL.Path, maxEcho), strings.Join(allow, ", "))})
 }
 
-// auth requires the API token, if one is configured.
-func (h *handler) auth(f http.HandlerFunc) http.HandlerFunc {
-	if h.cfg.APIToken == "" {
+// access is who may call a route.
+type access uint8
+
+const (
+	public access = iota // anyone: the probes
+	reader               // the read token or the API token, when a read token is set
+	writer               // the API token, when one is set
+)
+
+// accessOf classifies every route of NewHandler, by method and mux
+// pattern, in this one place: the probes are public; GET /dump, which
+// shows which prompts are cached, and everything that changes the catalog
+// or bookings need the API token; the other reads (GETs, the queries and
+// POST /select, which books nothing) need the read token.
+func accessOf(method, pattern string) access {
+	switch {
+	case pattern == "/health" || pattern == "/ready":
+		return public
+	case pattern == "/dump":
+		return writer
+	case method == http.MethodGet || pattern == "/query" || pattern == "/query_by_hash" || pattern == "/select":
+		return reader
+	}
+	return writer
+}
+
+// guard wraps f, the method handler of the route pattern, with the token
+// check its access needs under the configured tokens.
+func (h *handler) guard(a access, pattern string, f http.HandlerFunc) http.HandlerFunc {
+	apiToken, readToken := []byte(h.cfg.APIToken), []byte(h.cfg.ReadToken)
+	if a == writer && len(apiToken) == 0 {
+		a = reader // never less guarded than the reads
+	}
+	if a == public || (a == reader && len(readToken) == 0) {
 		return f
 	}
-	want := []byte(h.cfg.APIToken)
 	return func(w http.ResponseWriter, r *http.Request) {
 		got, ok := bearer(r.Header.Get("Authorization"))
-		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
-			msg := "authorization: missing bearer token"
-			if ok {
-				msg = "authorization: invalid bearer token"
-			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="prefixd"`)
-			writeError(w, &httpError{http.StatusUnauthorized, msg})
+		if !ok {
+			unauthorized(w, http.StatusUnauthorized, "", "authorization: missing bearer token")
 			return
 		}
-		f(w, r)
+		isAPI := len(apiToken) > 0 && subtle.ConstantTimeCompare([]byte(got), apiToken) == 1
+		isRead := len(readToken) > 0 && subtle.ConstantTimeCompare([]byte(got), readToken) == 1
+		switch {
+		case isAPI, isRead && a == reader:
+			f(w, r)
+		case isRead:
+			unauthorized(w, http.StatusForbidden, `, error="insufficient_scope"`,
+				fmt.Sprintf("authorization: the read token does not allow %s %s; it needs the API token", r.Method, pattern))
+		default:
+			unauthorized(w, http.StatusUnauthorized, "", "authorization: invalid bearer token")
+		}
 	}
+}
+
+// unauthorized answers a request the token check refused: 401 for no or
+// an unknown token, 403 for the read token on an API-token route (RFC 6750).
+func unauthorized(w http.ResponseWriter, status int, param, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="prefixd"`+param)
+	writeError(w, &httpError{status, msg})
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header

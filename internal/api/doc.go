@@ -20,8 +20,9 @@
 //
 // Differences from Dynamo, all additive: WorkerInfo carries per-rank
 // last_seq, degraded and block counts and the catalog fields; RegisterRequest
-// takes prefixd's optional Extensions; POST /register and /unregister can
-// require a bearer token (Config.APIToken); bodies and token counts are
+// takes prefixd's optional Extensions; a bearer token can guard the writes
+// and /dump (Config.APIToken) and the other reads but the probes
+// (Config.ReadToken; see accessOf); bodies and token counts are
 // limited (413). Like Dynamo, request bodies are read whatever their
 // Content-Type, and unknown fields are ignored (forward compatibility), so a
 // misspelt optional field is silently ignored too.

@@ -230,17 +230,18 @@ type PlanInfo struct {
 }
 
 // registerSelection adds the selection routes. Path-only patterns (with
-// {id} wildcards) keep the JSON 405 of methods for every route.
+// {id} wildcards) keep the JSON 405 of methods for every route; accessOf
+// says which token each needs.
 func (h *handler) registerSelection(route func(string, methods)) {
 	route("/select", methods{http.MethodPost: h.selectWorker})
-	route("/select_and_reserve", methods{http.MethodPost: h.auth(h.selectAndReserve)})
-	route("/reservations", methods{http.MethodPost: h.auth(h.reserve)})
-	route("/reservations/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.reservePrefillComplete)})
-	route("/reservations/{id}", methods{http.MethodDelete: h.auth(h.freeReservation)})
-	route("/disagg/plans", methods{http.MethodPost: h.auth(h.createPlan)})
-	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.planPrefillComplete)})
-	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.auth(h.planPrefillFailed)})
-	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.auth(h.releasePlan)})
+	route("/select_and_reserve", methods{http.MethodPost: h.selectAndReserve})
+	route("/reservations", methods{http.MethodPost: h.reserve})
+	route("/reservations/{id}/prefill_complete", methods{http.MethodPost: h.reservePrefillComplete})
+	route("/reservations/{id}", methods{http.MethodDelete: h.freeReservation})
+	route("/disagg/plans", methods{http.MethodPost: h.createPlan})
+	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.planPrefillComplete})
+	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.planPrefillFailed})
+	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.releasePlan})
 }
 
 // selector returns the Selector, or writes a 503 when there is none.
