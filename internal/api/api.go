@@ -22,7 +22,7 @@ import (
 // Defaults for the zero values of Config's limits.
 const (
 	DefaultMaxBodyBytes         = 8 << 20   // as Dynamo's selection service
-	DefaultMaxTokens            = 1_000_000 // per /query (and block hashes per /query_by_hash)
+	DefaultMaxTokens            = 1_000_000 // token ids per request
 	DefaultMaxInflightBodyBytes = 256 << 20 // request bodies held at once, over all requests
 )
 
@@ -57,9 +57,14 @@ type Config struct {
 	// MaxBodyBytes limits request bodies (413 beyond); 0 means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// MaxTokens limits token_ids per /query and block_hashes per
-	// /query_by_hash (413 beyond); 0 means DefaultMaxTokens.
+	// MaxTokens limits token_ids per request (413 beyond) and the
+	// isl_tokens a prompt of block hashes may claim (400 beyond); 0 means
+	// DefaultMaxTokens.
 	MaxTokens int
+	// MaxBlockHashes limits block_hashes per request, /query_by_hash
+	// and the selection routes alike (413 beyond); 0 means
+	// DefaultMaxBlockHashes.
+	MaxBlockHashes int
 	// MaxInflightBodyBytes bounds the bytes of request bodies that all
 	// requests in flight hold together, counted as they arrive: a body
 	// that would go beyond it is refused with a 503 (and Retry-After), so
@@ -107,6 +112,9 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	}
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
+	}
+	if cfg.MaxBlockHashes <= 0 {
+		cfg.MaxBlockHashes = DefaultMaxBlockHashes
 	}
 	if cfg.MaxInflightBodyBytes <= 0 {
 		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes

@@ -633,27 +633,38 @@ func (l *lexer) hashes(field string, dst []uint64, limit int) ([]uint64, error) 
 	return dst, err
 }
 
-// strings reads an array of strings (null → nil).
-func (l *lexer) strings(field string) ([]string, error) {
+// strings reads an array of at most maxItems strings (null → nil), each
+// of at most maxBytes bytes if maxBytes > 0.
+func (l *lexer) strings(field string, maxItems, maxBytes int) ([]string, error) {
 	if isNull, err := l.null(); isNull || err != nil {
 		return nil, err
 	}
 	out := []string{}
 	err := l.array(field, 2, func(i int) error {
+		if i == maxItems {
+			return tooLarge(field, "more than %d strings", maxItems)
+		}
 		s, err := l.string(at(field, i), false)
+		if err == nil && maxBytes > 0 && len(s) > maxBytes {
+			return badRequest(at(field, i), "%q is longer than %d bytes", clip(s, maxEcho), maxBytes)
+		}
 		out = append(out, s)
 		return err
 	})
 	return out, err
 }
 
-// stringMap reads an object of strings (null → nil).
-func (l *lexer) stringMap(field string) (map[string]string, error) {
+// stringMap reads an object of at most maxItems strings (null → nil).
+func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error) {
 	if isNull, err := l.null(); isNull || err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
+	n := 0
 	err := l.object(field, 2, func(k string) error {
+		if n++; n > maxItems {
+			return tooLarge(field, "more than %d entries", maxItems)
+		}
 		s, err := l.string(field+"."+clip(k, maxEcho), false)
 		out[k] = s
 		return err

@@ -88,7 +88,7 @@ func (h *handler) queryByHash(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	k, hashes, err := decodeQueryByHash(body, s.hashes[:0], h.cfg.MaxTokens)
+	k, hashes, err := decodeQueryByHash(body, s.hashes[:0], h.cfg.MaxBlockHashes)
 	s.hashes = hashes
 	if err != nil {
 		h.fail(w, r, err)
