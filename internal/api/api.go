@@ -346,7 +346,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		he = &httpError{http.StatusInternalServerError, err.Error()}
 	}
 	if he.status >= 500 {
-		h.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", he.status, "err", err)
+		h.log.Error("http request failed", "method", r.Method, "path", clip(r.URL.Path, maxEcho), "status", he.status, "err", clip(err.Error(), maxErrorBytes))
 	}
 	writeError(w, he)
 }

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"bytes"
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 )
@@ -64,9 +66,17 @@ func TestErrorsClipClientValues(t *testing.T) {
 			checkClipped(t, s.do(c.method, c.path, c.body), c.status, c.field, cmp.Or(c.size, n))
 		})
 	}
-	// An implementation's error that quotes a huge value is cut too.
+	// An implementation's error that quotes a huge value is cut too, and
+	// so is the log line of a 5xx.
 	fw.registerErr = Invalid("model_name", "%q is not a model this catalog serves", huge)
 	checkClipped(t, s.post("/register", reg("")), 400, "model_name: \"xxx", len(fw.registerErr.Error()))
+	var logs bytes.Buffer
+	s = newServer(t, Config{Index: newIndex(t), Workers: fw, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	fw.registerErr = fmt.Errorf("etcd: put %s: boom", huge)
+	checkClipped(t, s.post("/register", reg("")), 500, "etcd: put xxx", len(fw.registerErr.Error()))
+	if logs.Len() > 2*maxErrorBytes || !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "bytes)") {
+		t.Errorf("%d bytes logged: %.300s", logs.Len(), logs.String())
+	}
 }
 
 // checkClipped checks that r is a short JSON error with the status that
