@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,7 +42,7 @@ type selector struct {
 	c     *coordinator.Coordinator
 	// catalog facts the coordinator does not keep
 	endpoints  map[indexer.Rank]string
-	blockSizes map[indexer.PartitionKey]int
+	blockSizes map[indexer.PartitionKey]int // every partition that has had a selectable worker
 	ranks      map[catalog.Key][]indexer.Rank
 	byID       map[string]coordinator.PoolKey
 	// finished plans (compensated, released by expiry or worker removal),
@@ -113,7 +115,7 @@ func (s *selector) partitionBlockSize(k indexer.PartitionKey) (int, error) {
 		if bs, ok := s.blockSizes[k]; ok {
 			return bs, nil
 		}
-		return 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, k.Model, k.Group)
+		return 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, api.Clip(k.Model), api.Clip(k.Group))
 	}
 	return bs, err
 }
@@ -128,7 +130,7 @@ func (s *selector) Overlaps(model, group string, tokens []uint32, lora, salt str
 		if bs, ok := s.blockSizes[k]; ok {
 			return nil, bs, nil
 		}
-		return nil, 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, model, group)
+		return nil, 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, api.Clip(model), api.Clip(group))
 	}
 	if err != nil {
 		return nil, 0, err
@@ -305,9 +307,12 @@ func constraints(rc *api.RoutingConstraints) coordinator.Constraints {
 
 // query builds the pool query of a selection request; s.mu is held.
 func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordinator.Pool, coordinator.Query, error) {
+	if err := s.knownPartition(k.Model, k.Group); err != nil {
+		return nil, coordinator.Query{}, err
+	}
 	p := s.pools.Pool(k)
 	if p == nil {
-		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %v has no workers", api.ErrUnavailable, k)
+		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %s has no workers", api.ErrUnavailable, poolName(k))
 	}
 	prompt, err := s.prompt(k, &r.Prompt)
 	if err != nil {
@@ -468,6 +473,11 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	if r.PinnedPrefillWorker != nil {
 		req.PinnedPrefill = &indexer.Rank{WorkerID: r.PinnedPrefillWorker.WorkerID, DPRank: r.PinnedPrefillWorker.DPRank}
 	}
+	for _, k := range []indexer.PartitionKey{{Model: req.Model, Group: req.DecodeGroup}, {Model: req.Model, Group: req.PrefillGroup}} {
+		if err := s.knownPartition(k.Model, k.Group); err != nil {
+			return api.PlanInfo{}, err
+		}
+	}
 	if _, ok := s.c.Get(r.ID); !ok {
 		delete(s.finished, r.ID) // a new plan reuses a finished id
 	}
@@ -583,4 +593,49 @@ func (s *selector) planInfo(p coordinator.Plan, tokens int) api.PlanInfo {
 		out.Transitions = append(out.Transitions, api.PlanTransition{From: t.From.String(), To: t.To.String(), Reason: t.Reason})
 	}
 	return out
+}
+
+// knownPartition is nil if (model, group) has had a worker that could be
+// selected, else an ErrNotFound (404) naming the partition and what is
+// known: the model's routing groups, or the models.
+func (s *selector) knownPartition(model, group string) error {
+	if _, ok := s.blockSizes[indexer.PartitionKey{Model: model, Group: group}]; ok {
+		return nil
+	}
+	groups, models := map[string]bool{}, map[string]bool{}
+	for k := range s.blockSizes {
+		models[k.Model] = true
+		if k.Model == model {
+			groups[k.Group] = true
+		}
+	}
+	what := "no such model (known models: " + listed(models) + ")"
+	switch {
+	case len(groups) > 0:
+		what = "no such routing group (routing groups of the model: " + listed(groups) + ")"
+	case len(models) == 0:
+		what = "no such model (no model has workers)"
+	}
+	return fmt.Errorf("%w: model_name=%s routing_group=%s: %s", api.ErrNotFound, api.Clip(model), api.Clip(group), what)
+}
+
+// maxListed bounds the names an error lists.
+const maxListed = 8
+
+// listed renders names sorted, at most maxListed of them, each clipped.
+func listed(names map[string]bool) string {
+	sorted := slices.Sorted(maps.Keys(names))
+	out := make([]string, 0, min(len(sorted), maxListed)+1)
+	for _, n := range sorted[:min(len(sorted), maxListed)] {
+		out = append(out, api.Clip(n))
+	}
+	if len(sorted) > maxListed {
+		out = append(out, fmt.Sprintf("… %d more", len(sorted)-maxListed))
+	}
+	return strings.Join(out, ", ")
+}
+
+// poolName renders a pool for an error, its names clipped.
+func poolName(k coordinator.PoolKey) string {
+	return api.Clip(k.Model) + "/" + api.Clip(k.Group) + "/" + k.Role.String()
 }

@@ -1,0 +1,132 @@
+package daemon
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/api"
+)
+
+// selectorAPI is a selector behind the real HTTP API on a loopback server;
+// logs collects what the API logs.
+type selectorAPI struct {
+	t    *testing.T
+	sel  *selector
+	url  string
+	logs *bytes.Buffer
+}
+
+func newSelectorAPI(t *testing.T, workers ...catalog.Worker) *selectorAPI {
+	t.Helper()
+	ix := indexer.New(indexer.Options{})
+	s := newSelector(ix, coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
+	for _, w := range workers {
+		s.setWorker(w)
+	}
+	var logs bytes.Buffer
+	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: s, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	t.Cleanup(srv.Close)
+	return &selectorAPI{t: t, sel: s, url: srv.URL, logs: &logs}
+}
+
+// do sends a JSON request (body may be a string or a value to marshal).
+func (a *selectorAPI) do(method, path string, body any) (int, string) {
+	a.t.Helper()
+	var rd io.Reader
+	switch b := body.(type) {
+	case nil:
+	case string:
+		rd = strings.NewReader(b)
+	default:
+		raw, err := json.Marshal(b)
+		if err != nil {
+			a.t.Fatal(err)
+		}
+		rd = bytes.NewReader(raw)
+	}
+	req, err := http.NewRequest(method, a.url+path, rd)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(out)
+}
+
+// worker is a catalog record of model m; endpoint "" registers it
+// without an engine endpoint.
+func worker(id uint64, group string, role catalog.Role, endpoint string) catalog.Worker {
+	return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: group, Role: role, BlockSize: 16, DataParallelSize: 1, Endpoint: endpoint}.WithDefaults()
+}
+
+func engine(id uint64) string { return fmt.Sprintf("http://w%d:8000", id) }
+
+// TestSelectorUnknownPartition: a model or routing group no worker ever
+// served is a 404 on every selection route, naming the partition and what
+// is known, and it is not logged (it was a 503 logged at ERROR). A
+// multi-megabyte model name is not echoed.
+func TestSelectorUnknownPartition(t *testing.T) {
+	a := newSelectorAPI(t, worker(1, "default", catalog.RoleAggregated, engine(1)), worker(2, "default", catalog.RoleDecode, engine(2)),
+		worker(3, "default", catalog.RolePrefill, engine(3)), worker(4, "g2", catalog.RoleAggregated, engine(4)))
+	huge := strings.Repeat("x", 3<<20)
+	for _, c := range []struct {
+		method, path, body, want string
+	}{
+		{"POST", "/select", `{"model_name":"nope","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=nope routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/select", `{"model_name":"m","routing_group":"g3","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=m routing_group=g3: no such routing group (routing groups of the model: default, g2)"}`},
+		{"POST", "/select_and_reserve", `{"model_name":"nope","selection_id":"s","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=nope routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/reservations", `{"model_name":"nope","selection_id":"s","worker_id":1,"token_ids":[1,2]}`,
+			`{"error":"not found: model_name=nope routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/disagg/plans", `{"model_name":"nope","request_id":"r","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=nope routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/disagg/plans", `{"model_name":"m","request_id":"r","prefill_routing_group":"g9","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=m routing_group=g9: no such routing group (routing groups of the model: default, g2)"}`},
+		{"POST", "/select", `{"model_name":"` + huge + `","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=` + huge[:64] + `… (3145728 bytes) routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/disagg/plans", `{"model_name":"` + huge + `","request_id":"r","token_ids":[1,2]}`,
+			`{"error":"not found: model_name=` + huge[:64] + `… (3145728 bytes) routing_group=default: no such model (known models: m)"}`},
+		{"POST", "/reservations", `{"model_name":"m","routing_group":"` + huge + `","selection_id":"s","worker_id":1,"token_ids":[1,2]}`,
+			`{"error":"not found: model_name=m routing_group=` + huge[:64] + `… (3145728 bytes): no such routing group (routing groups of the model: default, g2)"}`},
+	} {
+		if code, body := a.do(c.method, c.path, c.body); code != http.StatusNotFound || strings.TrimSpace(body) != c.want {
+			t.Errorf("%s %s %.80s: %d %.300s\nwant 404 %.300s", c.method, c.path, c.body, code, body, c.want)
+		}
+	}
+	if a.logs.Len() > 0 {
+		t.Errorf("unknown partitions were logged:\n%s", a.logs)
+	}
+	// The known list is bounded.
+	many := []catalog.Worker{}
+	for i := range 20 {
+		w := worker(uint64(100+i), "default", catalog.RoleAggregated, engine(uint64(100+i)))
+		w.ModelName = fmt.Sprintf("model-%02d", i)
+		many = append(many, w)
+	}
+	b := newSelectorAPI(t, many...)
+	if code, body := b.do("POST", "/select", `{"model_name":"nope","token_ids":[1]}`); code != 404 ||
+		!strings.Contains(body, `(known models: model-00, model-01, model-02, model-03, model-04, model-05, model-06, model-07, … 12 more)`) {
+		t.Errorf("many models: %d %s", code, body)
+	}
+	// Without any worker.
+	if code, body := newSelectorAPI(t).do("POST", "/select", `{"model_name":"nope","token_ids":[1]}`); code != 404 ||
+		!strings.Contains(body, `no such model (no model has workers)`) {
+		t.Errorf("no workers at all: %d %s", code, body)
+	}
+}
