@@ -45,6 +45,10 @@ type selector struct {
 	blockSizes map[indexer.PartitionKey]int // every partition that has had a selectable worker
 	ranks      map[catalog.Key][]indexer.Rank
 	byID       map[string]coordinator.PoolKey
+	// unschedulable: workers registered without an engine endpoint, by
+	// the pool they would join. They are indexed, but a selection could
+	// not say where to send the request, so they join no pool.
+	unschedulable map[catalog.Key]coordinator.PoolKey
 	// finished plans (compensated, released by expiry or worker removal),
 	// for GET /disagg/plans/{id}; FIFO-bounded by maxFinished.
 	finished      map[string]coordinator.Plan
@@ -57,7 +61,8 @@ var _ api.Selector = (*selector)(nil)
 
 func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger, reg prometheus.Registerer) *selector {
 	s := &selector{ix: ix, endpoints: map[indexer.Rank]string{}, blockSizes: map[indexer.PartitionKey]int{},
-		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, finished: map[string]coordinator.Plan{}, log: log,
+		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, unschedulable: map[catalog.Key]coordinator.PoolKey{},
+		finished: map[string]coordinator.Plan{}, log: log,
 		metrics: newPlanMetrics(reg)}
 	s.pools = coordinator.NewPools(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	s.c = coordinator.NewCoordinator(s.pools, s, ccfg)
@@ -153,16 +158,25 @@ func coordinatorRole(r catalog.Role) (coordinator.Role, bool) {
 }
 
 // setWorker brings the pools in step with a worker record: one
-// coordinator worker per dp rank; ranks it no longer has leave.
+// coordinator worker per dp rank; ranks it no longer has leave. A worker
+// without an engine endpoint joins no pool (it is only remembered, to
+// explain why a pool is empty).
 func (s *selector) setWorker(w catalog.Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	key := catalog.Key{Model: w.ModelName, Group: w.RoutingGroup, WorkerID: w.WorkerID}
-	role, ok := coordinatorRole(w.Role)
-	var ranks []indexer.Rank
-	if ok {
+	role, selectable := coordinatorRole(w.Role)
+	delete(s.unschedulable, key)
+	if selectable {
 		s.blockSizes[indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}] = int(w.BlockSize)
+		if w.Endpoint == "" {
+			s.unschedulable[key] = coordinator.PoolKey{Model: w.ModelName, Group: w.RoutingGroup, Role: role}
+			selectable = false
+		}
+	}
+	var ranks []indexer.Rank
+	if selectable {
 		for _, dp := range w.Ranks() {
 			cw := coordinator.Worker{Rank: indexer.Rank{WorkerID: w.WorkerID, DPRank: dp}, Model: w.ModelName, Group: w.RoutingGroup, Role: role,
 				TotalKVBlocks: int(min(w.TotalKVBlocks, 1<<40)), MaxNumBatchedTokens: int(min(w.MaxNumBatchedTokens, 1<<40)),
@@ -205,6 +219,7 @@ func (s *selector) removeWorker(key catalog.Key) {
 		s.removeRank(r, now)
 	}
 	delete(s.ranks, key)
+	delete(s.unschedulable, key)
 }
 
 func (s *selector) removeRank(r indexer.Rank, now time.Time) {
@@ -310,9 +325,15 @@ func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordina
 	if err := s.knownPartition(k.Model, k.Group); err != nil {
 		return nil, coordinator.Query{}, err
 	}
+	if pin := r.PinnedWorker; pin != nil {
+		if pk, ok := s.unschedulable[catalog.Key{Model: k.Model, Group: k.Group, WorkerID: pin.WorkerID}]; ok && pk == k {
+			return nil, coordinator.Query{}, fmt.Errorf("%w: worker %d of pool %s is registered without an engine_endpoint: indexed, but not schedulable",
+				api.ErrNotFound, pin.WorkerID, poolName(k))
+		}
+	}
 	p := s.pools.Pool(k)
 	if p == nil {
-		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %s has no workers", api.ErrUnavailable, poolName(k))
+		return nil, coordinator.Query{}, s.noWorkers(k)
 	}
 	prompt, err := s.prompt(k, &r.Prompt)
 	if err != nil {
@@ -343,13 +364,14 @@ func (s *selector) selection(r *api.SelectRequest, q *coordinator.Query, sel coo
 func (s *selector) Select(_ context.Context, r api.SelectRequest) (api.Selection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, q, err := s.query(poolKey(r.ModelName, r.RoutingGroup, r.Role), &r)
+	k := poolKey(r.ModelName, r.RoutingGroup, r.Role)
+	p, q, err := s.query(k, &r)
 	if err != nil {
 		return api.Selection{}, selError(err)
 	}
 	sel, err := p.Select(q)
 	if err != nil {
-		return api.Selection{}, selError(err)
+		return api.Selection{}, s.poolError(k, err)
 	}
 	return s.selection(&r, &q, sel), nil
 }
@@ -367,7 +389,7 @@ func (s *selector) SelectAndReserve(_ context.Context, r api.SelectRequest) (api
 	}
 	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
 	if err != nil {
-		return api.Selection{}, selError(err)
+		return api.Selection{}, s.poolError(k, err)
 	}
 	s.byID[r.SelectionID] = k
 	s.metrics.route(sel.Rank, "reservation")
@@ -409,7 +431,7 @@ func (s *selector) Reserve(_ context.Context, r api.ReserveRequest) (api.Reserva
 	}
 	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
 	if err != nil {
-		return api.Reservation{}, selError(err)
+		return api.Reservation{}, s.poolError(k, err)
 	}
 	s.byID[r.SelectionID] = k
 	return api.Reservation{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
@@ -473,7 +495,9 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	if r.PinnedPrefillWorker != nil {
 		req.PinnedPrefill = &indexer.Rank{WorkerID: r.PinnedPrefillWorker.WorkerID, DPRank: r.PinnedPrefillWorker.DPRank}
 	}
-	for _, k := range []indexer.PartitionKey{{Model: req.Model, Group: req.DecodeGroup}, {Model: req.Model, Group: req.PrefillGroup}} {
+	dk := coordinator.PoolKey{Model: req.Model, Group: req.DecodeGroup, Role: coordinator.RoleDecode}
+	pk := coordinator.PoolKey{Model: req.Model, Group: req.PrefillGroup, Role: coordinator.RolePrefill}
+	for _, k := range []coordinator.PoolKey{dk, pk} {
 		if err := s.knownPartition(k.Model, k.Group); err != nil {
 			return api.PlanInfo{}, err
 		}
@@ -485,6 +509,13 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	_, live := s.c.Get(p.ID)
 	s.metrics.observe(p, live, s.c.Len())
 	if err != nil {
+		if errors.Is(err, coordinator.ErrNoWorkers) {
+			for _, k := range []coordinator.PoolKey{dk, pk} {
+				if n := s.unschedulableIn(k); n > 0 && s.emptyPool(k) {
+					err = fmt.Errorf("%w (pool %s: %s registered without an engine_endpoint, not schedulable)", err, poolName(k), workers(n))
+				}
+			}
+		}
 		return s.planInfo(p, promptLen(&r.Prompt)), selError(err)
 	}
 	if p.Decode != nil && p.Signals != nil {
@@ -638,4 +669,49 @@ func listed(names map[string]bool) string {
 // poolName renders a pool for an error, its names clipped.
 func poolName(k coordinator.PoolKey) string {
 	return api.Clip(k.Model) + "/" + api.Clip(k.Group) + "/" + k.Role.String()
+}
+
+// unschedulableIn counts the workers of pool k registered without an
+// engine endpoint.
+func (s *selector) unschedulableIn(k coordinator.PoolKey) int {
+	n := 0
+	for _, pk := range s.unschedulable {
+		if pk == k {
+			n++
+		}
+	}
+	return n
+}
+
+// workers renders "1 worker", "2 workers".
+func workers(n int) string {
+	if n == 1 {
+		return "1 worker"
+	}
+	return fmt.Sprintf("%d workers", n)
+}
+
+// emptyPool reports whether pool k has no workers (or does not exist).
+func (s *selector) emptyPool(k coordinator.PoolKey) bool {
+	p := s.pools.Pool(k)
+	return p == nil || len(p.Ranks()) == 0
+}
+
+// poolError maps an error of selecting in pool k: a pool left without
+// workers says whether workers without an engine endpoint are why.
+func (s *selector) poolError(k coordinator.PoolKey, err error) error {
+	if errors.Is(err, coordinator.ErrNoWorkers) && s.unschedulableIn(k) > 0 {
+		return s.noWorkers(k)
+	}
+	return selError(err)
+}
+
+// noWorkers is the error for a pool that has no workers, saying how many
+// would be there but for a missing engine endpoint.
+func (s *selector) noWorkers(k coordinator.PoolKey) error {
+	if n := s.unschedulableIn(k); n > 0 {
+		return fmt.Errorf("%w: pool %s has no schedulable workers: %s registered without an engine_endpoint (indexed, but requests cannot be sent to them)",
+			api.ErrUnavailable, poolName(k), workers(n))
+	}
+	return fmt.Errorf("%w: pool %s has no workers", api.ErrUnavailable, poolName(k))
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 func TestSelectorExpireAndRoleChange(t *testing.T) {
 	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
 	w := func(id uint64, role catalog.Role) catalog.Worker {
-		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1}.WithDefaults()
+		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1,
+			Endpoint: fmt.Sprintf("http://w%d:8000", id)}.WithDefaults()
 	}
 	s.setWorker(w(1, catalog.RoleDecode))
 	s.setWorker(w(2, catalog.RolePrefill))

@@ -130,3 +130,60 @@ func TestSelectorUnknownPartition(t *testing.T) {
 		t.Errorf("no workers at all: %d %s", code, body)
 	}
 }
+
+// TestSelectorNoEngineEndpoint: a worker registered without an engine
+// endpoint is indexed but never selected, reserved or planned (its
+// selection would carry no endpoint); when no worker of a pool remains,
+// the answer says why; once it registers an endpoint it is selectable,
+// and it leaves the pool again if the endpoint goes.
+func TestSelectorNoEngineEndpoint(t *testing.T) {
+	a := newSelectorAPI(t, worker(1, "default", catalog.RoleAggregated, engine(1)), worker(2, "default", catalog.RoleAggregated, ""))
+	for i := range 50 {
+		code, body := a.do("POST", "/select", fmt.Sprintf(`{"model_name":"m","token_ids":[%d]}`, i))
+		var sel api.Selection
+		if code != 200 || json.Unmarshal([]byte(body), &sel) != nil || sel.WorkerID != 1 || sel.Endpoint != engine(1) {
+			t.Fatalf("select %d: %d %s", i, code, body)
+		}
+		code, body = a.do("POST", "/select_and_reserve", fmt.Sprintf(`{"model_name":"m","selection_id":"s%d","token_ids":[%d]}`, i, i))
+		if code != 200 || json.Unmarshal([]byte(body), &sel) != nil || sel.WorkerID != 1 || sel.Endpoint != engine(1) {
+			t.Fatalf("select_and_reserve %d: %d %s", i, code, body)
+		}
+	}
+	want := `{"error":"not found: worker 2 of pool m/default/aggregated is registered without an engine_endpoint: indexed, but not schedulable"}`
+	if code, body := a.do("POST", "/reservations", `{"model_name":"m","selection_id":"r","worker_id":2,"token_ids":[1]}`); code != 404 || strings.TrimSpace(body) != want {
+		t.Errorf("reserve on worker 2: %d %s", code, body)
+	}
+	if code, body := a.do("POST", "/select", `{"model_name":"m","token_ids":[1],"pinned_worker":{"worker_id":2}}`); code != 404 || strings.TrimSpace(body) != want {
+		t.Errorf("select pinned to worker 2: %d %s", code, body)
+	}
+
+	// Only endpoint-less workers left.
+	a.sel.removeWorker(catalog.Key{Model: "m", Group: "default", WorkerID: 1})
+	if code, body := a.do("POST", "/select", `{"model_name":"m","token_ids":[1]}`); code != 503 || strings.TrimSpace(body) !=
+		`{"error":"temporarily unavailable: pool m/default/aggregated has no schedulable workers: 1 worker registered without an engine_endpoint (indexed, but requests cannot be sent to them)"}` {
+		t.Errorf("select with no schedulable worker: %d %s", code, body)
+	}
+	// Worker 2 gains an endpoint, then loses it.
+	a.sel.setWorker(worker(2, "default", catalog.RoleAggregated, engine(2)))
+	if code, body := a.do("POST", "/select", `{"model_name":"m","token_ids":[1]}`); code != 200 || !strings.Contains(body, `"endpoint":"`+engine(2)+`"`) {
+		t.Errorf("select after worker 2 registered its endpoint: %d %s", code, body)
+	}
+	a.sel.setWorker(worker(2, "default", catalog.RoleAggregated, ""))
+	if code, body := a.do("POST", "/select", `{"model_name":"m","token_ids":[1]}`); code != 503 || !strings.Contains(body, "no schedulable workers: 1 worker registered without an engine_endpoint") {
+		t.Errorf("select after worker 2 lost its endpoint: %d %s", code, body)
+	}
+
+	// Plans: decode workers without endpoints.
+	p := newSelectorAPI(t, worker(11, "default", catalog.RoleDecode, ""), worker(12, "default", catalog.RoleDecode, ""), worker(21, "default", catalog.RolePrefill, engine(21)))
+	if code, body := p.do("POST", "/disagg/plans", `{"model_name":"m","request_id":"r","token_ids":[1,2,3]}`); code != 503 ||
+		!strings.Contains(body, `no workers (pool m/default/decode: 2 workers registered without an engine_endpoint, not schedulable)`) {
+		t.Errorf("plan without schedulable decode workers: %d %s", code, body)
+	}
+	p.sel.setWorker(worker(12, "default", catalog.RoleDecode, engine(12)))
+	code, body := p.do("POST", "/disagg/plans", `{"model_name":"m","request_id":"r","token_ids":[1,2,3]}`)
+	var plan api.PlanInfo
+	if code != 201 || json.Unmarshal([]byte(body), &plan) != nil || plan.Decode == nil || plan.Decode.WorkerID != 12 || plan.Decode.Endpoint != engine(12) ||
+		plan.Prefill == nil || plan.Prefill.Endpoint != engine(21) {
+		t.Errorf("plan: %d %s", code, body)
+	}
+}
