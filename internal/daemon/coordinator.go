@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -50,11 +51,10 @@ type selector struct {
 	// not say where to send the request, so they join no pool.
 	unschedulable map[catalog.Key]coordinator.PoolKey
 	// finished plans (compensated, released by expiry or worker removal),
-	// for GET /disagg/plans/{id}; FIFO-bounded by maxFinished.
-	finished      map[string]coordinator.Plan
-	finishedOrder []string
-	log           *slog.Logger
-	metrics       *planMetrics
+	// for GET /disagg/plans/{id}.
+	finished *finishedPlans
+	log      *slog.Logger
+	metrics  *planMetrics
 }
 
 var _ api.Selector = (*selector)(nil)
@@ -62,8 +62,7 @@ var _ api.Selector = (*selector)(nil)
 func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger, reg prometheus.Registerer) *selector {
 	s := &selector{ix: ix, endpoints: map[indexer.Rank]string{}, blockSizes: map[indexer.PartitionKey]int{},
 		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, unschedulable: map[catalog.Key]coordinator.PoolKey{},
-		finished: map[string]coordinator.Plan{}, log: log,
-		metrics: newPlanMetrics(reg)}
+		finished: newFinishedPlans(maxFinished), log: log, metrics: newPlanMetrics(reg)}
 	s.pools = coordinator.NewPools(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	s.c = coordinator.NewCoordinator(s.pools, s, ccfg)
 	return s
@@ -233,16 +232,8 @@ func (s *selector) record(plans []coordinator.Plan) {
 	for _, p := range plans {
 		_, live := s.c.Get(p.ID)
 		s.metrics.observe(p, live, s.c.Len())
-		if live {
-			continue
-		}
-		if _, ok := s.finished[p.ID]; !ok {
-			s.finishedOrder = append(s.finishedOrder, p.ID)
-		}
-		s.finished[p.ID] = p
-		if len(s.finishedOrder) > maxFinished {
-			delete(s.finished, s.finishedOrder[0])
-			s.finishedOrder = s.finishedOrder[1:]
+		if !live {
+			s.finished.add(p)
 		}
 	}
 }
@@ -503,7 +494,7 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 		}
 	}
 	if _, ok := s.c.Get(r.ID); !ok {
-		delete(s.finished, r.ID) // a new plan reuses a finished id
+		s.finished.remove(r.ID) // a new plan reuses a finished id
 	}
 	p, err := s.c.Plan(req, time.Now())
 	_, live := s.c.Get(p.ID)
@@ -566,7 +557,7 @@ func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
 	defer s.mu.Unlock()
 	p, ok := s.c.Get(id)
 	if !ok {
-		p, ok = s.finished[id]
+		p, ok = s.finished.get(id)
 	}
 	if !ok {
 		return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
@@ -715,3 +706,47 @@ func (s *selector) noWorkers(k coordinator.PoolKey) error {
 	}
 	return fmt.Errorf("%w: pool %s has no workers", api.ErrUnavailable, poolName(k))
 }
+
+// finishedPlans remembers the last max plans the selector finished, for
+// GetPlan, oldest first: recording an id again (a reused id that finished
+// again) moves it to the back, so eviction always drops the oldest entry
+// that is still remembered. Not safe for concurrent use; the selector's
+// mutex guards it.
+type finishedPlans struct {
+	max   int
+	order *list.List // of coordinator.Plan, oldest first
+	byID  map[string]*list.Element
+}
+
+func newFinishedPlans(max int) *finishedPlans {
+	return &finishedPlans{max: max, order: list.New(), byID: map[string]*list.Element{}}
+}
+
+// add records p as the newest finished plan, evicting the oldest beyond max.
+func (f *finishedPlans) add(p coordinator.Plan) {
+	f.remove(p.ID)
+	f.byID[p.ID] = f.order.PushBack(p)
+	if f.order.Len() > f.max {
+		oldest := f.order.Remove(f.order.Front()).(coordinator.Plan)
+		delete(f.byID, oldest.ID)
+	}
+}
+
+// get returns finished plan id, changing nothing.
+func (f *finishedPlans) get(id string) (coordinator.Plan, bool) {
+	if e, ok := f.byID[id]; ok {
+		return e.Value.(coordinator.Plan), true
+	}
+	return coordinator.Plan{}, false
+}
+
+// remove forgets plan id, if it is remembered.
+func (f *finishedPlans) remove(id string) {
+	if e, ok := f.byID[id]; ok {
+		f.order.Remove(e)
+		delete(f.byID, id)
+	}
+}
+
+// len is the number of plans remembered.
+func (f *finishedPlans) len() int { return f.order.Len() }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
@@ -185,5 +187,50 @@ func TestSelectorNoEngineEndpoint(t *testing.T) {
 	if code != 201 || json.Unmarshal([]byte(body), &plan) != nil || plan.Decode == nil || plan.Decode.WorkerID != 12 || plan.Decode.Endpoint != engine(12) ||
 		plan.Prefill == nil || plan.Prefill.Endpoint != engine(21) {
 		t.Errorf("plan: %d %s", code, body)
+	}
+}
+
+// TestFinishedPlansReusedID: a plan id that finishes, is reused and
+// finishes again is remembered once, as the newest: the history evicts its
+// oldest entry, never the reused id's new one (the old FIFO kept the stale
+// position and dropped the new entry 4,095 plans later).
+func TestFinishedPlansReusedID(t *testing.T) {
+	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
+	s.setWorker(worker(1, "default", catalog.RoleDecode, engine(1)))
+	s.setWorker(worker(2, "default", catalog.RolePrefill, engine(2)))
+	ctx := context.Background()
+	later := time.Now().Add(coordinator.DefaultPlanTTL + time.Second)
+	plan := func(id string) {
+		t.Helper()
+		if p, err := s.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: []uint32{1, 2, 3}}, ID: id, ModelName: "m", RoutingGroup: "default"}); err != nil {
+			t.Fatalf("plan %s: %+v %v", id, p, err)
+		}
+	}
+	get := func(id string) bool {
+		_, err := s.GetPlan(ctx, id)
+		return err == nil
+	}
+	plan("x")
+	s.expire(later)
+	plan("x") // reused
+	s.expire(later)
+	if !get("x") {
+		t.Fatal("the reused plan is not remembered")
+	}
+	for i := range maxFinished - 1 {
+		plan(fmt.Sprint("p", i))
+	}
+	s.expire(later)
+	if n := s.finished.len(); n != maxFinished {
+		t.Fatalf("%d finished plans remembered, want %d", n, maxFinished)
+	}
+	if !get("x") || !get("p0") || !get(fmt.Sprint("p", maxFinished-2)) {
+		t.Fatalf("with exactly %d finished plans, one was dropped: x %v, p0 %v", maxFinished, get("x"), get("p0"))
+	}
+	// One more: x, now the oldest, goes, and only x.
+	plan("last")
+	s.expire(later)
+	if get("x") || !get("p0") || !get("last") || s.finished.len() != maxFinished {
+		t.Fatalf("after one more: x %v (want false), p0 %v, last %v, %d remembered", get("x"), get("p0"), get("last"), s.finished.len())
 	}
 }
