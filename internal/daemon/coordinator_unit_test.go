@@ -30,7 +30,7 @@ func TestSelectorExpireAndRoleChange(t *testing.T) {
 		t.Fatalf("plan %+v %v", p, err)
 	}
 	s.expire(time.Now().Add(coordinator.DefaultPlanTTL + time.Second))
-	if got, err := s.GetPlan(ctx, "p"); err != nil || got.State != "Released" {
+	if got, err := s.GetPlan(ctx, "p"); err != nil || got.State != "Expired" {
 		t.Fatalf("after expiry: %+v %v", got, err)
 	}
 	if _, err := s.ReleasePlan(ctx, "p"); !errors.Is(err, api.ErrNotFound) {

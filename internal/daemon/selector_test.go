@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
@@ -232,5 +234,32 @@ func TestFinishedPlansReusedID(t *testing.T) {
 	s.expire(later)
 	if get("x") || !get("p0") || !get("last") || s.finished.len() != maxFinished {
 		t.Fatalf("after one more: x %v (want false), p0 %v, last %v, %d remembered", get("x"), get("p0"), get("last"), s.finished.len())
+	}
+}
+
+// TestExpiredPlanSaysExpired: a plan the daemon expired is answered by
+// GET /disagg/plans/{id} as Expired, with the expiry as its last
+// transition (it said Released, as if the client had released it), and
+// counted in prefixd_plan_transitions_total{state="Expired"}.
+func TestExpiredPlanSaysExpired(t *testing.T) {
+	a := newSelectorAPI(t, worker(1, "default", catalog.RoleDecode, engine(1)), worker(2, "default", catalog.RolePrefill, engine(2)))
+	if code, body := a.do("POST", "/disagg/plans", `{"model_name":"m","request_id":"r","token_ids":[1,2,3]}`); code != 201 {
+		t.Fatalf("plan: %d %s", code, body)
+	}
+	a.sel.expire(time.Now().Add(coordinator.DefaultPlanTTL + time.Second))
+	code, body := a.do("GET", "/disagg/plans/r", nil)
+	var p api.PlanInfo
+	if code != 200 || json.Unmarshal([]byte(body), &p) != nil {
+		t.Fatalf("get: %d %s", code, body)
+	}
+	last := p.Transitions[len(p.Transitions)-1]
+	if p.State != "Expired" || p.Decode != nil || p.Prefill != nil || last != (api.PlanTransition{From: "Linked", To: "Expired", Reason: "expired after 5m0s"}) {
+		t.Errorf("expired plan: %s", body)
+	}
+	if code, body := a.do("DELETE", "/disagg/plans/r", nil); code != 404 {
+		t.Errorf("release of an expired plan: %d %s", code, body)
+	}
+	if got := testutil.ToFloat64(a.sel.metrics.transitions.WithLabelValues("Expired")); got != 1 {
+		t.Errorf("transitions{state=Expired} = %v", got)
 	}
 }
