@@ -215,6 +215,8 @@ func TestBodyBudget(t *testing.T) {
 // TestServerLongResponse: ReadTimeout bounds bodies only; a request
 // without a body keeps its context however long its response takes
 // (GET /dump streaming a large index), here past a slow body's cut-off.
+// net/http provides this (it clears the read deadline when it starts its
+// background read); the test guards NewServer's documented behaviour.
 func TestServerLongResponse(t *testing.T) {
 	entered, release := make(chan struct{}), make(chan struct{})
 	canceled := make(chan bool, 1)

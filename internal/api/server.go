@@ -25,9 +25,10 @@ type ServerConfig struct {
 	// ReadTimeout bounds reading a whole request, headers and body, from
 	// its first byte: a body still arriving then is cut off (408, and
 	// the connection is closed), so a client cannot hold a request open
-	// by trickling its body. Requests without a body are not limited
-	// past their headers, so a long response (GET /dump) keeps its
-	// context.
+	// by trickling its body. It does not bound the response: net/http
+	// lifts the read deadline once the body is read (or at once when
+	// there is none), so a long response (GET /dump) keeps its context
+	// (TestServerLongResponse).
 	ReadTimeout time.Duration
 	// IdleTimeout closes keep-alive connections idle that long.
 	IdleTimeout time.Duration
@@ -57,15 +58,7 @@ func NewServer(h http.Handler, cfg ServerConfig) *http.Server {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	srv := &http.Server{
-		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			if r.ContentLength == 0 {
-				// Nothing left to read: lift ReadTimeout, which would
-				// otherwise fire in the server's background read and
-				// cancel the context of a response streaming past it.
-				http.NewResponseController(w).SetReadDeadline(time.Time{}) // not supported: nothing to lift
-			}
-			h.ServeHTTP(w, r)
-		}),
+		Handler:           h,
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		IdleTimeout:       cfg.IdleTimeout,
