@@ -33,11 +33,14 @@ const (
 	BypassAfterPrefillFailure
 	// Compensated: a booking failed or was lost, and the others were freed.
 	Compensated
-	// Released: every booking released (by Release or expiry).
+	// Released: every booking released by Release.
 	Released
+	// Expired: never released, the plan outlived PlanTTL and Expire freed
+	// every booking (prefixd's; Dynamo's plans do not expire).
+	Expired
 )
 
-var stateNames = [...]string{"Idle", "DecodePreviewed", "DecodeCommitted", "PrefillCommitted", "Bypass", "Linked", "PrefillReleased", "BypassAfterPrefillFailure", "Compensated", "Released"}
+var stateNames = [...]string{"Idle", "DecodePreviewed", "DecodeCommitted", "PrefillCommitted", "Bypass", "Linked", "PrefillReleased", "BypassAfterPrefillFailure", "Compensated", "Released", "Expired"}
 
 func (s State) String() string {
 	if int(s) < len(stateNames) {
@@ -638,10 +641,10 @@ func (c *Coordinator) Release(id string, now time.Time) (Plan, error) {
 	return c.keep(l), nil
 }
 
-// Expire releases every plan created at least PlanTTL before now (→
-// Released, reason "expired"), then expires the pools' stale reservations;
-// a plan whose booking a pool expired loses it as if its worker had left.
-// It returns the affected plans, sorted by id.
+// Expire frees every plan created at least PlanTTL before now (→ Expired,
+// reason "expired after <TTL>"), then expires the pools' stale
+// reservations; a plan whose booking a pool expired loses it as if its
+// worker had left. It returns the affected plans, sorted by id.
 func (c *Coordinator) Expire(now time.Time) []Plan {
 	var out []Plan
 	for _, id := range c.IDs() {
@@ -650,7 +653,7 @@ func (c *Coordinator) Expire(now time.Time) []Plan {
 			continue
 		}
 		c.free(l, now)
-		l.to(Released, now, "expired after %v", c.cfg.PlanTTL)
+		l.to(Expired, now, "expired after %v", c.cfg.PlanTTL)
 		out = append(out, c.keep(l))
 	}
 	freed := c.pools.Expire(now)

@@ -363,7 +363,7 @@ func TestPlanExpiry(t *testing.T) {
 	if len(got) != 1 || got[0].ID != "a" {
 		t.Fatalf("expired %+v", got)
 	}
-	wantTrace(t, got[0], Idle, DecodePreviewed, DecodeCommitted, Linked, Released)
+	wantTrace(t, got[0], Idle, DecodePreviewed, DecodeCommitted, Linked, Expired)
 	if r := got[0].Transitions[3].Reason; !strings.Contains(r, "expired") {
 		t.Fatalf("reason %q", r)
 	}

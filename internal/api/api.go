@@ -1,19 +1,17 @@
 package api
 
 import (
-	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -23,8 +21,9 @@ import (
 
 // Defaults for the zero values of Config's limits.
 const (
-	DefaultMaxBodyBytes = 8 << 20   // as Dynamo's selection service
-	DefaultMaxTokens    = 1_000_000 // per /query (and block hashes per /query_by_hash)
+	DefaultMaxBodyBytes         = 8 << 20   // as Dynamo's selection service
+	DefaultMaxTokens            = 1_000_000 // token ids per request
+	DefaultMaxInflightBodyBytes = 256 << 20 // request bodies held at once, over all requests
 )
 
 // Config configures the handler. Index is required; the rest may be zero.
@@ -43,16 +42,36 @@ type Config struct {
 	// nil → /metrics is a 404.
 	Metrics http.Handler
 	// APIToken, when set, is required as "Authorization: Bearer <token>"
-	// on every endpoint that changes the catalog or bookings (POST
-	// /register, POST /unregister, and every selection route but POST
-	// /select); otherwise they answer 401. Reads stay open.
+	// on every route that changes the catalog or bookings (POST /register,
+	// POST /unregister, and every selection route but POST /select and
+	// GET /disagg/plans/{id}) and on GET /dump, which shows which prompts
+	// are cached; without it they answer 401, with the read token 403. It
+	// is accepted wherever the read token is.
 	APIToken string
+	// ReadToken, when set, is required (or the API token) on every other
+	// route — the queries, /select, /workers, GET /disagg/plans/{id} and
+	// /metrics — except the probes /health and /ready; without it they
+	// answer 401. Unset, those routes are open. With a ReadToken but no
+	// APIToken, the routes of the API token need the read token.
+	ReadToken string
 	// MaxBodyBytes limits request bodies (413 beyond); 0 means
 	// DefaultMaxBodyBytes.
 	MaxBodyBytes int
-	// MaxTokens limits token_ids per /query and block_hashes per
-	// /query_by_hash (413 beyond); 0 means DefaultMaxTokens.
+	// MaxTokens limits token_ids per request (413 beyond) and the
+	// isl_tokens a prompt of block hashes may claim (400 beyond); 0 means
+	// DefaultMaxTokens.
 	MaxTokens int
+	// MaxBlockHashes limits block_hashes per request, /query_by_hash
+	// and the selection routes alike (413 beyond); 0 means
+	// DefaultMaxBlockHashes.
+	MaxBlockHashes int
+	// MaxInflightBodyBytes bounds the bytes of request bodies that all
+	// requests in flight hold together, counted as they arrive: a body
+	// that would go beyond it is refused with a 503 (and Retry-After), so
+	// no number of slow or large uploads can make the process hold more.
+	// 0 means DefaultMaxInflightBodyBytes; it is raised to MaxBodyBytes if
+	// below (one body of the maximum size must fit).
+	MaxInflightBodyBytes int64
 	// Registerer, when set, receives prefixd_http_request_duration_seconds
 	// {handler, method, code} for every route.
 	Registerer prometheus.Registerer
@@ -65,11 +84,12 @@ type Config struct {
 }
 
 // handler serves the API. It is safe for concurrent use; all its state is
-// immutable after NewHandler except the scratch pool.
+// immutable after NewHandler except the scratch pool and the body budget.
 type handler struct {
 	cfg     Config
 	log     *slog.Logger
 	scratch sync.Pool // *scratch
+	bodies  bodyBudget
 }
 
 // NewHandler returns the HTTP API on its own mux (never
@@ -78,6 +98,12 @@ type handler struct {
 // an unknown path is a 404 and a known path with the wrong method a 405
 // with an Allow header. NewHandler panics if cfg.Index is nil.
 func NewHandler(cfg Config) http.Handler {
+	_, mux := newHandler(cfg)
+	return mux
+}
+
+// newHandler is NewHandler, also returning the handler behind the mux.
+func newHandler(cfg Config) (*handler, http.Handler) {
 	if cfg.Index == nil {
 		panic("api.NewHandler: Config.Index is nil")
 	}
@@ -87,7 +113,15 @@ func NewHandler(cfg Config) http.Handler {
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
 	}
+	if cfg.MaxBlockHashes <= 0 {
+		cfg.MaxBlockHashes = DefaultMaxBlockHashes
+	}
+	if cfg.MaxInflightBodyBytes <= 0 {
+		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
+	}
+	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, int64(cfg.MaxBodyBytes))
 	h := &handler{cfg: cfg, log: cfg.Logger}
+	h.bodies.limit = cfg.MaxInflightBodyBytes
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -103,14 +137,17 @@ func NewHandler(cfg Config) http.Handler {
 		cfg.Registerer.MustRegister(duration)
 	}
 	route := func(path string, m methods) {
+		for method, f := range m {
+			m[method] = h.guard(accessOf(method, path), path, f)
+		}
 		if duration == nil {
 			mux.Handle(path, m)
 			return
 		}
 		mux.Handle(path, promhttp.InstrumentHandlerDuration(duration.MustCurryWith(prometheus.Labels{"handler": path}), m))
 	}
-	route("/register", methods{http.MethodPost: h.auth(h.register)})
-	route("/unregister", methods{http.MethodPost: h.auth(h.unregister)})
+	route("/register", methods{http.MethodPost: h.register})
+	route("/unregister", methods{http.MethodPost: h.unregister})
 	route("/workers", methods{http.MethodGet: h.workers})
 	route("/query", methods{http.MethodPost: h.query})
 	route("/query_by_hash", methods{http.MethodPost: h.queryByHash})
@@ -120,9 +157,9 @@ func NewHandler(cfg Config) http.Handler {
 	route("/metrics", methods{http.MethodGet: h.metrics})
 	h.registerSelection(route)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + r.URL.Path})
+		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + clip(r.URL.Path, maxEcho)})
 	})
-	return mux
+	return h, mux
 }
 
 // methods routes one path by method; HEAD is served by GET. Other methods
@@ -148,28 +185,70 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	slices.Sort(allow)
 	w.Header().Set("Allow", strings.Join(allow, ", "))
 	writeError(w, &httpError{http.StatusMethodNotAllowed,
-		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))})
+		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", clip(r.Method, maxEcho), clip(r.URL.Path, maxEcho), strings.Join(allow, ", "))})
 }
 
-// auth requires the API token, if one is configured.
-func (h *handler) auth(f http.HandlerFunc) http.HandlerFunc {
-	if h.cfg.APIToken == "" {
+// access is who may call a route.
+type access uint8
+
+const (
+	public access = iota // anyone: the probes
+	reader               // the read token or the API token, when a read token is set
+	writer               // the API token, when one is set
+)
+
+// accessOf classifies every route of NewHandler, by method and mux
+// pattern, in this one place: the probes are public; GET /dump, which
+// shows which prompts are cached, and everything that changes the catalog
+// or bookings need the API token; the other reads (GETs, the queries and
+// POST /select, which books nothing) need the read token.
+func accessOf(method, pattern string) access {
+	switch {
+	case pattern == "/health" || pattern == "/ready":
+		return public
+	case pattern == "/dump":
+		return writer
+	case method == http.MethodGet || pattern == "/query" || pattern == "/query_by_hash" || pattern == "/select":
+		return reader
+	}
+	return writer
+}
+
+// guard wraps f, the method handler of the route pattern, with the token
+// check its access needs under the configured tokens.
+func (h *handler) guard(a access, pattern string, f http.HandlerFunc) http.HandlerFunc {
+	apiToken, readToken := []byte(h.cfg.APIToken), []byte(h.cfg.ReadToken)
+	if a == writer && len(apiToken) == 0 {
+		a = reader // never less guarded than the reads
+	}
+	if a == public || (a == reader && len(readToken) == 0) {
 		return f
 	}
-	want := []byte(h.cfg.APIToken)
 	return func(w http.ResponseWriter, r *http.Request) {
 		got, ok := bearer(r.Header.Get("Authorization"))
-		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
-			msg := "authorization: missing bearer token"
-			if ok {
-				msg = "authorization: invalid bearer token"
-			}
-			w.Header().Set("WWW-Authenticate", `Bearer realm="prefixd"`)
-			writeError(w, &httpError{http.StatusUnauthorized, msg})
+		if !ok {
+			unauthorized(w, http.StatusUnauthorized, "", "authorization: missing bearer token")
 			return
 		}
-		f(w, r)
+		isAPI := len(apiToken) > 0 && subtle.ConstantTimeCompare([]byte(got), apiToken) == 1
+		isRead := len(readToken) > 0 && subtle.ConstantTimeCompare([]byte(got), readToken) == 1
+		switch {
+		case isAPI, isRead && a == reader:
+			f(w, r)
+		case isRead:
+			unauthorized(w, http.StatusForbidden, `, error="insufficient_scope"`,
+				fmt.Sprintf("authorization: the read token does not allow %s %s; it needs the API token", r.Method, pattern))
+		default:
+			unauthorized(w, http.StatusUnauthorized, "", "authorization: invalid bearer token")
+		}
 	}
+}
+
+// unauthorized answers a request the token check refused: 401 for no or
+// an unknown token, 403 for the read token on an API-token route (RFC 6750).
+func unauthorized(w http.ResponseWriter, status int, param, msg string) {
+	w.Header().Set("WWW-Authenticate", `Bearer realm="prefixd"`+param)
+	writeError(w, &httpError{status, msg})
 }
 
 // bearer extracts the token of an "Authorization: Bearer <token>" header
@@ -228,7 +307,35 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *httpError) {
 	writeJSON(w, e.status, struct {
 		Error string `json:"error"`
-	}{e.msg})
+	}{clip(e.msg, maxErrorBytes)})
+}
+
+// Error messages repeat at most maxEcho bytes of any one value a client
+// sent, and are at most maxErrorBytes long in all (a Workers or Selector
+// error quoting a client's value included).
+const (
+	maxEcho       = 64
+	maxErrorBytes = 1024
+)
+
+// Clip shortens a value a client sent for an error message: a value of up
+// to 64 bytes is returned as is, a longer one as its first 64 bytes (cut
+// at a UTF-8 boundary) followed by "… (N bytes)". Every error the API
+// writes quotes client values through it, so a request can never make an
+// error as large as itself; Selector and Workers implementations should
+// do the same.
+func Clip(s string) string { return clip(s, maxEcho) }
+
+// clip is Clip at n bytes. A string short enough is returned without a copy.
+func clip[T string | []byte](s T, n int) string {
+	if len(s) <= n {
+		return string(s)
+	}
+	cut := n
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return string(s[:cut]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
 }
 
 // fail writes err: an *httpError as is, anything else as a 500 that is
@@ -239,7 +346,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		he = &httpError{http.StatusInternalServerError, err.Error()}
 	}
 	if he.status >= 500 {
-		h.log.Error("http request failed", "method", r.Method, "path", r.URL.Path, "status", he.status, "err", err)
+		h.log.Error("http request failed", "method", r.Method, "path", clip(r.URL.Path, maxEcho), "status", he.status, "err", clip(err.Error(), maxErrorBytes))
 	}
 	writeError(w, he)
 }
@@ -247,6 +354,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 // scratch is per-request memory reused through handler.scratch.
 type scratch struct {
 	body   []byte
+	held   int64 // body bytes taken from handler.bodies
 	tokens []uint32
 	hashes []uint64
 	ov     []indexer.Overlap
@@ -262,30 +370,14 @@ const (
 
 func (h *handler) getScratch() *scratch { return h.scratch.Get().(*scratch) }
 
+// putScratch ends a request's use of s: it gives back the body bytes s
+// holds and pools s unless it grew too large.
 func (h *handler) putScratch(s *scratch) {
+	h.bodies.give(s.held)
+	s.held = 0
 	if cap(s.body) > maxPooledBytes || cap(s.out) > maxPooledBytes ||
 		cap(s.tokens) > maxPooledTokens || cap(s.hashes) > maxPooledTokens {
 		return
 	}
 	h.scratch.Put(s)
-}
-
-// Serve serves srv on ln until ctx ends, then shuts it down, letting
-// requests in flight finish for at most drain. It returns when the server
-// has stopped: Serve's error, or Shutdown's.
-func Serve(ctx context.Context, srv *http.Server, ln net.Listener, drain time.Duration) error {
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return err // never ErrServerClosed: only Shutdown below closes it
-	case <-ctx.Done():
-	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
-	defer cancel()
-	err := srv.Shutdown(sctx)
-	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
-		err = errors.Join(err, serr)
-	}
-	return err
 }

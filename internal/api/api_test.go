@@ -465,15 +465,20 @@ func TestAuth(t *testing.T) {
 	if len(fw.registered) != 2 || len(fw.unregistered) != 1 {
 		t.Errorf("calls reached the catalog: %d registers, %d unregisters", len(fw.registered), len(fw.unregistered))
 	}
-	// Reads stay open.
+	// Reads stay open without a read token, but for /dump, which shows
+	// which prompts are cached: it needs the API token.
 	for _, r := range []response{
 		s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`),
 		s.post("/query_by_hash", `{"block_hashes":[1],"model_name":"m"}`),
-		s.get("/workers"), s.get("/dump"), s.get("/health"), s.get("/ready"),
+		s.get("/workers"), s.get("/health"), s.get("/ready"),
 	} {
 		if r.status != 200 {
 			t.Errorf("read without token: %d %s", r.status, r.body)
 		}
+	}
+	s.get("/dump").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
+	if r := s.do("GET", "/dump", "", "Authorization: Bearer s3cret"); r.status != 200 {
+		t.Errorf("dump with the API token: %d %s", r.status, r.body)
 	}
 	// Auth off: no header needed.
 	s = newServer(t, Config{Index: ix, Workers: fw})

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"net"
 	"net/http"
 	"strconv"
+	"sync/atomic"
 )
 
 // Request bodies are read by lexer, a strict JSON reader over the whole body
@@ -50,48 +52,91 @@ func tooLarge(field, format string, args ...any) *httpError {
 }
 
 // readBody reads r's body into s's buffer, which keeps it for the next
-// request, within the configured limit.
+// request, within the configured limits. The bytes read count against the
+// handler's body budget until s returns to the pool (putScratch).
 func (h *handler) readBody(w http.ResponseWriter, r *http.Request, s *scratch) ([]byte, *httpError) {
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body)
+	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body, &h.bodies, &s.held)
 	s.body = body
 	return body, herr
 }
 
-// readBody reads r's body into buf (reused, grown as needed, never beyond
-// limit+1 bytes) and returns it. A body over limit bytes is a 413.
-func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte) ([]byte, *httpError) {
+// readBody reads r's body into buf (reused) and returns it. A body over
+// limit bytes is a 413. buf grows only as bytes arrive, by doubling, and
+// never beyond the claimed Content-Length (+1 to see the end) or limit+1:
+// a client that claims 8 MiB and sends 10 bytes costs 4 KiB, not 8 MiB.
+// Every byte read is taken from budget and added to *held, which the
+// caller gives back when it is done with the body; a body that does not
+// fit the budget is a 503. A body that is still arriving when the
+// server's read deadline passes (ServerConfig.ReadTimeout) is a 408.
+func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte, budget *bodyBudget, held *int64) ([]byte, *httpError) {
 	if r.ContentLength > int64(limit) {
 		return buf[:0], tooLarge("body", "%d bytes exceeds the limit of %d", r.ContentLength, limit)
 	}
+	want := limit // the most the body can be
+	if r.ContentLength >= 0 {
+		want = int(r.ContentLength)
+	}
 	body := http.MaxBytesReader(w, r.Body, int64(limit))
 	buf = buf[:0]
-	if r.ContentLength > 0 && cap(buf) <= int(r.ContentLength) {
-		buf = make([]byte, 0, r.ContentLength+1) // +1: room to see EOF without growing
-	}
 	for {
 		if len(buf) == cap(buf) {
+			// Full of bytes that did arrive: double, up to the room needed
+			// to see the end of the longest body still possible.
 			c := max(2*cap(buf), 4096)
-			if c >= limit/2 { // one step to the limit rather than two
-				c = limit + 1
+			if c >= want {
+				c = want + 1
 			}
-			nb := make([]byte, len(buf), c)
+			nb := make([]byte, len(buf), max(c, len(buf)+1))
 			copy(nb, buf)
 			buf = nb
 		}
 		n, err := body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
+		if n > 0 {
+			if !budget.take(n) {
+				w.Header().Set("Retry-After", "1")
+				return buf, &httpError{http.StatusServiceUnavailable,
+					fmt.Sprintf("body: request bodies in flight exceed the server's budget of %d bytes; retry later", budget.limit)}
+			}
+			*held += int64(n)
+		}
 		if err == io.EOF {
 			return buf, nil
 		}
 		if err != nil {
 			var mbe *http.MaxBytesError
-			if errors.As(err, &mbe) {
+			var ne net.Error
+			switch {
+			case errors.As(err, &mbe):
 				return buf, tooLarge("body", "exceeds the limit of %d bytes", limit)
+			case errors.As(err, &ne) && ne.Timeout():
+				return buf, &httpError{http.StatusRequestTimeout, fmt.Sprintf("body: not received in time (%d bytes arrived)", len(buf))}
 			}
 			return buf, badRequest("body", "read: %v", err)
 		}
 	}
 }
+
+// bodyBudget bounds the bytes of request bodies that requests in flight
+// hold, over every request of the handler (one per process in the
+// daemon). Bytes are taken as they arrive and given back when the request
+// is done with its body. Safe for concurrent use.
+type bodyBudget struct {
+	limit int64
+	used  atomic.Int64
+}
+
+// take takes n bytes, or reports false (taking nothing) if they do not fit.
+func (b *bodyBudget) take(n int) bool {
+	if b.used.Add(int64(n)) > b.limit {
+		b.used.Add(-int64(n))
+		return false
+	}
+	return true
+}
+
+// give gives back n bytes taken.
+func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
 
 // lexer reads one JSON document. pos is the offset of the next unread byte.
 type lexer struct {
@@ -202,7 +247,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			return err
 		}
 		if l.peek() != ':' {
-			return l.syntax(field, "expected ':' after key %q", key)
+			return l.syntax(field, "expected ':' after key %q", clip(key, maxEcho))
 		}
 		l.pos++
 		if err := f(key); err != nil {
@@ -215,7 +260,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			l.pos++
 			return nil
 		default:
-			return l.syntax(field, "expected ',' or '}' after the value of %q", key)
+			return l.syntax(field, "expected ',' or '}' after the value of %q", clip(key, maxEcho))
 		}
 	}
 }
@@ -434,14 +479,14 @@ func (l *lexer) uint(field string, max uint64) (uint64, error) {
 		return 0, l.syntax(field, "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(field, "%s is not an integer", raw)
+		return 0, badRequest(field, "%s is not an integer", clip(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok && v <= max {
 			return v, nil
 		}
 	}
-	return 0, badRequest(field, "%s is out of range [0, %d]", raw, max)
+	return 0, badRequest(field, "%s is out of range [0, %d]", clip(raw, maxEcho), max)
 }
 
 // at names element i of field (or field itself when i < 0); it is only
@@ -465,7 +510,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 		return 0, l.syntax(at(field, i), "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(at(field, i), "%s is not an integer", raw)
+		return 0, badRequest(at(field, i), "%s is not an integer", clip(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok {
@@ -474,7 +519,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 	} else if v, ok := parseDigits(raw[1:]); ok && v <= 1<<63 {
 		return -v, nil // two's complement: the int64 bit pattern of -v
 	}
-	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", raw)
+	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", clip(raw, maxEcho))
 }
 
 // float reads a finite number.
@@ -488,7 +533,7 @@ func (l *lexer) float(field string) (float64, error) {
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil {
-		return 0, badRequest(field, "%s is out of range", raw)
+		return 0, badRequest(field, "%s is out of range", clip(raw, maxEcho))
 	}
 	return f, nil
 }
@@ -588,28 +633,39 @@ func (l *lexer) hashes(field string, dst []uint64, limit int) ([]uint64, error) 
 	return dst, err
 }
 
-// strings reads an array of strings (null → nil).
-func (l *lexer) strings(field string) ([]string, error) {
+// strings reads an array of at most maxItems strings (null → nil), each
+// of at most maxBytes bytes if maxBytes > 0.
+func (l *lexer) strings(field string, maxItems, maxBytes int) ([]string, error) {
 	if isNull, err := l.null(); isNull || err != nil {
 		return nil, err
 	}
 	out := []string{}
 	err := l.array(field, 2, func(i int) error {
+		if i == maxItems {
+			return tooLarge(field, "more than %d strings", maxItems)
+		}
 		s, err := l.string(at(field, i), false)
+		if err == nil && maxBytes > 0 && len(s) > maxBytes {
+			return badRequest(at(field, i), "%q is longer than %d bytes", clip(s, maxEcho), maxBytes)
+		}
 		out = append(out, s)
 		return err
 	})
 	return out, err
 }
 
-// stringMap reads an object of strings (null → nil).
-func (l *lexer) stringMap(field string) (map[string]string, error) {
+// stringMap reads an object of at most maxItems strings (null → nil).
+func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error) {
 	if isNull, err := l.null(); isNull || err != nil {
 		return nil, err
 	}
 	out := map[string]string{}
+	n := 0
 	err := l.object(field, 2, func(k string) error {
-		s, err := l.string(field+"."+k, false)
+		if n++; n > maxItems {
+			return tooLarge(field, "more than %d entries", maxItems)
+		}
+		s, err := l.string(field+"."+clip(k, maxEcho), false)
 		out[k] = s
 		return err
 	})

@@ -18,7 +18,7 @@ import (
 // an error that starts with the field at fault.
 func TestMalformed(t *testing.T) {
 	ix, _ := dynamoExample(t)
-	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{}, MaxBodyBytes: 4096, MaxTokens: 100})
+	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{}, MaxBodyBytes: 4096, MaxTokens: 100, MaxBlockHashes: 100})
 	const q = `"model_name":"m"`
 	reg := func(fields string) string {
 		return `{"instance_id":1,"endpoint":"tcp://h:5557","model_name":"m","block_size":16` + fields + `}`
@@ -221,10 +221,15 @@ func TestHostileTokenIDs(t *testing.T) {
 		maxAlloc uint64
 	}{
 		{"declared length", Config{}, int64((&hostile{n: n}).size()), `{"error":"body: 20000032 bytes exceeds the limit of 8388608"}`, 1 << 20},
-		{"chunked", Config{}, -1, `{"error":"body: exceeds the limit of 8388608 bytes"}`, 12<<20 + 1<<16},
+		// The body buffer doubles as bytes arrive (it is never sized by
+		// what a client claims), so reading b bytes allocates the
+		// doublings below b (< 2b together) and then b: at most 16 MiB
+		// for the 8 MiB limit.
+		{"chunked", Config{}, -1, `{"error":"body: exceeds the limit of 8388608 bytes"}`, 16<<20 + 1<<16},
 		// With room for the body, MaxTokens stops the decoding: the 20 MB
-		// body plus at most 1M tokens (4 MB, 8 MB with growth).
-		{"token limit", Config{MaxBodyBytes: 1 << 30}, int64((&hostile{n: n}).size()), `{"error":"token_ids: more than 1000000 tokens"}`, 20e6 + 8<<20 + 1<<16},
+		// body read as above (< 3 × 20 MB) plus at most 1M tokens (4 MB,
+		// 8 MB with growth).
+		{"token limit", Config{MaxBodyBytes: 1 << 30}, int64((&hostile{n: n}).size()), `{"error":"token_ids: more than 1000000 tokens"}`, 3*20e6 + 8<<20 + 1<<16},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			cfg := c.cfg
@@ -262,6 +267,11 @@ func FuzzLexer(f *testing.F) {
 		`{"token_ids":[01]}`, `[]`, `{}`, `null`, `"\ud800"`, "\"\xff\"", `{"a":{"b":[true,false,null,-1.5e-3]}}`,
 		`{"token_ids" : [ 1 , 2 ] , "model_name" : "m" , "x" : { } }`,
 		`{"token_ids":[1],"model_name":"a","MODEL_NAME":"b","model_name":"c"}`,
+		`{"model_name":"m","token_ids":[1,2],"role":"decode","selection_id":"s","pinned_worker":{"worker_id":3,"dp_rank":1},` +
+			`"allowed_worker_ids":[1,18446744073709551615],"routing_constraints":{"required_taints":["a"],"preferred_taints":{"b":-0.5}},"router_temperature":0.7}`,
+		`{"request_id":"r","model_name":"m","block_hashes":[-1,2],"isl_tokens":64,"prefill_routing_group":null,` +
+			`"policy":{"kind":"isl_or_load","eff_isl_threshold":100,"prefill_busy_threshold":null},"pinned_prefill_worker":null,"prefill_failure":"free_decode"}`,
+		`{"selection_id":"s","model_name":"m","worker_id":7,"dp_rank":2,"token_ids":null,"block_hashes":[1],"extra":{"x":[]}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -330,6 +340,24 @@ func FuzzLexer(f *testing.F) {
 				t.Fatalf("%q: model %q", data, k.Model)
 			}
 		}
+		// The selection bodies: what the lexer accepts, encoding/json reads
+		// the same, for documents whose keys are all lower case and unique
+		// (encoding/json matches keys case-insensitively and merges
+		// repeated objects).
+		if plainKeys(data) {
+			sel := func() *selDecoder {
+				return &selDecoder{lexer: lexer{data: data}, maxTokens: 1 << 20, maxHashes: 1 << 20}
+			}
+			if got, err := sel().decodeSelect(); err == nil {
+				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &SelectRequest{}, func(v *SelectRequest) any { return normalPrompt(*v, &v.Prompt) })
+			}
+			if got, err := sel().decodeReserve(); err == nil {
+				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &ReserveRequest{}, func(v *ReserveRequest) any { return normalPrompt(*v, &v.Prompt) })
+			}
+			if got, err := sel().decodePlan(); err == nil {
+				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &PlanRequest{}, func(v *PlanRequest) any { return normalPrompt(*v, &v.Prompt) })
+			}
+		}
 		if req, err := decodeRegister(data); err == nil {
 			// encoding/json matches keys case-insensitively; compare only
 			// documents whose keys are all lower case.
@@ -344,6 +372,102 @@ func FuzzLexer(f *testing.F) {
 			}
 		}
 	})
+}
+
+// sameAsJSON fails t unless encoding/json, decoding data into fresh,
+// either fails or yields got (both normalised by norm).
+func sameAsJSON[T any](t *testing.T, data []byte, got any, fresh *T, norm func(*T) any) {
+	t.Helper()
+	if json.Unmarshal(data, fresh) != nil {
+		return
+	}
+	if want := norm(fresh); !reflect.DeepEqual(got, want) {
+		t.Fatalf("%q: decoded %+v, encoding/json %+v", data, got, want)
+	}
+}
+
+// normalPrompt returns v with the empty lists of p (a field of v) and of
+// the request's other lists made nil, where encoding/json and the lexer
+// differ only in nil versus empty.
+func normalPrompt[T any](v T, p *Prompt) T {
+	if len(p.TokenIDs) == 0 {
+		p.TokenIDs = nil
+	}
+	if len(p.BlockHashes) == 0 {
+		p.BlockHashes = nil
+	}
+	switch r := any(&v).(type) {
+	case *SelectRequest:
+		r.Prompt = *p
+		r.AllowedWorkerIDs = normalIDs(r.AllowedWorkerIDs)
+	case *ReserveRequest:
+		r.Prompt = *p
+	case *PlanRequest:
+		r.Prompt = *p
+		r.AllowedWorkerIDs = normalIDs(r.AllowedWorkerIDs)
+	}
+	return v
+}
+
+func normalIDs(ids []uint64) []uint64 {
+	if len(ids) == 0 {
+		return nil
+	}
+	return ids
+}
+
+// plainKeys reports whether data is JSON whose object keys, at every
+// depth, are lower case and unique within their object.
+func plainKeys(data []byte) bool {
+	type frame struct {
+		object, wantKey bool
+		keys            map[string]bool
+	}
+	dec := json.NewDecoder(strings.NewReader(string(data)))
+	var stack []*frame
+	value := func() { // a value ended: its object waits for a key again
+		if n := len(stack); n > 0 && stack[n-1].object {
+			stack[n-1].wantKey = true
+		}
+	}
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			return true
+		}
+		if err != nil {
+			return false
+		}
+		top := (*frame)(nil)
+		if n := len(stack); n > 0 {
+			top = stack[n-1]
+		}
+		switch tok := tok.(type) {
+		case json.Delim:
+			switch tok {
+			case '{', '[':
+				if top != nil && top.object {
+					top.wantKey = false
+				}
+				stack = append(stack, &frame{object: tok == '{', wantKey: true, keys: map[string]bool{}})
+			default:
+				stack = stack[:len(stack)-1]
+				value()
+			}
+		case string:
+			if top != nil && top.object && top.wantKey {
+				if strings.ToLower(tok) != tok || top.keys[tok] {
+					return false
+				}
+				top.keys[tok] = true
+				top.wantKey = false
+				continue
+			}
+			value()
+		default:
+			value()
+		}
+	}
 }
 
 // exactKeys reports whether every key of a top-level object is lower case

@@ -1,7 +1,9 @@
 // Package api is prefixd's HTTP API, the one transport adapter over the
 // index and the worker catalog: it is the only prefixd package that
-// imports net/http. NewHandler returns the handler; the caller owns the
-// server (listener, timeouts, shutdown).
+// imports net/http. NewHandler returns the handler and NewServer the
+// http.Server to serve it with (its read timeouts and header limit); the
+// caller owns the listener, and Serve runs the server until a context
+// ends, then drains it.
 //
 // The routes and shapes are those of Dynamo's standalone indexer (and the
 // Mooncake KV indexer RFC), so its clients work unchanged:
@@ -18,8 +20,9 @@
 //
 // Differences from Dynamo, all additive: WorkerInfo carries per-rank
 // last_seq, degraded and block counts and the catalog fields; RegisterRequest
-// takes prefixd's optional Extensions; POST /register and /unregister can
-// require a bearer token (Config.APIToken); bodies and token counts are
+// takes prefixd's optional Extensions; a bearer token can guard the writes
+// and /dump (Config.APIToken) and the other reads but the probes
+// (Config.ReadToken; see accessOf); bodies and token counts are
 // limited (413). Like Dynamo, request bodies are read whatever their
 // Content-Type, and unknown fields are ignored (forward compatibility), so a
 // misspelt optional field is silently ignored too.

@@ -58,7 +58,7 @@ type InstanceScore struct {
 }
 
 func noPartition(k indexer.PartitionKey) *httpError {
-	return &httpError{http.StatusNotFound, fmt.Sprintf("no indexer for model=%s routing_group=%s", k.Model, k.Group)}
+	return &httpError{http.StatusNotFound, fmt.Sprintf("no indexer for model=%s routing_group=%s", clip(k.Model, maxEcho), clip(k.Group, maxEcho))}
 }
 
 func (h *handler) query(w http.ResponseWriter, r *http.Request) {
@@ -88,7 +88,7 @@ func (h *handler) queryByHash(w http.ResponseWriter, r *http.Request) {
 		writeError(w, herr)
 		return
 	}
-	k, hashes, err := decodeQueryByHash(body, s.hashes[:0], h.cfg.MaxTokens)
+	k, hashes, err := decodeQueryByHash(body, s.hashes[:0], h.cfg.MaxBlockHashes)
 	s.hashes = hashes
 	if err != nil {
 		h.fail(w, r, err)
@@ -215,7 +215,7 @@ func decodeQuery(body []byte, tokens []uint32, limit int) (QueryRequest, error) 
 		case "cache_salt":
 			req.CacheSalt, err = l.string(key, true)
 		default:
-			err = l.skip(key, 1) // unknown: tolerated for forward compatibility
+			err = l.skip(clip(key, maxEcho), 1) // unknown: tolerated for forward compatibility
 		}
 		return err
 	})
@@ -258,7 +258,7 @@ func decodeQueryByHash(body []byte, hashes []uint64, limit int) (indexer.Partiti
 				err = badRequest(key, "must be omitted or null: block hashes are already salted")
 			}
 		default:
-			err = l.skip(key, 1)
+			err = l.skip(clip(key, maxEcho), 1)
 		}
 		return err
 	})

@@ -1,12 +1,10 @@
 package api
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"strconv"
 	"strings"
@@ -230,17 +228,18 @@ type PlanInfo struct {
 }
 
 // registerSelection adds the selection routes. Path-only patterns (with
-// {id} wildcards) keep the JSON 405 of methods for every route.
+// {id} wildcards) keep the JSON 405 of methods for every route; accessOf
+// says which token each needs.
 func (h *handler) registerSelection(route func(string, methods)) {
 	route("/select", methods{http.MethodPost: h.selectWorker})
-	route("/select_and_reserve", methods{http.MethodPost: h.auth(h.selectAndReserve)})
-	route("/reservations", methods{http.MethodPost: h.auth(h.reserve)})
-	route("/reservations/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.reservePrefillComplete)})
-	route("/reservations/{id}", methods{http.MethodDelete: h.auth(h.freeReservation)})
-	route("/disagg/plans", methods{http.MethodPost: h.auth(h.createPlan)})
-	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.auth(h.planPrefillComplete)})
-	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.auth(h.planPrefillFailed)})
-	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.auth(h.releasePlan)})
+	route("/select_and_reserve", methods{http.MethodPost: h.selectAndReserve})
+	route("/reservations", methods{http.MethodPost: h.reserve})
+	route("/reservations/{id}/prefill_complete", methods{http.MethodPost: h.reservePrefillComplete})
+	route("/reservations/{id}", methods{http.MethodDelete: h.freeReservation})
+	route("/disagg/plans", methods{http.MethodPost: h.createPlan})
+	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.planPrefillComplete})
+	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.planPrefillFailed})
+	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.releasePlan})
 }
 
 // selector returns the Selector, or writes a 503 when there is none.
@@ -259,75 +258,54 @@ func selectionError(err error) error {
 	return workersError(err)
 }
 
-// decodeJSON reads r's body as JSON into v, naming the field at fault.
-func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) *httpError {
+// decodeBody reads r's body and decodes it with decode, which must not
+// keep the body (the scratch buffer holding it is reused once decodeBody
+// returns). Errors name the field at fault.
+func decodeBody[T any](h *handler, w http.ResponseWriter, r *http.Request, decode func(*selDecoder) (T, error)) (T, error) {
 	s := h.getScratch()
 	defer h.putScratch(s)
 	body, herr := h.readBody(w, r, s)
 	if herr != nil {
-		return herr
+		var zero T
+		return zero, herr
 	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		return badRequest("body", "empty; expected a JSON object")
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if err := dec.Decode(v); err != nil {
-		var te *json.UnmarshalTypeError
-		var se *json.SyntaxError
-		switch {
-		case errors.As(err, &te) && te.Field != "":
-			// Fields of the embedded Prompt are named as on the wire.
-			return badRequest(strings.TrimPrefix(te.Field, "Prompt."), "expected %s, got JSON %s", te.Type, te.Value)
-		case errors.As(err, &te):
-			return badRequest("body", "expected a JSON object, got %s", te.Value)
-		case errors.As(err, &se):
-			return badRequest("body", "malformed JSON at offset %d: %v", se.Offset, err)
-		case errors.Is(err, io.ErrUnexpectedEOF):
-			return badRequest("body", "truncated JSON")
-		}
-		return badRequest("body", "%v", err)
-	}
-	if dec.More() {
-		return badRequest("body", "trailing data after the JSON object")
-	}
-	return nil
+	return decode(h.selDecoder(body))
 }
 
-// checkID validates an id a client chooses: non-empty, no '/'.
+// maxIDBytes bounds the ids a client chooses (selection_id, request_id).
+const maxIDBytes = 256
+
+// checkID validates an id a client chooses: non-empty, at most maxIDBytes,
+// no '/'.
 func checkID(field, id string) *httpError {
 	switch {
 	case id == "":
 		return badRequest(field, "required")
+	case len(id) > maxIDBytes:
+		return badRequest(field, "%q is longer than %d bytes", clip(id, maxEcho), maxIDBytes)
 	case strings.Contains(id, "/"):
 		return badRequest(field, "%q must not contain '/'", id)
-	case len(id) > 256:
-		return badRequest(field, "longer than 256 bytes")
 	}
 	return nil
 }
 
-func (h *handler) checkPrompt(p *Prompt) *httpError {
+// checkPrompt checks what decoding leaves: one form of prompt, and salts
+// only with token ids. (Decoding bounded the counts and isl_tokens.)
+func checkPrompt(p *Prompt) *httpError {
 	if len(p.BlockHashes) > 0 {
 		switch {
 		case len(p.TokenIDs) > 0:
 			return badRequest("block_hashes", "give token_ids or block_hashes, not both")
 		case p.LoraName != "" || p.CacheSalt != "":
 			return badRequest("block_hashes", "hashes are already salted: omit lora_name and cache_salt")
-		case len(p.BlockHashes) > h.cfg.MaxTokens:
-			return tooLarge("block_hashes", "%d hashes exceeds the limit of %d", len(p.BlockHashes), h.cfg.MaxTokens)
-		case p.ISLTokens < 0:
-			return badRequest("isl_tokens", "%d must not be negative", p.ISLTokens)
 		}
 		return nil
 	}
-	if p.ISLTokens != 0 {
-		return badRequest("isl_tokens", "only with block_hashes")
-	}
 	switch {
+	case p.ISLTokens != 0:
+		return badRequest("isl_tokens", "only with block_hashes")
 	case len(p.TokenIDs) == 0:
 		return badRequest("token_ids", "required (a non-empty array of token ids, or block_hashes)")
-	case len(p.TokenIDs) > h.cfg.MaxTokens:
-		return tooLarge("token_ids", "%d tokens exceeds the limit of %d", len(p.TokenIDs), h.cfg.MaxTokens)
 	}
 	return nil
 }
@@ -345,20 +323,21 @@ func checkPartition(model string, group, role *string) *httpError {
 			*role = RoleAggregated
 		case RoleAggregated, RolePrefill, RoleDecode:
 		default:
-			return badRequest("role", "%q is not one of aggregated, prefill, decode", *role)
+			return badRequest("role", "%q is not one of aggregated, prefill, decode", clip(*role, maxEcho))
 		}
 	}
 	return nil
 }
 
 func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve bool) (SelectRequest, bool) {
-	var req SelectRequest
-	herr := h.decodeJSON(w, r, &req)
-	if herr == nil {
-		herr = checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
+	req, err := decodeBody(h, w, r, (*selDecoder).decodeSelect)
+	if err != nil {
+		h.fail(w, r, err)
+		return req, false
 	}
+	herr := checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
 	if herr == nil {
-		herr = h.checkPrompt(&req.Prompt)
+		herr = checkPrompt(&req.Prompt)
 	}
 	if herr == nil && (reserve || req.SelectionID != "") {
 		herr = checkID("selection_id", req.SelectionID)
@@ -405,11 +384,12 @@ func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool)
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
-	var req ReserveRequest
-	herr := h.decodeJSON(w, r, &req)
-	if herr == nil {
-		herr = checkID("selection_id", req.SelectionID)
+	req, err := decodeBody(h, w, r, (*selDecoder).decodeReserve)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
+	herr := checkID("selection_id", req.SelectionID)
 	if herr == nil {
 		herr = checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
 	}
@@ -417,7 +397,7 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 		herr = badRequest("worker_id", "required (only the explicit form of /reservations is supported)")
 	}
 	if herr == nil {
-		herr = h.checkPrompt(&req.Prompt)
+		herr = checkPrompt(&req.Prompt)
 	}
 	if herr != nil {
 		writeError(w, herr)
@@ -470,16 +450,17 @@ func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(
 }
 
 func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
-	var req PlanRequest
-	herr := h.decodeJSON(w, r, &req)
-	if herr == nil {
-		herr = checkID("request_id", req.ID)
+	req, err := decodeBody(h, w, r, (*selDecoder).decodePlan)
+	if err != nil {
+		h.fail(w, r, err)
+		return
 	}
+	herr := checkID("request_id", req.ID)
 	if herr == nil {
 		herr = checkPartition(req.ModelName, &req.RoutingGroup, nil)
 	}
 	if herr == nil {
-		herr = h.checkPrompt(&req.Prompt)
+		herr = checkPrompt(&req.Prompt)
 	}
 	if herr == nil {
 		herr = checkPlanPolicy(&req)
@@ -505,13 +486,13 @@ func checkPlanPolicy(r *PlanRequest) *httpError {
 	switch r.PrefillFailure {
 	case "", "free_decode", "bypass_on_decode":
 	default:
-		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", r.PrefillFailure)
+		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", clip(r.PrefillFailure, maxEcho))
 	}
 	if p := r.Policy; p != nil {
 		switch p.Kind {
 		case "off", "isl_bounding", "prefill_load", "isl_or_load":
 		default:
-			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", p.Kind)
+			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", clip(p.Kind, maxEcho))
 		}
 		for _, f := range []struct {
 			name string
@@ -541,7 +522,7 @@ func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan PlanInfo
 	writeJSON(w, he.status, struct {
 		Error string    `json:"error"`
 		Plan  *PlanInfo `json:"plan"`
-	}{he.msg, &plan})
+	}{clip(he.msg, maxErrorBytes), &plan})
 }
 
 func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {

@@ -58,6 +58,12 @@ func Invalid(field, format string, args ...any) error {
 // DefaultRoutingGroup is the routing group of requests that name none.
 const DefaultRoutingGroup = "default"
 
+// MaxDataParallelSize bounds data_parallel_size on /register: it is the
+// catalog's bound (catalog.MaxDataParallelSize, which a test checks),
+// mirrored here rather than imported so that the API's clients do not
+// link the etcd client that shares the catalog package.
+const MaxDataParallelSize = 4096
+
 // RegisterRequest is the body of POST /register: Dynamo's standalone
 // indexer fields (instance_id … replay_endpoint) plus prefixd's optional
 // Extensions. The JSON tags are the wire names; additional_salt (alias
@@ -93,6 +99,8 @@ type Extensions struct {
 	// DataParallelSize > 1 registers ranks DPRank … DPRank+size-1 in one
 	// request, each at vLLM's per-rank endpoint (the tcp port, or the
 	// inproc name, offset by the rank's distance from DPRank); 0 means 1.
+	// At most MaxDataParallelSize, and DPRank+size-1 must be a dp rank
+	// (400 otherwise).
 	DataParallelSize uint32 `json:"data_parallel_size,omitempty"`
 	// TotalKVBlocks is the KV cache capacity of one rank, in blocks.
 	TotalKVBlocks uint64 `json:"total_kv_blocks,omitempty"`
@@ -348,6 +356,9 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 	case req.BlockSize == 0:
 		return req, badRequest("block_size", "must be positive")
 	}
+	if last := uint64(req.DPRank) + uint64(max(req.DataParallelSize, 1)) - 1; last > math.MaxUint32 {
+		return req, badRequest("data_parallel_size", "%d ranks from dp_rank %d run past the last dp rank, %d", max(req.DataParallelSize, 1), req.DPRank, uint32(math.MaxUint32))
+	}
 	if req.RoutingGroup == "" {
 		req.RoutingGroup = DefaultRoutingGroup
 	}
@@ -372,7 +383,7 @@ func (l *lexer) extension(key string, x *Extensions) error {
 		x.Topic, err = l.string(key, true)
 	case "data_parallel_size":
 		var v uint64
-		v, err = l.uint(key, math.MaxUint32)
+		v, err = l.uint(key, MaxDataParallelSize)
 		x.DataParallelSize = uint32(v)
 	case "total_kv_blocks":
 		x.TotalKVBlocks, err = l.uint(key, math.MaxUint64)
@@ -390,11 +401,11 @@ func (l *lexer) extension(key string, x *Extensions) error {
 			x.KVTransferPreferredWeight, err = l.float(key)
 		}
 	case "topology_domains":
-		x.TopologyDomains, err = l.stringMap(key)
+		x.TopologyDomains, err = l.stringMap(key, MaxTaints)
 	case "taints":
-		x.Taints, err = l.strings(key)
+		x.Taints, err = l.strings(key, MaxTaints, 0)
 	default:
-		err = l.skip(key, 1) // unknown: tolerated for forward compatibility
+		err = l.skip(clip(key, maxEcho), 1) // unknown: tolerated for forward compatibility
 	}
 	return err
 }
@@ -405,26 +416,30 @@ func (l *lexer) extension(key string, x *Extensions) error {
 func checkEndpoint(field, ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {
-		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", ep)
+		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", clip(ep, maxEcho))
 	}
 	switch scheme {
 	case "tcp":
 		host, port, err := net.SplitHostPort(addr)
 		if err != nil {
-			return badRequest(field, "%q: %v", ep, err)
+			why := err.Error()
+			if ae, ok := err.(*net.AddrError); ok {
+				why = ae.Err // the rest repeats the address
+			}
+			return badRequest(field, "%q: %s", clip(ep, maxEcho), why)
 		}
 		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
-			return badRequest(field, "%q: host %q is not an address to connect to", ep, host)
+			return badRequest(field, "%q: host %q is not an address to connect to", clip(ep, maxEcho), clip(host, maxEcho))
 		}
 		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-			return badRequest(field, "%q: port %q is not in 1–65535", ep, port)
+			return badRequest(field, "%q: port %q is not in 1–65535", clip(ep, maxEcho), clip(port, maxEcho))
 		}
 	case "ipc", "inproc":
 		if addr == "" {
-			return badRequest(field, "%q: empty %s address", ep, scheme)
+			return badRequest(field, "%q: empty %s address", clip(ep, maxEcho), scheme)
 		}
 	default:
-		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", ep, scheme)
+		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", clip(ep, maxEcho), clip(scheme, maxEcho))
 	}
 	return nil
 }
@@ -454,7 +469,7 @@ func decodeUnregister(body []byte) (UnregisterRequest, error) {
 				req.DPRank = &rank
 			}
 		default:
-			err = l.skip(key, 1) // tenant_id and unknown fields
+			err = l.skip(clip(key, maxEcho), 1) // tenant_id and unknown fields
 		}
 		return err
 	})

@@ -2,12 +2,15 @@ package daemon
 
 import (
 	"cmp"
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -40,23 +43,26 @@ type selector struct {
 	c     *coordinator.Coordinator
 	// catalog facts the coordinator does not keep
 	endpoints  map[indexer.Rank]string
-	blockSizes map[indexer.PartitionKey]int
+	blockSizes map[indexer.PartitionKey]int // every partition that has had a selectable worker
 	ranks      map[catalog.Key][]indexer.Rank
 	byID       map[string]coordinator.PoolKey
+	// unschedulable: workers registered without an engine endpoint, by
+	// the pool they would join. They are indexed, but a selection could
+	// not say where to send the request, so they join no pool.
+	unschedulable map[catalog.Key]coordinator.PoolKey
 	// finished plans (compensated, released by expiry or worker removal),
-	// for GET /disagg/plans/{id}; FIFO-bounded by maxFinished.
-	finished      map[string]coordinator.Plan
-	finishedOrder []string
-	log           *slog.Logger
-	metrics       *planMetrics
+	// for GET /disagg/plans/{id}.
+	finished *finishedPlans
+	log      *slog.Logger
+	metrics  *planMetrics
 }
 
 var _ api.Selector = (*selector)(nil)
 
 func newSelector(ix *indexer.Index, pcfg coordinator.PoolConfig, ccfg coordinator.CoordinatorConfig, log *slog.Logger, reg prometheus.Registerer) *selector {
 	s := &selector{ix: ix, endpoints: map[indexer.Rank]string{}, blockSizes: map[indexer.PartitionKey]int{},
-		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, finished: map[string]coordinator.Plan{}, log: log,
-		metrics: newPlanMetrics(reg)}
+		ranks: map[catalog.Key][]indexer.Rank{}, byID: map[string]coordinator.PoolKey{}, unschedulable: map[catalog.Key]coordinator.PoolKey{},
+		finished: newFinishedPlans(maxFinished), log: log, metrics: newPlanMetrics(reg)}
 	s.pools = coordinator.NewPools(pcfg, rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64())))
 	s.c = coordinator.NewCoordinator(s.pools, s, ccfg)
 	return s
@@ -113,7 +119,7 @@ func (s *selector) partitionBlockSize(k indexer.PartitionKey) (int, error) {
 		if bs, ok := s.blockSizes[k]; ok {
 			return bs, nil
 		}
-		return 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, k.Model, k.Group)
+		return 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, api.Clip(k.Model), api.Clip(k.Group))
 	}
 	return bs, err
 }
@@ -128,7 +134,7 @@ func (s *selector) Overlaps(model, group string, tokens []uint32, lora, salt str
 		if bs, ok := s.blockSizes[k]; ok {
 			return nil, bs, nil
 		}
-		return nil, 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, model, group)
+		return nil, 0, fmt.Errorf("%w: model_name=%s routing_group=%s has no workers", api.ErrUnavailable, api.Clip(model), api.Clip(group))
 	}
 	if err != nil {
 		return nil, 0, err
@@ -151,16 +157,25 @@ func coordinatorRole(r catalog.Role) (coordinator.Role, bool) {
 }
 
 // setWorker brings the pools in step with a worker record: one
-// coordinator worker per dp rank; ranks it no longer has leave.
+// coordinator worker per dp rank; ranks it no longer has leave. A worker
+// without an engine endpoint joins no pool (it is only remembered, to
+// explain why a pool is empty).
 func (s *selector) setWorker(w catalog.Worker) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	now := time.Now()
 	key := catalog.Key{Model: w.ModelName, Group: w.RoutingGroup, WorkerID: w.WorkerID}
-	role, ok := coordinatorRole(w.Role)
-	var ranks []indexer.Rank
-	if ok {
+	role, selectable := coordinatorRole(w.Role)
+	delete(s.unschedulable, key)
+	if selectable {
 		s.blockSizes[indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}] = int(w.BlockSize)
+		if w.Endpoint == "" {
+			s.unschedulable[key] = coordinator.PoolKey{Model: w.ModelName, Group: w.RoutingGroup, Role: role}
+			selectable = false
+		}
+	}
+	var ranks []indexer.Rank
+	if selectable {
 		for _, dp := range w.Ranks() {
 			cw := coordinator.Worker{Rank: indexer.Rank{WorkerID: w.WorkerID, DPRank: dp}, Model: w.ModelName, Group: w.RoutingGroup, Role: role,
 				TotalKVBlocks: int(min(w.TotalKVBlocks, 1<<40)), MaxNumBatchedTokens: int(min(w.MaxNumBatchedTokens, 1<<40)),
@@ -203,6 +218,7 @@ func (s *selector) removeWorker(key catalog.Key) {
 		s.removeRank(r, now)
 	}
 	delete(s.ranks, key)
+	delete(s.unschedulable, key)
 }
 
 func (s *selector) removeRank(r indexer.Rank, now time.Time) {
@@ -216,16 +232,8 @@ func (s *selector) record(plans []coordinator.Plan) {
 	for _, p := range plans {
 		_, live := s.c.Get(p.ID)
 		s.metrics.observe(p, live, s.c.Len())
-		if live {
-			continue
-		}
-		if _, ok := s.finished[p.ID]; !ok {
-			s.finishedOrder = append(s.finishedOrder, p.ID)
-		}
-		s.finished[p.ID] = p
-		if len(s.finishedOrder) > maxFinished {
-			delete(s.finished, s.finishedOrder[0])
-			s.finishedOrder = s.finishedOrder[1:]
+		if !live {
+			s.finished.add(p)
 		}
 	}
 }
@@ -305,9 +313,18 @@ func constraints(rc *api.RoutingConstraints) coordinator.Constraints {
 
 // query builds the pool query of a selection request; s.mu is held.
 func (s *selector) query(k coordinator.PoolKey, r *api.SelectRequest) (*coordinator.Pool, coordinator.Query, error) {
+	if err := s.knownPartition(k.Model, k.Group); err != nil {
+		return nil, coordinator.Query{}, err
+	}
+	if pin := r.PinnedWorker; pin != nil {
+		if pk, ok := s.unschedulable[catalog.Key{Model: k.Model, Group: k.Group, WorkerID: pin.WorkerID}]; ok && pk == k {
+			return nil, coordinator.Query{}, fmt.Errorf("%w: worker %d of pool %s is registered without an engine_endpoint: indexed, but not schedulable",
+				api.ErrNotFound, pin.WorkerID, poolName(k))
+		}
+	}
 	p := s.pools.Pool(k)
 	if p == nil {
-		return nil, coordinator.Query{}, fmt.Errorf("%w: pool %v has no workers", api.ErrUnavailable, k)
+		return nil, coordinator.Query{}, s.noWorkers(k)
 	}
 	prompt, err := s.prompt(k, &r.Prompt)
 	if err != nil {
@@ -338,13 +355,14 @@ func (s *selector) selection(r *api.SelectRequest, q *coordinator.Query, sel coo
 func (s *selector) Select(_ context.Context, r api.SelectRequest) (api.Selection, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, q, err := s.query(poolKey(r.ModelName, r.RoutingGroup, r.Role), &r)
+	k := poolKey(r.ModelName, r.RoutingGroup, r.Role)
+	p, q, err := s.query(k, &r)
 	if err != nil {
 		return api.Selection{}, selError(err)
 	}
 	sel, err := p.Select(q)
 	if err != nil {
-		return api.Selection{}, selError(err)
+		return api.Selection{}, s.poolError(k, err)
 	}
 	return s.selection(&r, &q, sel), nil
 }
@@ -362,7 +380,7 @@ func (s *selector) SelectAndReserve(_ context.Context, r api.SelectRequest) (api
 	}
 	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
 	if err != nil {
-		return api.Selection{}, selError(err)
+		return api.Selection{}, s.poolError(k, err)
 	}
 	s.byID[r.SelectionID] = k
 	s.metrics.route(sel.Rank, "reservation")
@@ -404,7 +422,7 @@ func (s *selector) Reserve(_ context.Context, r api.ReserveRequest) (api.Reserva
 	}
 	sel, err := p.SelectAndReserve(r.SelectionID, q, time.Now())
 	if err != nil {
-		return api.Reservation{}, selError(err)
+		return api.Reservation{}, s.poolError(k, err)
 	}
 	s.byID[r.SelectionID] = k
 	return api.Reservation{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
@@ -468,13 +486,27 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 	if r.PinnedPrefillWorker != nil {
 		req.PinnedPrefill = &indexer.Rank{WorkerID: r.PinnedPrefillWorker.WorkerID, DPRank: r.PinnedPrefillWorker.DPRank}
 	}
+	dk := coordinator.PoolKey{Model: req.Model, Group: req.DecodeGroup, Role: coordinator.RoleDecode}
+	pk := coordinator.PoolKey{Model: req.Model, Group: req.PrefillGroup, Role: coordinator.RolePrefill}
+	for _, k := range []coordinator.PoolKey{dk, pk} {
+		if err := s.knownPartition(k.Model, k.Group); err != nil {
+			return api.PlanInfo{}, err
+		}
+	}
 	if _, ok := s.c.Get(r.ID); !ok {
-		delete(s.finished, r.ID) // a new plan reuses a finished id
+		s.finished.remove(r.ID) // a new plan reuses a finished id
 	}
 	p, err := s.c.Plan(req, time.Now())
 	_, live := s.c.Get(p.ID)
 	s.metrics.observe(p, live, s.c.Len())
 	if err != nil {
+		if errors.Is(err, coordinator.ErrNoWorkers) {
+			for _, k := range []coordinator.PoolKey{dk, pk} {
+				if n := s.unschedulableIn(k); n > 0 && s.emptyPool(k) {
+					err = fmt.Errorf("%w (pool %s: %s registered without an engine_endpoint, not schedulable)", err, poolName(k), workers(n))
+				}
+			}
+		}
 		return s.planInfo(p, promptLen(&r.Prompt)), selError(err)
 	}
 	if p.Decode != nil && p.Signals != nil {
@@ -525,7 +557,7 @@ func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
 	defer s.mu.Unlock()
 	p, ok := s.c.Get(id)
 	if !ok {
-		p, ok = s.finished[id]
+		p, ok = s.finished.get(id)
 	}
 	if !ok {
 		return api.PlanInfo{}, fmt.Errorf("%w: plan %s not found", api.ErrNotFound, id)
@@ -584,3 +616,137 @@ func (s *selector) planInfo(p coordinator.Plan, tokens int) api.PlanInfo {
 	}
 	return out
 }
+
+// knownPartition is nil if (model, group) has had a worker that could be
+// selected, else an ErrNotFound (404) naming the partition and what is
+// known: the model's routing groups, or the models.
+func (s *selector) knownPartition(model, group string) error {
+	if _, ok := s.blockSizes[indexer.PartitionKey{Model: model, Group: group}]; ok {
+		return nil
+	}
+	groups, models := map[string]bool{}, map[string]bool{}
+	for k := range s.blockSizes {
+		models[k.Model] = true
+		if k.Model == model {
+			groups[k.Group] = true
+		}
+	}
+	what := "no such model (known models: " + listed(models) + ")"
+	switch {
+	case len(groups) > 0:
+		what = "no such routing group (routing groups of the model: " + listed(groups) + ")"
+	case len(models) == 0:
+		what = "no such model (no model has workers)"
+	}
+	return fmt.Errorf("%w: model_name=%s routing_group=%s: %s", api.ErrNotFound, api.Clip(model), api.Clip(group), what)
+}
+
+// maxListed bounds the names an error lists.
+const maxListed = 8
+
+// listed renders names sorted, at most maxListed of them, each clipped.
+func listed(names map[string]bool) string {
+	sorted := slices.Sorted(maps.Keys(names))
+	out := make([]string, 0, min(len(sorted), maxListed)+1)
+	for _, n := range sorted[:min(len(sorted), maxListed)] {
+		out = append(out, api.Clip(n))
+	}
+	if len(sorted) > maxListed {
+		out = append(out, fmt.Sprintf("… %d more", len(sorted)-maxListed))
+	}
+	return strings.Join(out, ", ")
+}
+
+// poolName renders a pool for an error, its names clipped.
+func poolName(k coordinator.PoolKey) string {
+	return api.Clip(k.Model) + "/" + api.Clip(k.Group) + "/" + k.Role.String()
+}
+
+// unschedulableIn counts the workers of pool k registered without an
+// engine endpoint.
+func (s *selector) unschedulableIn(k coordinator.PoolKey) int {
+	n := 0
+	for _, pk := range s.unschedulable {
+		if pk == k {
+			n++
+		}
+	}
+	return n
+}
+
+// workers renders "1 worker", "2 workers".
+func workers(n int) string {
+	if n == 1 {
+		return "1 worker"
+	}
+	return fmt.Sprintf("%d workers", n)
+}
+
+// emptyPool reports whether pool k has no workers (or does not exist).
+func (s *selector) emptyPool(k coordinator.PoolKey) bool {
+	p := s.pools.Pool(k)
+	return p == nil || len(p.Ranks()) == 0
+}
+
+// poolError maps an error of selecting in pool k: a pool left without
+// workers says whether workers without an engine endpoint are why.
+func (s *selector) poolError(k coordinator.PoolKey, err error) error {
+	if errors.Is(err, coordinator.ErrNoWorkers) && s.unschedulableIn(k) > 0 {
+		return s.noWorkers(k)
+	}
+	return selError(err)
+}
+
+// noWorkers is the error for a pool that has no workers, saying how many
+// would be there but for a missing engine endpoint.
+func (s *selector) noWorkers(k coordinator.PoolKey) error {
+	if n := s.unschedulableIn(k); n > 0 {
+		return fmt.Errorf("%w: pool %s has no schedulable workers: %s registered without an engine_endpoint (indexed, but requests cannot be sent to them)",
+			api.ErrUnavailable, poolName(k), workers(n))
+	}
+	return fmt.Errorf("%w: pool %s has no workers", api.ErrUnavailable, poolName(k))
+}
+
+// finishedPlans remembers the last max plans the selector finished, for
+// GetPlan, oldest first: recording an id again (a reused id that finished
+// again) moves it to the back, so eviction always drops the oldest entry
+// that is still remembered. Not safe for concurrent use; the selector's
+// mutex guards it.
+type finishedPlans struct {
+	max   int
+	order *list.List // of coordinator.Plan, oldest first
+	byID  map[string]*list.Element
+}
+
+func newFinishedPlans(max int) *finishedPlans {
+	return &finishedPlans{max: max, order: list.New(), byID: map[string]*list.Element{}}
+}
+
+// add records p as the newest finished plan, evicting the oldest beyond max.
+func (f *finishedPlans) add(p coordinator.Plan) {
+	f.remove(p.ID)
+	f.byID[p.ID] = f.order.PushBack(p)
+	if f.order.Len() > f.max {
+		oldest := f.order.Remove(f.order.Front()).(coordinator.Plan)
+		delete(f.byID, oldest.ID)
+	}
+}
+
+// get returns finished plan id, changing nothing.
+func (f *finishedPlans) get(id string) (coordinator.Plan, bool) {
+	if e, ok := f.byID[id]; ok {
+		return e.Value.(coordinator.Plan), true
+	}
+	return coordinator.Plan{}, false
+}
+
+// remove forgets plan id, if it is remembered.
+func (f *finishedPlans) remove(id string) {
+	if e, ok := f.byID[id]; ok {
+		f.order.Remove(e)
+		delete(f.byID, id)
+	}
+}
+
+// len is the number of plans remembered.
+func (f *finishedPlans) len() int { return f.order.Len() }

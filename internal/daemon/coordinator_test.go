@@ -184,7 +184,10 @@ func TestDaemonDisaggPlan(t *testing.T) {
 	if code, body := call(t, "POST", d.url+"/select_and_reserve", "tok", sel); code != http.StatusConflict {
 		t.Fatalf("duplicate select_and_reserve: %d %s", code, body)
 	}
-	if code, body := call(t, "POST", d.url+"/select", "", map[string]any{"model_name": "other", "token_ids": tokens}); code != http.StatusServiceUnavailable {
-		t.Fatalf("select without workers: %d %s", code, body)
+	// A model no worker serves is a 404 naming it and the known models (a
+	// 503 logged as an error before).
+	if code, body := call(t, "POST", d.url+"/select", "", map[string]any{"model_name": "other", "token_ids": tokens}); code != http.StatusNotFound ||
+		!bytes.Contains(body, []byte(`model_name=other routing_group=default: no such model (known models: m)`)) {
+		t.Fatalf("select of an unknown model: %d %s", code, body)
 	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"testing"
 	"time"
@@ -18,7 +19,8 @@ import (
 func TestSelectorExpireAndRoleChange(t *testing.T) {
 	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
 	w := func(id uint64, role catalog.Role) catalog.Worker {
-		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1}.WithDefaults()
+		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1,
+			Endpoint: fmt.Sprintf("http://w%d:8000", id)}.WithDefaults()
 	}
 	s.setWorker(w(1, catalog.RoleDecode))
 	s.setWorker(w(2, catalog.RolePrefill))
@@ -28,7 +30,7 @@ func TestSelectorExpireAndRoleChange(t *testing.T) {
 		t.Fatalf("plan %+v %v", p, err)
 	}
 	s.expire(time.Now().Add(coordinator.DefaultPlanTTL + time.Second))
-	if got, err := s.GetPlan(ctx, "p"); err != nil || got.State != "Released" {
+	if got, err := s.GetPlan(ctx, "p"); err != nil || got.State != "Expired" {
 		t.Fatalf("after expiry: %+v %v", got, err)
 	}
 	if _, err := s.ReleasePlan(ctx, "p"); !errors.Is(err, api.ErrNotFound) {

@@ -1,0 +1,91 @@
+package api
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// Defaults for the zero values of ServerConfig.
+const (
+	DefaultReadHeaderTimeout = 10 * time.Second
+	DefaultReadTimeout       = 30 * time.Second
+	DefaultIdleTimeout       = 2 * time.Minute
+	DefaultMaxHeaderBytes    = 64 << 10
+)
+
+// ServerConfig configures the HTTP server of NewServer. Zero fields take
+// the defaults above.
+type ServerConfig struct {
+	// ReadHeaderTimeout bounds reading a request's headers.
+	ReadHeaderTimeout time.Duration
+	// ReadTimeout bounds reading a whole request, headers and body, from
+	// its first byte: a body still arriving then is cut off (408, and
+	// the connection is closed), so a client cannot hold a request open
+	// by trickling its body. It does not bound the response: net/http
+	// lifts the read deadline once the body is read (or at once when
+	// there is none), so a long response (GET /dump) keeps its context
+	// (TestServerLongResponse).
+	ReadTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle that long.
+	IdleTimeout time.Duration
+	// MaxHeaderBytes bounds a request's headers (431 beyond).
+	MaxHeaderBytes int
+	// Logger receives the server's own errors (failed accepts, handler
+	// panics) at WARN; nil leaves them to the log package's default.
+	Logger *slog.Logger
+}
+
+// NewServer returns an http.Server for h with cfg's timeouts and limits.
+// It sets no WriteTimeout: /dump streams the whole index, which can take
+// longer than any fixed bound, and a client too slow to read is cut off by
+// the kernel's send buffer filling and TCP keep-alives instead. The caller
+// serves it (Serve) and owns the listener.
+func NewServer(h http.Handler, cfg ServerConfig) *http.Server {
+	if cfg.ReadHeaderTimeout <= 0 {
+		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.MaxHeaderBytes <= 0 {
+		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
+	}
+	srv := &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
+		ReadTimeout:       cfg.ReadTimeout,
+		IdleTimeout:       cfg.IdleTimeout,
+		MaxHeaderBytes:    cfg.MaxHeaderBytes,
+	}
+	if cfg.Logger != nil {
+		srv.ErrorLog = slog.NewLogLogger(cfg.Logger.Handler(), slog.LevelWarn)
+	}
+	return srv
+}
+
+// Serve serves srv on ln until ctx ends, then shuts it down, letting
+// requests in flight finish for at most drain. It returns when the server
+// has stopped: Serve's error, or Shutdown's.
+func Serve(ctx context.Context, srv *http.Server, ln net.Listener, drain time.Duration) error {
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case err := <-served:
+		return err // never ErrServerClosed: only Shutdown below closes it
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}
