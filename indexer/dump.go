@@ -23,6 +23,9 @@ type RankWatermark struct {
 	Seq    uint64
 	HasSeq bool
 	Digest uint64 // of the batch applied as Seq; 0 = unknown
+	// Truncated: the rank had lost entries to the memory cap or its
+	// capacity (Tree.Truncated); a restored rank keeps the flag.
+	Truncated bool
 }
 
 // DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
@@ -58,7 +61,7 @@ func (t *Tree) Dump() *Snapshot {
 	s := &Snapshot{BlockSize: t.blockSize}
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
-		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest})
+		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated})
 	}
 	queue := []uint32{}
 	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
@@ -222,7 +225,8 @@ func Restore(s *Snapshot) (*Tree, error) {
 	}
 	for _, w := range s.Ranks {
 		rid := t.rankID(w.Rank)
-		t.ranks[rid].seq, t.ranks[rid].hasSeq, t.ranks[rid].digest = w.Seq, w.HasSeq, w.Digest
+		rs := &t.ranks[rid]
+		rs.seq, rs.hasSeq, rs.digest, rs.truncated = w.Seq, w.HasSeq, w.Digest, w.Truncated
 	}
 	for i := range s.Events {
 		ev := &s.Events[i]
@@ -235,7 +239,8 @@ func Restore(s *Snapshot) (*Tree, error) {
 		if ev.Offset == 0 {
 			t.nodes[nid].hold[h].pext, t.nodes[nid].hold[h].hasP = ev.ParentHash, ev.HasParent
 		}
-		lk := t.ranks[rid].lookup
+		rs := &t.ranks[rid]
+		lk := rs.lookup
 		n := &t.nodes[nid]
 		H := len(n.hold)
 		for j, b := range ev.Blocks {
@@ -249,6 +254,9 @@ func Restore(s *Snapshot) (*Tree, error) {
 			i := pos*H + h
 			n.ext[i] = b.Hash
 			for tier, c := range b.Counts {
+				if c > 0 {
+					rs.tiers[tier]++
+				}
 				if c > 0xff {
 					t.overflow[ovKey{rid, Tier(tier), b.Hash}] = c - 0xff
 					c = 0xff
@@ -295,6 +303,17 @@ type jsonWatermark struct {
 	DPRank   uint32  `json:"dp_rank"`
 	Seq      *uint64 `json:"last_event_id"`
 	Digest   uint64  `json:"digest,omitempty"`
+	// Truncated is absent when false, so dumps of untruncated ranks are
+	// what they were before the flag existed.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (w *jsonWatermark) watermark() RankWatermark {
+	rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest, Truncated: w.Truncated}
+	if w.Seq != nil {
+		rw.Seq, rw.HasSeq = *w.Seq, true
+	}
+	return rw
 }
 
 type jsonNode struct {
@@ -342,7 +361,7 @@ type jsonBlock struct {
 func (s *Snapshot) MarshalJSON() ([]byte, error) {
 	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
 	for _, w := range s.Ranks {
-		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest}
+		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest, Truncated: w.Truncated}
 		if w.HasSeq {
 			seq := w.Seq
 			jw.Seq = &seq
@@ -389,11 +408,7 @@ func (s *Snapshot) UnmarshalJSON(data []byte) error {
 	}
 	*s = Snapshot{BlockSize: js.BlockSize}
 	for _, w := range js.Watermarks {
-		rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest}
-		if w.Seq != nil {
-			rw.Seq, rw.HasSeq = *w.Seq, true
-		}
-		s.Ranks = append(s.Ranks, rw)
+		s.Ranks = append(s.Ranks, w.watermark())
 	}
 	for _, n := range js.Structural {
 		s.Structural = append(s.Structural, DumpNode(n))
