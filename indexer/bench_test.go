@@ -3,6 +3,7 @@ package indexer_test
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -545,3 +546,34 @@ func BenchmarkIndexApply(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkDump dumps the benchmark index (1,048,576 entries) as a
+// Snapshot and writes it as JSON (WriteJSON to io.Discard), one iteration
+// per dump. snapshot-B/entry is the live heap of the Snapshot, the one
+// large allocation of a /dump; json-B/entry is the JSON's size.
+func BenchmarkDump(b *testing.B) {
+	_, tree := benchIndex(b)
+	entries := tree.Stats().Entries
+	base := heapAfterGC()
+	s := tree.Dump()
+	snapBytes := heapAfterGC() - base
+	var cw countWriter
+	if err := s.WriteJSON(&cw); err != nil {
+		b.Fatal(err)
+	}
+	runtime.KeepAlive(s)
+	s = nil
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := tree.Dump().WriteJSON(io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(snapBytes)/float64(entries), "snapshot-B/entry")
+	b.ReportMetric(float64(cw)/float64(entries), "json-B/entry")
+	b.SetBytes(int64(cw))
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }

@@ -59,6 +59,9 @@ type DumpNode struct {
 // event's parent edge comes before it.
 func (t *Tree) Dump() *Snapshot {
 	s := &Snapshot{BlockSize: t.blockSize}
+	// Every event's blocks are consecutive parts of one array: t.entries
+	// blocks in one allocation rather than a growing slice per event.
+	all := make([]DumpBlock, 0, t.entries)
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
 		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated})
@@ -83,6 +86,7 @@ func (t *Tree) Dump() *Snapshot {
 			hd := &n.hold[h]
 			rank := t.ranks[hd.rid].rank
 			var ev *DumpEvent
+			start := 0
 			for j := 0; j < int(hd.cut); j++ {
 				var b DumpBlock
 				b.Hash, b.TokensHash = n.ext[j*H+h], n.hashes[j]
@@ -105,8 +109,10 @@ func (t *Tree) Dump() *Snapshot {
 					}
 					s.Events = append(s.Events, e)
 					ev = &s.Events[len(s.Events)-1]
+					start = len(all)
 				}
-				ev.Blocks = append(ev.Blocks, b)
+				all = append(all, b)
+				ev.Blocks = all[start:len(all):len(all)]
 			}
 		}
 	}
@@ -290,6 +296,10 @@ func Restore(s *Snapshot) (*Tree, error) {
 }
 
 // ---- JSON: Dynamo's /dump partition shape, with prefixd's extra fields ----
+//
+// The types below are what UnmarshalJSON decodes with encoding/json and
+// document the shape; dumpjson.go writes it (MarshalJSON, WriteJSON) and
+// streams it in (DecodeSnapshot).
 
 type jsonSnapshot struct {
 	BlockSize  int             `json:"block_size"`
@@ -352,52 +362,6 @@ type jsonBlock struct {
 	TokensHash  uint64            `json:"tokens_hash"`
 	MMExtraInfo *struct{}         `json:"mm_extra_info"`
 	Counts      map[string]uint32 `json:"counts,omitempty"`
-}
-
-// MarshalJSON writes the snapshot as one partition of Dynamo's /dump
-// response ({"block_size", "events": [RouterEvent…]}) with synthetic event
-// ids, plus prefixd's fields: per-rank watermarks, node placement and
-// per-tier copy counts.
-func (s *Snapshot) MarshalJSON() ([]byte, error) {
-	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
-	for _, w := range s.Ranks {
-		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest, Truncated: w.Truncated}
-		if w.HasSeq {
-			seq := w.Seq
-			jw.Seq = &seq
-		}
-		js.Watermarks = append(js.Watermarks, jw)
-	}
-	for _, d := range s.Structural {
-		js.Structural = append(js.Structural, jsonNode(d))
-	}
-	for i, ev := range s.Events {
-		st := &jsonStored{Blocks: make([]jsonBlock, len(ev.Blocks))}
-		if ev.HasParent {
-			p := ev.ParentHash
-			st.ParentHash = &p
-		}
-		for j, b := range ev.Blocks {
-			jb := jsonBlock{BlockHash: b.Hash, TokensHash: b.TokensHash}
-			var single [NumTiers]uint32
-			single[ev.Tier] = 1
-			if b.Counts != single {
-				jb.Counts = map[string]uint32{}
-				for tier, c := range b.Counts {
-					if c > 0 {
-						jb.Counts[Tier(tier).String()] = c
-					}
-				}
-			}
-			st.Blocks[j] = jb
-		}
-		js.Events = append(js.Events, jsonEvent{
-			WorkerID: ev.Rank.WorkerID, StorageTier: ev.Tier.String(),
-			Event: jsonKvEvent{EventID: uint64(i), DPRank: ev.Rank.DPRank, Data: jsonKvData{Stored: st}},
-			Node:  ev.Node, ParentNode: ev.ParentNode, Offset: ev.Offset,
-		})
-	}
-	return json.Marshal(js)
 }
 
 // UnmarshalJSON reads what MarshalJSON writes.
