@@ -1,8 +1,10 @@
 package indexer
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // Snapshot is a copy of one tree as events: every rank's blocks as stores,
@@ -56,7 +58,8 @@ type DumpNode struct {
 }
 
 // Dump returns a snapshot of t. Events are ordered breadth first, so every
-// event's parent edge comes before it.
+// event's parent edge comes before it; ranks are in (worker, dp rank)
+// order.
 func (t *Tree) Dump() *Snapshot {
 	s := &Snapshot{BlockSize: t.blockSize}
 	// Every event's blocks are consecutive parts of one array: t.entries
@@ -66,6 +69,9 @@ func (t *Tree) Dump() *Snapshot {
 		st := &t.ranks[rid]
 		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated})
 	}
+	slices.SortFunc(s.Ranks, func(a, b RankWatermark) int { // a dump of one state is one byte string
+		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
+	})
 	queue := []uint32{}
 	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
 		queue = append(queue, c)
