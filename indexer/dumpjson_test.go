@@ -220,9 +220,7 @@ func variants(t *testing.T, raw []byte) map[string][]byte {
 				}
 				out[k] = e
 			}
-			if _, ok := out["start_position"]; ok {
-				delete(out, "start_position")
-			}
+			delete(out, "start_position")
 			if _, ok := out["digest"]; !ok {
 				if _, ok := out["last_event_id"]; ok {
 					out["digest"] = nil
