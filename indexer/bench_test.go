@@ -3,6 +3,7 @@ package indexer_test
 import (
 	"cmp"
 	"fmt"
+	"io"
 	"runtime"
 	"slices"
 	"sync"
@@ -482,3 +483,97 @@ func BenchmarkJoinSharedPrefix(b *testing.B) {
 		})
 	}
 }
+
+// indexBatches groups the workload's events into engine batches of up to
+// four consecutive ops of one rank, as a vLLM publisher batches them.
+func indexBatches(events []workload.Event) (ranks []indexer.Rank, batches [][]indexer.Op) {
+	for i := 0; i < len(events); {
+		r := events[i].Rank
+		ops := []indexer.Op{events[i].Op}
+		for i++; i < len(events) && len(ops) < 4 && events[i].Rank == r; i++ {
+			ops = append(ops, events[i].Op)
+		}
+		ranks, batches = append(ranks, r), append(batches, ops)
+	}
+	return ranks, batches
+}
+
+// BenchmarkIndexApply replays the whole benchmark workload through
+// Index.Apply (locking, watermarks and the memory cap included), one
+// iteration per replay into a fresh index: uncapped; capped at 750,000
+// entries in one partition (the cap evicts through the fill and the
+// churn); and capped with the ranks spread over four partitions.
+func BenchmarkIndexApply(b *testing.B) {
+	w, _ := benchIndex(b)
+	ranks, batches := indexBatches(w.Events)
+	stored, removed := blockOps(w.Events)
+	for _, c := range []struct {
+		name  string
+		cap   int
+		parts int
+	}{{"uncapped", 0, 1}, {"capped", 750_000, 1}, {"capped-4parts", 750_000, 4}} {
+		b.Run(c.name, func(b *testing.B) {
+			keys := make([]indexer.PartitionKey, c.parts)
+			for i := range keys {
+				keys[i] = indexer.PartitionKey{Model: fmt.Sprintf("m%d", i), Group: "default"}
+			}
+			var elapsed time.Duration
+			var evicted uint64
+			for i := 0; i < b.N; i++ {
+				b.StopTimer()
+				ix := indexer.New(indexer.Options{MaxEntries: c.cap})
+				for _, k := range keys {
+					if err := ix.AddPartition(k, w.BlockSize); err != nil {
+						b.Fatal(err)
+					}
+				}
+				runtime.GC()
+				b.StartTimer()
+				t0 := time.Now()
+				for j, ops := range batches {
+					r := ranks[j]
+					res, err := ix.Apply(keys[int(r.WorkerID)%c.parts], r, uint64(j), ops)
+					if err != nil {
+						b.Fatal(err)
+					}
+					evicted += res.Skipped[indexer.ReasonEvicted]
+				}
+				elapsed += time.Since(t0)
+			}
+			sec := elapsed.Seconds()
+			b.ReportMetric(float64(b.N*(stored+removed))/sec, "blocks/s")
+			b.ReportMetric(float64(evicted)/float64(b.N), "evicted/op")
+		})
+	}
+}
+
+// BenchmarkDump dumps the benchmark index (1,048,576 entries) as a
+// Snapshot and writes it as JSON (WriteJSON to io.Discard), one iteration
+// per dump. snapshot-B/entry is the live heap of the Snapshot, the one
+// large allocation of a /dump; json-B/entry is the JSON's size.
+func BenchmarkDump(b *testing.B) {
+	_, tree := benchIndex(b)
+	entries := tree.Stats().Entries
+	base := heapAfterGC()
+	s := tree.Dump()
+	snapBytes := heapAfterGC() - base
+	var cw countWriter
+	if err := s.WriteJSON(&cw); err != nil {
+		b.Fatal(err)
+	}
+	runtime.KeepAlive(s)
+	s = nil
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := tree.Dump().WriteJSON(io.Discard); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(snapBytes)/float64(entries), "snapshot-B/entry")
+	b.ReportMetric(float64(cw)/float64(entries), "json-B/entry")
+	b.SetBytes(int64(cw))
+}
+
+type countWriter int64
+
+func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }

@@ -6,7 +6,10 @@
 // local block hashes (XXH3-64 of the block's tokens), with a per-rank lookup
 // from the engine's opaque block hashes for parent resolution and removal.
 // Index wraps one Tree per (model, routing group) partition and makes it safe
-// for concurrent appliers and matchers.
+// for concurrent appliers and matchers. It enforces a memory cap over all
+// partitions (least recently used leaves first, whichever partition holds
+// them) and per-rank capacities, and flags the ranks these truncate.
+// Snapshot dumps a partition; WriteJSON and DecodeSnapshot stream its JSON.
 //
 // The package does no I/O: it imports nothing from ZMQ, etcd, net/http or
 // Prometheus (TestNoIOImports enforces this).

@@ -1,8 +1,10 @@
 package indexer
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
+	"slices"
 )
 
 // Snapshot is a copy of one tree as events: every rank's blocks as stores,
@@ -23,6 +25,9 @@ type RankWatermark struct {
 	Seq    uint64
 	HasSeq bool
 	Digest uint64 // of the batch applied as Seq; 0 = unknown
+	// Truncated: the rank had lost entries to the memory cap or its
+	// capacity (Tree.Truncated); a restored rank keeps the flag.
+	Truncated bool
 }
 
 // DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
@@ -53,13 +58,20 @@ type DumpNode struct {
 }
 
 // Dump returns a snapshot of t. Events are ordered breadth first, so every
-// event's parent edge comes before it.
+// event's parent edge comes before it; ranks are in (worker, dp rank)
+// order.
 func (t *Tree) Dump() *Snapshot {
 	s := &Snapshot{BlockSize: t.blockSize}
+	// Every event's blocks are consecutive parts of one array: t.entries
+	// blocks in one allocation rather than a growing slice per event.
+	all := make([]DumpBlock, 0, t.entries)
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
-		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest})
+		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated})
 	}
+	slices.SortFunc(s.Ranks, func(a, b RankWatermark) int { // a dump of one state is one byte string
+		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
+	})
 	queue := []uint32{}
 	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
 		queue = append(queue, c)
@@ -80,6 +92,7 @@ func (t *Tree) Dump() *Snapshot {
 			hd := &n.hold[h]
 			rank := t.ranks[hd.rid].rank
 			var ev *DumpEvent
+			start := 0
 			for j := 0; j < int(hd.cut); j++ {
 				var b DumpBlock
 				b.Hash, b.TokensHash = n.ext[j*H+h], n.hashes[j]
@@ -102,8 +115,10 @@ func (t *Tree) Dump() *Snapshot {
 					}
 					s.Events = append(s.Events, e)
 					ev = &s.Events[len(s.Events)-1]
+					start = len(all)
 				}
-				ev.Blocks = append(ev.Blocks, b)
+				all = append(all, b)
+				ev.Blocks = all[start:len(all):len(all)]
 			}
 		}
 	}
@@ -222,7 +237,8 @@ func Restore(s *Snapshot) (*Tree, error) {
 	}
 	for _, w := range s.Ranks {
 		rid := t.rankID(w.Rank)
-		t.ranks[rid].seq, t.ranks[rid].hasSeq, t.ranks[rid].digest = w.Seq, w.HasSeq, w.Digest
+		rs := &t.ranks[rid]
+		rs.seq, rs.hasSeq, rs.digest, rs.truncated = w.Seq, w.HasSeq, w.Digest, w.Truncated
 	}
 	for i := range s.Events {
 		ev := &s.Events[i]
@@ -235,7 +251,8 @@ func Restore(s *Snapshot) (*Tree, error) {
 		if ev.Offset == 0 {
 			t.nodes[nid].hold[h].pext, t.nodes[nid].hold[h].hasP = ev.ParentHash, ev.HasParent
 		}
-		lk := t.ranks[rid].lookup
+		rs := &t.ranks[rid]
+		lk := rs.lookup
 		n := &t.nodes[nid]
 		H := len(n.hold)
 		for j, b := range ev.Blocks {
@@ -249,6 +266,9 @@ func Restore(s *Snapshot) (*Tree, error) {
 			i := pos*H + h
 			n.ext[i] = b.Hash
 			for tier, c := range b.Counts {
+				if c > 0 {
+					rs.tiers[tier]++
+				}
 				if c > 0xff {
 					t.overflow[ovKey{rid, Tier(tier), b.Hash}] = c - 0xff
 					c = 0xff
@@ -282,6 +302,10 @@ func Restore(s *Snapshot) (*Tree, error) {
 }
 
 // ---- JSON: Dynamo's /dump partition shape, with prefixd's extra fields ----
+//
+// The types below are what UnmarshalJSON decodes with encoding/json and
+// document the shape; dumpjson.go writes it (MarshalJSON, WriteJSON) and
+// streams it in (DecodeSnapshot).
 
 type jsonSnapshot struct {
 	BlockSize  int             `json:"block_size"`
@@ -295,6 +319,17 @@ type jsonWatermark struct {
 	DPRank   uint32  `json:"dp_rank"`
 	Seq      *uint64 `json:"last_event_id"`
 	Digest   uint64  `json:"digest,omitempty"`
+	// Truncated is absent when false, so dumps of untruncated ranks are
+	// what they were before the flag existed.
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+func (w *jsonWatermark) watermark() RankWatermark {
+	rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest, Truncated: w.Truncated}
+	if w.Seq != nil {
+		rw.Seq, rw.HasSeq = *w.Seq, true
+	}
+	return rw
 }
 
 type jsonNode struct {
@@ -335,52 +370,6 @@ type jsonBlock struct {
 	Counts      map[string]uint32 `json:"counts,omitempty"`
 }
 
-// MarshalJSON writes the snapshot as one partition of Dynamo's /dump
-// response ({"block_size", "events": [RouterEvent…]}) with synthetic event
-// ids, plus prefixd's fields: per-rank watermarks, node placement and
-// per-tier copy counts.
-func (s *Snapshot) MarshalJSON() ([]byte, error) {
-	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
-	for _, w := range s.Ranks {
-		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest}
-		if w.HasSeq {
-			seq := w.Seq
-			jw.Seq = &seq
-		}
-		js.Watermarks = append(js.Watermarks, jw)
-	}
-	for _, d := range s.Structural {
-		js.Structural = append(js.Structural, jsonNode(d))
-	}
-	for i, ev := range s.Events {
-		st := &jsonStored{Blocks: make([]jsonBlock, len(ev.Blocks))}
-		if ev.HasParent {
-			p := ev.ParentHash
-			st.ParentHash = &p
-		}
-		for j, b := range ev.Blocks {
-			jb := jsonBlock{BlockHash: b.Hash, TokensHash: b.TokensHash}
-			var single [NumTiers]uint32
-			single[ev.Tier] = 1
-			if b.Counts != single {
-				jb.Counts = map[string]uint32{}
-				for tier, c := range b.Counts {
-					if c > 0 {
-						jb.Counts[Tier(tier).String()] = c
-					}
-				}
-			}
-			st.Blocks[j] = jb
-		}
-		js.Events = append(js.Events, jsonEvent{
-			WorkerID: ev.Rank.WorkerID, StorageTier: ev.Tier.String(),
-			Event: jsonKvEvent{EventID: uint64(i), DPRank: ev.Rank.DPRank, Data: jsonKvData{Stored: st}},
-			Node:  ev.Node, ParentNode: ev.ParentNode, Offset: ev.Offset,
-		})
-	}
-	return json.Marshal(js)
-}
-
 // UnmarshalJSON reads what MarshalJSON writes.
 func (s *Snapshot) UnmarshalJSON(data []byte) error {
 	var js jsonSnapshot
@@ -389,11 +378,7 @@ func (s *Snapshot) UnmarshalJSON(data []byte) error {
 	}
 	*s = Snapshot{BlockSize: js.BlockSize}
 	for _, w := range js.Watermarks {
-		rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest}
-		if w.Seq != nil {
-			rw.Seq, rw.HasSeq = *w.Seq, true
-		}
-		s.Ranks = append(s.Ranks, rw)
+		s.Ranks = append(s.Ranks, w.watermark())
 	}
 	for _, n := range js.Structural {
 		s.Structural = append(s.Structural, DumpNode(n))

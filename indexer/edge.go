@@ -174,11 +174,20 @@ func (t *Tree) removeHolder(id uint32, h int) {
 	n := &t.nodes[id]
 	L, H := len(n.hashes), len(n.hold)
 	hd := n.hold[h]
-	lk := t.ranks[hd.rid].lookup
+	rs := &t.ranks[hd.rid]
 	for j := 0; j < int(hd.cut); j++ {
-		x := n.ext[j*H+h]
-		t.dropOverflow(hd.rid, x, n.cnt[j*H+h])
-		delete(lk, x)
+		x, c := n.ext[j*H+h], n.cnt[j*H+h]
+		for tier := Tier(0); tier < NumTiers; tier++ {
+			switch (c >> (8 * tier)) & 0xff {
+			case 0:
+			case 0xff:
+				delete(t.overflow, ovKey{hd.rid, tier, x})
+				rs.tiers[tier]--
+			default:
+				rs.tiers[tier]--
+			}
+		}
+		delete(rs.lookup, x)
 	}
 	t.entries -= int(hd.cut)
 	n.hold = slices.Delete(n.hold, h, h+1)
@@ -197,14 +206,6 @@ func (t *Tree) removeHolder(id uint32, h int) {
 	n.ext, n.cnt = ext, cnt
 }
 
-func (t *Tree) dropOverflow(rid uint32, x uint64, c uint32) {
-	for tier := Tier(0); tier < NumTiers; tier++ {
-		if (c>>(8*tier))&0xff == 0xff {
-			delete(t.overflow, ovKey{rid, tier, x})
-		}
-	}
-}
-
 func (t *Tree) tierCount(id uint32, h int, pos uint32, tier Tier) uint32 {
 	n := &t.nodes[id]
 	i := int(pos)*len(n.hold) + h
@@ -218,9 +219,12 @@ func (t *Tree) tierCount(id uint32, h int, pos uint32, tier Tier) uint32 {
 func (t *Tree) incCount(id uint32, h int, pos uint32, tier Tier) {
 	n := &t.nodes[id]
 	i := int(pos)*len(n.hold) + h
-	if (n.cnt[i]>>(8*tier))&0xff == 0xff {
+	switch (n.cnt[i] >> (8 * tier)) & 0xff {
+	case 0xff:
 		t.overflow[ovKey{n.hold[h].rid, tier, n.ext[i]}]++
 		return
+	case 0:
+		t.ranks[n.hold[h].rid].tiers[tier]++
 	}
 	n.cnt[i] += 1 << (8 * tier)
 }
@@ -241,7 +245,22 @@ func (t *Tree) decCount(id uint32, h int, pos uint32, tier Tier) (empty bool) {
 		}
 	}
 	n.cnt[i] -= 1 << (8 * tier)
+	if (n.cnt[i]>>(8*tier))&0xff == 0 {
+		t.ranks[n.hold[h].rid].tiers[tier]--
+	}
 	return n.cnt[i] == 0
+}
+
+// clearTier drops every copy of block pos of holder h in tier (which must
+// hold one); the caller updates the runs or drops the block.
+func (t *Tree) clearTier(id uint32, h int, pos uint32, tier Tier) {
+	n := &t.nodes[id]
+	i := int(pos)*len(n.hold) + h
+	if (n.cnt[i]>>(8*tier))&0xff == 0xff {
+		delete(t.overflow, ovKey{n.hold[h].rid, tier, n.ext[i]})
+	}
+	n.cnt[i] &^= 0xff << (8 * tier)
+	t.ranks[n.hold[h].rid].tiers[tier]--
 }
 
 const (
@@ -393,7 +412,7 @@ func (t *Tree) merge(id, c uint32) uint32 {
 	keepN := cCost <= H*L1+1
 	e := node{hashes: make([]uint64, 0, L1+L2), hold: slices.Clone(n.hold),
 		ext: make([]uint64, 0, (L1+L2)*H), cnt: make([]uint32, 0, (L1+L2)*H),
-		depth: n.depth, stamp: max(n.stamp, m.stamp)}
+		depth: n.depth, stamp: newer(n.stamp, m.stamp)}
 	e.hashes = append(append(e.hashes, n.hashes...), m.hashes...)
 	e.ext = append(append(e.ext, n.ext...), m.ext...) // block-major, same holder order
 	e.cnt = append(append(e.cnt, n.cnt...), m.cnt...)

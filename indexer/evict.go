@@ -1,43 +1,202 @@
 package indexer
 
-import "slices"
+import (
+	"cmp"
+	"slices"
+	"sync/atomic"
+)
 
 // Evict drops whole leaves, least recently stored or matched first, until
 // the tree holds at most target entries, and returns how many entries it
 // dropped (counted as ReasonEvicted). Evicting a leaf removes every rank's
-// hold on it, with their lookup entries and counts, so the tree still holds
-// a subset of what the engines cache; a later store whose parent was
-// evicted is dropped as ReasonParentNotFound.
+// hold on it, with their lookup entries and counts, and marks those ranks
+// truncated, so the tree still holds a subset of what the engines cache; a
+// later store whose parent was evicted is dropped as ReasonParentNotFound.
 func (t *Tree) Evict(target int) int {
+	return t.evictOld(t.now(), 0, t.entries-target)
+}
+
+// evictOld drops leaves that are at least minAge ticks old as of now,
+// oldest first, until it has dropped at least budget entries or no leaf is
+// that old, and returns the entries dropped. Leaves that their evicted
+// children leave behind are candidates in turn.
+func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 	before := t.entries
-	for t.entries > target {
+	for before-t.entries < budget {
 		cand := t.sortBuf[:0]
 		for id := 1; id < len(t.nodes); id++ {
 			if n := &t.nodes[id]; n.live && n.nchild == 0 {
-				cand = append(cand, uint64(n.stamp)<<32|uint64(id))
+				if a := age(now, n.stamp); a >= minAge {
+					cand = append(cand, uint64(^a)<<32|uint64(id)) // oldest first
+				}
 			}
 		}
+		t.sortBuf = cand
 		if len(cand) == 0 {
 			break
 		}
 		slices.Sort(cand)
+		progress := false
 		for _, c := range cand {
-			if t.entries <= target {
+			if before-t.entries >= budget {
 				break
 			}
 			id := uint32(c)
 			n := &t.nodes[id]
-			if !n.live || n.nchild != 0 {
-				continue // merged away or no longer a leaf
+			if !n.live || n.nchild != 0 || age(now, n.stamp) < minAge {
+				continue // merged away, no longer a leaf, or touched again
 			}
 			for len(n.hold) > 0 {
-				t.removeHolder(id, len(n.hold)-1)
+				h := len(n.hold) - 1
+				t.ranks[n.hold[h].rid].truncated = true
+				t.removeHolder(id, h)
 			}
 			t.tidy(id)
+			progress = true
 		}
-		t.sortBuf = cand
+		if !progress {
+			break
+		}
 	}
 	dropped := before - t.entries
 	t.counts[ReasonEvicted] += uint64(dropped)
 	return dropped
+}
+
+// leaf is one evictable leaf as the Index's evictor sees it: how old it
+// is, how many entries evicting it drops, and the partition it is in.
+type leaf struct {
+	age     uint32
+	entries uint32
+	part    uint32
+}
+
+// appendLeaves appends every leaf of t with its age as of now, tagged with
+// part. It only reads the tree (stamps atomically), so it may run under a
+// read lock alongside Match.
+func (t *Tree) appendLeaves(dst []leaf, part, now uint32) []leaf {
+	for id := 1; id < len(t.nodes); id++ {
+		n := &t.nodes[id]
+		if !n.live || n.nchild != 0 {
+			continue
+		}
+		var e uint32
+		for _, hd := range n.hold {
+			e += hd.cut
+		}
+		dst = append(dst, leaf{age: age(now, atomic.LoadUint32(&n.stamp)), entries: e, part: part})
+	}
+	return dst
+}
+
+// Capacity limits a rank's blocks per tier, indexed by Tier (a block with
+// copies in several tiers counts in each). 0 in a tier means unlimited
+// there; the zero Capacity limits nothing.
+type Capacity [NumTiers]int
+
+// SetCapacity sets r's capacity (creating r if the tree does not know it
+// yet) and enforces it at once; it returns the blocks dropped. The
+// capacity lasts until RemoveRank; Clear keeps it.
+func (t *Tree) SetCapacity(r Rank, c Capacity) int {
+	rid := t.rankID(r)
+	t.ranks[rid].limit = c
+	if c != (Capacity{}) {
+		t.trackLRU = true // capacity trims by recency, matches included
+	}
+	return t.enforceCapacity(rid)
+}
+
+// Capacity returns r's capacity (the zero Capacity if none is set).
+func (t *Tree) Capacity(r Rank) Capacity {
+	if rid, ok := t.rankIDs[r]; ok {
+		return t.ranks[rid].limit
+	}
+	return Capacity{}
+}
+
+// EnforceCapacity trims r in every tier where it holds more blocks than
+// its capacity allows, down to 31/32 of the limit (so that a rank at its
+// limit is not trimmed again on every store), and returns the blocks
+// dropped from their tiers (counted as ReasonRankCapacity; r becomes
+// truncated). Within a tier it drops r's least recently stored or matched
+// blocks first, tail first: the blocks of r's oldest edges, deeper edges
+// first among equally old ones, from the end of r's hold on each. A block
+// with copies in other tiers keeps them and stays indexed; a block left in
+// no tier leaves the index as a BlockRemoved would take it. Tree does not
+// call it by itself: Index calls it after each batch.
+func (t *Tree) EnforceCapacity(r Rank) int {
+	if rid, ok := t.rankIDs[r]; ok {
+		return t.enforceCapacity(rid)
+	}
+	return 0
+}
+
+func (t *Tree) enforceCapacity(rid uint32) int {
+	rs := &t.ranks[rid]
+	if rs.limit == (Capacity{}) {
+		return 0
+	}
+	dropped := 0
+	for tier := Tier(0); tier < NumTiers; tier++ {
+		if lim := rs.limit[tier]; lim > 0 && rs.tiers[tier] > lim {
+			dropped += t.trimTier(rid, tier, lim-lim/32)
+		}
+	}
+	return dropped
+}
+
+// trimCand is an edge that a rank being trimmed holds.
+type trimCand struct{ age, depth, id uint32 }
+
+// trimTier drops rid's oldest blocks in tier until it holds target there.
+func (t *Tree) trimTier(rid uint32, tier Tier, target int) int {
+	need := t.ranks[rid].tiers[tier] - target
+	if need <= 0 {
+		return 0
+	}
+	now := t.now()
+	cand := t.trimBuf[:0]
+	for id := 1; id < len(t.nodes); id++ {
+		if n := &t.nodes[id]; n.live && len(n.hold) > 0 && t.holderIndex(uint32(id), rid) >= 0 {
+			cand = append(cand, trimCand{age(now, n.stamp), n.depth, uint32(id)})
+		}
+	}
+	slices.SortFunc(cand, func(a, b trimCand) int {
+		return cmp.Or(cmp.Compare(b.age, a.age), cmp.Compare(b.depth, a.depth), cmp.Compare(a.id, b.id))
+	})
+	t.trimBuf = cand
+	// Choose the blocks before changing anything (drops split and merge
+	// edges), then find each again by its engine hash.
+	mask := uint32(0xff) << (8 * tier)
+	victims := t.localBuf[:0]
+	for _, c := range cand {
+		n := &t.nodes[c.id]
+		h := t.holderIndex(c.id, rid)
+		H := len(n.hold)
+		for j := int(n.hold[h].cut) - 1; j >= 0 && len(victims) < need; j-- {
+			if n.cnt[j*H+h]&mask != 0 {
+				victims = append(victims, n.ext[j*H+h])
+			}
+		}
+		if len(victims) == need {
+			break
+		}
+	}
+	t.localBuf = victims
+	lk := t.ranks[rid].lookup
+	for _, x := range victims {
+		l := t.locOf(lk[x])
+		h := t.holderIndex(l.node, rid)
+		t.clearTier(l.node, h, l.pos, tier)
+		if n := &t.nodes[l.node]; n.cnt[int(l.pos)*len(n.hold)+h] == 0 {
+			t.dropBlock(rid, l, h)
+		} else {
+			t.updateRun(l.node, h, l.pos)
+		}
+	}
+	if len(victims) > 0 {
+		t.ranks[rid].truncated = true
+		t.counts[ReasonRankCapacity] += uint64(len(victims))
+	}
+	return len(victims)
 }

@@ -1,8 +1,10 @@
 package indexer
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 )
@@ -18,13 +20,16 @@ func (k PartitionKey) String() string { return k.Model + ":" + k.Group }
 // Options configure an Index. The zero value is an unbounded index.
 type Options struct {
 	// MaxEntries caps the indexed (block, rank) entries over all
-	// partitions; 0 means no cap. Past it, the partition being written
-	// evicts its least recently used leaves down to 31/32 of the cap.
+	// partitions; 0 means no cap. When a write takes the total past it,
+	// the least recently stored or matched leaves of the whole index go
+	// first, whichever partition holds them, down to 31/32 of the cap
+	// (see Index.ApplyBatch). MaxEntriesForMemory derives a cap from a
+	// memory budget.
 	MaxEntries int
 }
 
 var (
-	// ErrNoPartition: the partition was never added.
+	// ErrNoPartition: the partition was never added, or was removed.
 	ErrNoPartition = errors.New("no such partition")
 	// ErrBlockSizeConflict: a partition exists with another block size.
 	ErrBlockSizeConflict = errors.New("block size conflicts with the partition's")
@@ -33,17 +38,34 @@ var (
 // Index is the concurrent prefix index: one Tree per partition. Writers to
 // a partition are serialised; matchers run concurrently with each other.
 // All methods are safe for concurrent use.
+//
+// Lock order: mu is never held while waiting for a partition's lock, and
+// a partition's lock never while taking another's; evictMu is taken with
+// no partition lock held, and the evictor holds one partition lock at a
+// time under it.
 type Index struct {
 	opts  Options
 	mu    sync.RWMutex // guards parts (the map, not the partitions)
 	parts map[PartitionKey]*partition
-	total atomic.Int64 // Σ partition entries
+	total atomic.Int64 // Σ partition entries (as published by each partition)
+	// clock is the LRU clock shared by every tree of a capped index, so
+	// that stamps compare across partitions: each batch reserves two ticks
+	// per op (see Tree.now).
+	clock atomic.Uint32
+
+	evictMu  sync.Mutex // serialises evictors; guards evictBuf and budgets
+	evictBuf []leaf
+	budgets  []int
 }
 
 type partition struct {
-	mu      sync.RWMutex // guards tree
-	tree    *Tree
-	entries int64 // tree.entries as of the last write; guarded by mu
+	blockSize int          // immutable
+	mu        sync.RWMutex // guards tree and entries
+	tree      *Tree
+	entries   int64 // tree.entries as last added to Index.total
+	// removed is set (under mu) by RemovePartition; a writer that found
+	// the partition before then sees it once it holds mu and backs off.
+	removed atomic.Bool
 }
 
 // New returns an empty index.
@@ -59,19 +81,28 @@ func (ix *Index) AddPartition(k PartitionKey, blockSize int) error {
 	}
 	ix.mu.Lock()
 	defer ix.mu.Unlock()
-	if p, ok := ix.parts[k]; ok {
-		if bs := p.tree.BlockSize(); bs != blockSize {
-			return fmt.Errorf("partition %v: block size %d, have %d: %w", k, blockSize, bs, ErrBlockSizeConflict)
+	if p, ok := ix.parts[k]; ok && !p.removed.Load() {
+		if p.blockSize != blockSize {
+			return fmt.Errorf("partition %v: block size %d, have %d: %w", k, blockSize, p.blockSize, ErrBlockSizeConflict)
 		}
 		return nil
 	}
-	ix.parts[k] = &partition{tree: ix.newTree(blockSize)}
+	ix.parts[k] = &partition{blockSize: blockSize, tree: ix.adopt(NewTree(blockSize))}
 	return nil
 }
 
-func (ix *Index) newTree(blockSize int) *Tree {
-	t := NewTree(blockSize)
-	t.trackLRU = ix.opts.MaxEntries > 0
+// adopt makes t one of the index's trees: on the shared LRU clock, with
+// every node stamped now, when the index is capped.
+func (ix *Index) adopt(t *Tree) *Tree {
+	if ix.opts.MaxEntries > 0 {
+		t.trackLRU = true
+		t.shared = &ix.clock
+		t.clock = ix.clock.Load()
+		now := t.now()
+		for id := range t.nodes {
+			t.nodes[id].stamp = now
+		}
+	}
 	return t
 }
 
@@ -81,14 +112,28 @@ func (ix *Index) BlockSize(k PartitionKey) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return p.tree.BlockSize(), nil // immutable after creation
+	return p.blockSize, nil
 }
 
 func (ix *Index) partition(k PartitionKey) (*partition, error) {
 	ix.mu.RLock()
 	p, ok := ix.parts[k]
 	ix.mu.RUnlock()
-	if !ok {
+	if !ok || p.removed.Load() {
+		return nil, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
+	}
+	return p, nil
+}
+
+// lock returns partition k write-locked, or ErrNoPartition.
+func (ix *Index) lock(k PartitionKey) (*partition, error) {
+	p, err := ix.partition(k)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.removed.Load() {
+		p.mu.Unlock()
 		return nil, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
 	}
 	return p, nil
@@ -99,16 +144,98 @@ func (ix *Index) Partitions() []PartitionKey {
 	ix.mu.RLock()
 	defer ix.mu.RUnlock()
 	out := make([]PartitionKey, 0, len(ix.parts))
-	for k := range ix.parts {
-		out = append(out, k)
+	for k, p := range ix.parts {
+		if !p.removed.Load() {
+			out = append(out, k)
+		}
 	}
 	return out
 }
 
+// Entries returns the indexed (block, rank) entries over all partitions,
+// as the memory cap counts them.
+func (ix *Index) Entries() int { return int(ix.total.Load()) }
+
+// MaxEntries returns the configured cap (Options.MaxEntries; 0 = none).
+func (ix *Index) MaxEntries() int { return ix.opts.MaxEntries }
+
+// RemovePartition drops partition k with everything in it — its tree, its
+// ranks and their watermarks — and its entries from the index total. A
+// partition added again under k starts empty and may have another block
+// size. It returns ErrNoPartition if k does not exist. Writes to k that
+// race with the removal either complete before it or fail with
+// ErrNoPartition.
+func (ix *Index) RemovePartition(k PartitionKey) error {
+	_, err := ix.removePartition(k, false)
+	return err
+}
+
+// RemoveEmptyPartition removes partition k (as RemovePartition) only if no
+// rank is known there (RankCount is 0), checked atomically with the
+// removal, and reports whether it did.
+func (ix *Index) RemoveEmptyPartition(k PartitionKey) (bool, error) {
+	return ix.removePartition(k, true)
+}
+
+func (ix *Index) removePartition(k PartitionKey, ifEmpty bool) (bool, error) {
+	p, err := ix.lock(k)
+	if err != nil {
+		return false, err
+	}
+	if ifEmpty && len(p.tree.rankIDs) > 0 {
+		p.mu.Unlock()
+		return false, nil
+	}
+	p.removed.Store(true)
+	ix.total.Add(-p.entries)
+	p.entries = 0
+	p.mu.Unlock()
+	ix.mu.Lock()
+	if ix.parts[k] == p { // not already replaced by a new AddPartition
+		delete(ix.parts, k)
+	}
+	ix.mu.Unlock()
+	return true, nil
+}
+
+// RankCount returns how many ranks partition k knows: ranks that hold
+// blocks, have a watermark or have a capacity.
+func (ix *Index) RankCount(k PartitionKey) (int, error) {
+	p, err := ix.partition(k)
+	if err != nil {
+		return 0, err
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return len(p.tree.rankIDs), nil
+}
+
+// SetRankCapacity limits how many blocks rank r of partition k may hold in
+// each tier (0 in a tier: unlimited there; the zero Capacity removes the
+// limit). After every batch for r, and at once if r already holds more,
+// r's least recently used blocks in a tier past its limit are dropped down
+// to 31/32 of it (Tree.EnforceCapacity), counted as ReasonRankCapacity,
+// and r is marked truncated. Set it before r's first batch; it lasts until
+// RemoveRank (RemoveWorker) or RemovePartition, and Restore keeps it.
+func (ix *Index) SetRankCapacity(k PartitionKey, r Rank, c Capacity) error {
+	p, err := ix.lock(k)
+	if err != nil {
+		return err
+	}
+	p.tree.SetCapacity(r, c)
+	ix.publish(p)
+	p.mu.Unlock()
+	return nil
+}
+
 // BatchResult tells what applying one batch skipped.
 type BatchResult struct {
-	Skipped [NumReasons]uint64 // blocks not applied (or evicted), by reason
-	Errs    []error            // the *OpError of each op that skipped blocks
+	// Skipped counts blocks not applied, by reason, and blocks the batch
+	// made the index drop: Skipped[ReasonRankCapacity] from the batch's
+	// rank, Skipped[ReasonEvicted] by the memory cap from any partition
+	// (Stats counts each where it happened).
+	Skipped [NumReasons]uint64
+	Errs    []error // the *OpError of each op that skipped blocks
 }
 
 // Apply applies the ops of one engine batch for rank r in order and records
@@ -118,70 +245,150 @@ func (ix *Index) Apply(k PartitionKey, r Rank, seq uint64, ops []Op) (BatchResul
 }
 
 // ApplyBatch is Apply that also records the batch's digest with the
-// watermark (see Tree.SetWatermarkDigest).
+// watermark (see Tree.SetWatermarkDigest). After the ops it enforces r's
+// capacity (SetRankCapacity). Then, with partition k's lock released, if
+// the index is over its cap it evicts the least recently stored or
+// matched leaves of the whole index (Index.evict); so the cap may be
+// exceeded briefly by batches in flight, never by a returned one.
 func (ix *Index) ApplyBatch(k PartitionKey, r Rank, seq, digest uint64, ops []Op) (BatchResult, error) {
 	var res BatchResult
-	p, err := ix.partition(k)
+	p, err := ix.lock(k)
 	if err != nil {
 		return res, err
 	}
-	p.mu.Lock()
-	before := p.tree.counts
+	t := p.tree
+	if t.shared != nil {
+		// Reserve two ticks per op on the shared clock; the stores of
+		// the batch stamp within them (see Tree.now).
+		n := 2 * uint32(len(ops))
+		t.clock = ix.clock.Add(n) - n
+	}
+	before := t.counts
 	for i := range ops {
-		if err := p.tree.Apply(r, ops[i]); err != nil {
+		if err := t.Apply(r, ops[i]); err != nil {
 			res.Errs = append(res.Errs, err)
 		}
 	}
-	p.tree.SetWatermarkDigest(r, seq, digest)
-	ix.settle(p)
+	rid := t.rankID(r)
+	rs := &t.ranks[rid]
+	rs.seq, rs.hasSeq, rs.digest = seq, true, digest
+	t.enforceCapacity(rid)
 	for i := range res.Skipped {
-		res.Skipped[i] = p.tree.counts[i] - before[i]
+		res.Skipped[i] = t.counts[i] - before[i]
 	}
+	over := ix.publish(p)
 	p.mu.Unlock()
+	if over {
+		res.Skipped[ReasonEvicted] += ix.evict()
+	}
 	return res, nil
 }
 
-// settle publishes p's entry count and enforces the cap. p.mu must be held.
-func (ix *Index) settle(p *partition) {
+// publish adds p's entry change to the index total and reports whether
+// the total is now over the cap. p.mu must be held.
+func (ix *Index) publish(p *partition) (over bool) {
 	n := int64(p.tree.entries)
 	total := ix.total.Add(n - p.entries)
 	p.entries = n
-	if max := int64(ix.opts.MaxEntries); max > 0 && total > max {
-		over := total - (max - max/32)
-		p.tree.Evict(int(max64(0, n-over)))
-		n = int64(p.tree.entries)
-		ix.total.Add(n - p.entries)
-		p.entries = n
-	}
+	return ix.opts.MaxEntries > 0 && total > int64(ix.opts.MaxEntries)
 }
 
-func max64(a, b int64) int64 {
-	if a > b {
-		return a
+// evict brings the index total down to 31/32 of the cap, evicting the
+// least recently stored or matched leaves first, whichever partition they
+// are in, and returns the entries evicted. It must be called with no
+// partition lock held.
+//
+// A round reads every partition's leaves and their ages on the shared
+// clock, one partition at a time under its read lock; picks the oldest
+// leaves of the whole index that cover the excess, which gives an age
+// threshold and a budget of entries per partition; then takes each
+// partition's write lock in turn and evicts its leaves at least that old,
+// oldest first, up to its budget (evictOld). Writes that happen between
+// the two steps only make leaves younger (skipped) or add new ones (left
+// for the next round); rounds repeat while the total is still over the
+// low-water mark and the last one made progress.
+func (ix *Index) evict() uint64 {
+	max := int64(ix.opts.MaxEntries)
+	low := max - max/32
+	ix.evictMu.Lock()
+	defer ix.evictMu.Unlock()
+	var dropped uint64
+	if ix.total.Load() <= max {
+		return 0 // another writer's evictor got there first
 	}
-	return b
+	for round := 0; round < 8; round++ {
+		over := ix.total.Load() - low
+		if over <= 0 {
+			break
+		}
+		ix.mu.RLock()
+		parts := make([]*partition, 0, len(ix.parts))
+		for _, p := range ix.parts {
+			parts = append(parts, p)
+		}
+		ix.mu.RUnlock()
+		now := ix.clock.Load() + 1 // as Tree.now
+		cands := ix.evictBuf[:0]
+		for i, p := range parts {
+			p.mu.RLock()
+			if !p.removed.Load() {
+				cands = p.tree.appendLeaves(cands, uint32(i), now)
+			}
+			p.mu.RUnlock()
+		}
+		ix.evictBuf = cands
+		slices.SortFunc(cands, func(a, b leaf) int { return cmp.Compare(b.age, a.age) })
+		ix.budgets = slices.Grow(ix.budgets[:0], len(parts))[:len(parts)]
+		clear(ix.budgets)
+		var minAge uint32
+		for sum := int64(0); len(cands) > 0 && sum < over; cands = cands[1:] {
+			ix.budgets[cands[0].part] += int(cands[0].entries)
+			sum += int64(cands[0].entries)
+			minAge = cands[0].age
+		}
+		progress := false
+		for i, p := range parts {
+			if ix.budgets[i] == 0 {
+				continue
+			}
+			p.mu.Lock()
+			if !p.removed.Load() {
+				if d := p.tree.evictOld(now, minAge, ix.budgets[i]); d > 0 {
+					dropped += uint64(d)
+					progress = true
+				}
+				ix.publish(p)
+			}
+			p.mu.Unlock()
+		}
+		if !progress {
+			break
+		}
+	}
+	return dropped
 }
 
 // mutate runs f on partition k's tree under its write lock (for removals
 // and clears that come from outside an engine batch).
 func (ix *Index) mutate(k PartitionKey, f func(*Tree)) error {
-	p, err := ix.partition(k)
+	p, err := ix.lock(k)
 	if err != nil {
 		return err
 	}
-	p.mu.Lock()
 	f(p.tree)
-	ix.settle(p)
+	ix.publish(p)
 	p.mu.Unlock()
 	return nil
 }
 
-// Clear drops every block of r in partition k (its watermark stays).
+// Clear drops every block of r in partition k and clears r's truncated
+// flag (its watermark and capacity stay).
 func (ix *Index) Clear(k PartitionKey, r Rank) error {
 	return ix.mutate(k, func(t *Tree) { t.Clear(r) })
 }
 
-// RemoveRank removes r from partition k: its blocks and its watermark.
+// RemoveRank removes r from partition k: its blocks, its watermark, its
+// capacity and its truncated flag.
 func (ix *Index) RemoveRank(k PartitionKey, r Rank) error {
 	return ix.mutate(k, func(t *Tree) { t.RemoveRank(r) })
 }
@@ -216,7 +423,7 @@ func (ix *Index) MatchTokens(k PartitionKey, tokens []uint32, seed uint64, dst [
 		return dst, err
 	}
 	bp := hashPool.Get().(*[]uint64)
-	q := HashBlocks((*bp)[:0], tokens, p.tree.BlockSize(), seed)
+	q := HashBlocks((*bp)[:0], tokens, p.blockSize, seed)
 	p.mu.RLock()
 	dst = p.tree.Match(q, dst)
 	p.mu.RUnlock()
@@ -238,27 +445,47 @@ func (ix *Index) Snapshot(k PartitionKey) (*Snapshot, error) {
 }
 
 // Restore replaces partition k (created if missing) with the snapshot.
+// Capacities set on the partition's ranks (SetRankCapacity) carry over
+// and are enforced on the restored state; each rank's truncated flag is
+// the snapshot's.
 func (ix *Index) Restore(k PartitionKey, s *Snapshot) error {
 	t, err := Restore(s)
 	if err != nil {
 		return fmt.Errorf("partition %v: %w", k, err)
 	}
-	t.trackLRU = ix.opts.MaxEntries > 0
-	ix.mu.Lock()
-	p, ok := ix.parts[k]
-	if !ok {
-		p = &partition{tree: t}
-		ix.parts[k] = p
+	ix.adopt(t)
+	for {
+		ix.mu.Lock()
+		p, ok := ix.parts[k]
+		if !ok || p.removed.Load() {
+			p, ok = &partition{blockSize: t.blockSize, tree: t}, false
+			ix.parts[k] = p
+		}
+		ix.mu.Unlock()
+		p.mu.Lock()
+		if p.removed.Load() {
+			p.mu.Unlock()
+			continue // removed since we found it: add it again
+		}
+		if ok {
+			if p.blockSize != t.blockSize {
+				p.mu.Unlock()
+				return fmt.Errorf("partition %v: snapshot block size %d, have %d: %w", k, t.blockSize, p.blockSize, ErrBlockSizeConflict)
+			}
+			for r, rid := range p.tree.rankIDs {
+				if c := p.tree.ranks[rid].limit; c != (Capacity{}) {
+					t.SetCapacity(r, c)
+				}
+			}
+			p.tree = t
+		}
+		over := ix.publish(p)
+		p.mu.Unlock()
+		if over {
+			ix.evict()
+		}
+		return nil
 	}
-	ix.mu.Unlock()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if ok && p.tree.BlockSize() != t.BlockSize() {
-		return fmt.Errorf("partition %v: snapshot block size %d, have %d: %w", k, t.BlockSize(), p.tree.BlockSize(), ErrBlockSizeConflict)
-	}
-	p.tree = t
-	ix.settle(p)
-	return nil
 }
 
 // PartitionStats describes one partition.
@@ -278,21 +505,31 @@ func (ix *Index) Stats() []PartitionStats {
 			continue
 		}
 		p.mu.RLock()
-		out = append(out, PartitionStats{Key: k, BlockSize: p.tree.BlockSize(), TreeStats: p.tree.Stats(), Counts: p.tree.counts})
+		out = append(out, PartitionStats{Key: k, BlockSize: p.blockSize, TreeStats: p.tree.Stats(), Counts: p.tree.counts})
 		p.mu.RUnlock()
 	}
 	return out
 }
 
-// RankState is what the index knows of one rank in one partition.
+// RankState is what the index knows of one rank in one partition. The
+// zero value is an unknown rank.
 type RankState struct {
-	Blocks    int
+	Blocks    int // blocks held, in any tier
 	Watermark uint64
 	HasSeq    bool
 	Digest    uint64
+	// Tiers counts the blocks held in each tier (see Tree.RankTierBlocks).
+	Tiers    [NumTiers]int
+	Capacity Capacity // as set by SetRankCapacity
+	// Truncated: since the rank was first seen or last cleared (Clear,
+	// an AllBlocksCleared op, RemoveRank) the index dropped some of its
+	// entries other than by its engine's events — to the memory cap or to
+	// its capacity — so they are a strict subset of what the engine
+	// holds. The stream layer reports such a rank degraded.
+	Truncated bool
 }
 
-// Rank reports r's block count and watermark in partition k.
+// Rank reports what partition k knows of r.
 func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	p, err := ix.partition(k)
 	if err != nil {
@@ -300,8 +537,14 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	}
 	p.mu.RLock()
 	defer p.mu.RUnlock()
-	seq, ok := p.tree.Watermark(r)
-	return RankState{Blocks: p.tree.RankBlocks(r), Watermark: seq, HasSeq: ok, Digest: p.tree.WatermarkDigest(r)}, nil
+	t := p.tree
+	rid, ok := t.rankIDs[r]
+	if !ok {
+		return RankState{}, nil
+	}
+	rs := &t.ranks[rid]
+	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
+		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated}, nil
 }
 
 // Read runs f on partition k's tree under the read lock, for inspection
@@ -314,23 +557,6 @@ func (ix *Index) Read(k PartitionKey, f func(t *Tree)) error {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	f(p.tree)
-	return nil
-}
-
-// RemovePartition drops partition k and everything it holds. Removing a
-// missing partition is ErrNoPartition.
-func (ix *Index) RemovePartition(k PartitionKey) error {
-	ix.mu.Lock()
-	p, ok := ix.parts[k]
-	delete(ix.parts, k)
-	ix.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("partition %v: %w", k, ErrNoPartition)
-	}
-	p.mu.Lock()
-	ix.total.Add(-p.entries)
-	p.entries = 0
-	p.mu.Unlock()
 	return nil
 }
 

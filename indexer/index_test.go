@@ -156,6 +156,16 @@ func sameTree(t *testing.T, got, want *Tree) {
 	if fmt.Sprint(gw) != fmt.Sprint(ww) {
 		t.Fatalf("watermarks differ: got %v want %v", gw, ww)
 	}
+	for r, rid := range want.rankIDs {
+		gr, ok := got.rankIDs[r]
+		if !ok {
+			continue // watermark comparison above reports it
+		}
+		g, w := &got.ranks[gr], &want.ranks[rid]
+		if g.tiers != w.tiers || g.truncated != w.truncated || g.limit != w.limit {
+			t.Fatalf("rank %v: tiers %v truncated %v capacity %v, want %v %v %v", r, g.tiers, g.truncated, g.limit, w.tiers, w.truncated, w.limit)
+		}
+	}
 	gs, ws := got.Stats(), want.Stats()
 	if gs.Entries != ws.Entries || gs.Blocks != ws.Blocks || gs.Nodes != ws.Nodes {
 		t.Fatalf("stats differ: got %+v want %+v", gs, ws)

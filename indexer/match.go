@@ -24,7 +24,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 	act := buf[:0]
 	var clock uint32
 	if t.trackLRU {
-		clock = atomic.LoadUint32(&t.clock)
+		clock = t.now()
 	}
 	depth := 0
 	for first := true; ; first = false {

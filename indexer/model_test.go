@@ -441,6 +441,17 @@ func compareTree(tr *indexer.Tree, m *refModel, probes [][]uint64, extraRanks []
 		if ok != rr.hasSeq || seq != rr.seq {
 			return fmt.Errorf("Watermark(%v) = %d, %v; model %d, %v", r, seq, ok, rr.seq, rr.hasSeq)
 		}
+		var tiers [indexer.NumTiers]int
+		for _, e := range rr.entries {
+			for tier, c := range e.counts {
+				if c > 0 {
+					tiers[tier]++
+				}
+			}
+		}
+		if got := tr.RankTierBlocks(r); got != tiers {
+			return fmt.Errorf("RankTierBlocks(%v) = %v, model %v", r, got, tiers)
+		}
 		for _, h := range m.sortedHashes(r) {
 			c, ok := tr.Holds(r, h)
 			if !ok || c != rr.entries[h].counts {

@@ -3,6 +3,7 @@ package indexer
 import (
 	"fmt"
 	"slices"
+	"sync/atomic"
 )
 
 // Reason names why (part of) an event was not applied, or why entries left
@@ -18,12 +19,13 @@ const (
 	ReasonOffloadUnknown               // offload of a block the rank does not hold
 	ReasonHashConflict                 // engine hash already names another block of the rank
 	ReasonEvicted                      // entries evicted by the memory cap
+	ReasonRankCapacity                 // blocks dropped from a tier to keep a rank within its capacity
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{
 	"parent_not_found", "block_not_found", "self_reference", "block_size",
-	"short_tokens", "offload_unknown", "hash_conflict", "evicted",
+	"short_tokens", "offload_unknown", "hash_conflict", "evicted", "rank_capacity",
 }
 
 func (r Reason) String() string {
@@ -35,7 +37,7 @@ func (r Reason) String() string {
 
 var reasonErrs = [NumReasons]error{
 	ErrParentNotFound, ErrBlockNotFound, ErrSelfReference, ErrBlockSize,
-	ErrShortTokens, ErrOffloadUnknown, ErrHashConflict, nil,
+	ErrShortTokens, ErrOffloadUnknown, ErrHashConflict, nil, nil,
 }
 
 // OpError reports blocks of one event that were not applied. Blocks before
@@ -121,6 +123,13 @@ type rankState struct {
 	// of its payload; 0 = unknown), so a restored rank can check that the
 	// engine still has that batch before resuming after it.
 	digest uint64
+	// tiers counts the blocks held in each tier (a block with copies in
+	// two tiers counts in both).
+	tiers [NumTiers]int
+	limit Capacity // 0 in a tier: unlimited there
+	// truncated: the rank lost entries other than by its engine's events
+	// (memory cap, capacity) since it was created or last cleared.
+	truncated bool
 }
 
 type ovKey struct {
@@ -148,12 +157,20 @@ type Tree struct {
 	blocks  int // Σ edge lengths
 	nnodes  int
 
-	clock    uint32 // LRU clock; read atomically by Match
-	trackLRU bool
+	// clock is the LRU clock: each store advances it by two and stamps
+	// the nodes it touches with it; matches stamp with now(). Standalone,
+	// Match reads it atomically; in a capped Index, shared is the
+	// index-wide clock (so stamps compare across partitions), now() reads
+	// that instead, and the Index sets clock before each batch to the
+	// start of the ticks it reserved (see Index.ApplyBatch).
+	clock    uint32
+	shared   *atomic.Uint32
+	trackLRU bool // Match stamps the nodes it visits
 	counts   [NumReasons]uint64
 	localBuf []uint64
 	touched  []uint32
 	sortBuf  []uint64
+	trimBuf  []trimCand
 }
 
 // NewTree returns an empty tree for blocks of blockSize tokens.
@@ -262,6 +279,55 @@ func (t *Tree) SetWatermark(r Rank, seq uint64) {
 	t.ranks[rid].seq, t.ranks[rid].hasSeq = seq, true
 }
 
+// RankTierBlocks returns how many blocks r holds in each tier (a block
+// with copies in several tiers counts in each).
+func (t *Tree) RankTierBlocks(r Rank) [NumTiers]int {
+	if rid, ok := t.rankIDs[r]; ok {
+		return t.ranks[rid].tiers
+	}
+	return [NumTiers]int{}
+}
+
+// Truncated reports whether r lost entries other than by its engine's own
+// events — to the memory cap (Evict) or to its capacity (EnforceCapacity)
+// — since r was first seen or last cleared (Clear, AllBlocksCleared). A
+// truncated rank's entries are a strict subset of what its engine holds.
+func (t *Tree) Truncated(r Rank) bool {
+	if rid, ok := t.rankIDs[r]; ok {
+		return t.ranks[rid].truncated
+	}
+	return false
+}
+
+// now returns the LRU clock's current time: one tick after the last store
+// (stores advance the clock by two), so that a match stamps the nodes it
+// visits as more recent than every store before it and less recent than
+// every store after it.
+func (t *Tree) now() uint32 {
+	if t.shared != nil {
+		return t.shared.Load() + 1
+	}
+	return atomic.LoadUint32(&t.clock) + 1
+}
+
+// age is how many clock ticks ago stamp was, as of now; a stamp newer than
+// now (written after now was read) has age 0. The clock may wrap: ages
+// are exact below 2³¹ ticks.
+func age(now, stamp uint32) uint32 {
+	if d := now - stamp; int32(d) > 0 {
+		return d
+	}
+	return 0
+}
+
+// newer returns the more recent of two stamps.
+func newer(a, b uint32) uint32 {
+	if int32(a-b) >= 0 {
+		return a
+	}
+	return b
+}
+
 func (t *Tree) rankID(r Rank) uint32 {
 	if rid, ok := t.rankIDs[r]; ok {
 		return rid
@@ -299,7 +365,7 @@ func (t *Tree) Store(r Rank, s Stored) error {
 	if len(s.Hashes) == 0 {
 		return nil
 	}
-	t.clock++
+	t.clock += 2 // odd ticks are for matches (see now)
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
 		return t.offload(r, s)
 	}
@@ -354,6 +420,7 @@ func (t *Tree) Store(r Rank, s Stored) error {
 		i0 := int(tgt.pos)*len(n.hold) + h
 		n.ext[i0] = x
 		n.cnt[i0] = 1 << (8 * s.Tier)
+		t.ranks[rid].tiers[s.Tier]++
 		n.hold[h].cut++
 		t.entries++
 		lk[x] = ref{tgt.node, n.depth + tgt.pos}
@@ -540,7 +607,8 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	t.tidy(id)
 }
 
-// Clear drops every block r holds (AllBlocksCleared); its watermark stays.
+// Clear drops every block r holds (AllBlocksCleared) and clears its
+// truncated flag; its watermark and capacity stay.
 func (t *Tree) Clear(r Rank) {
 	rid, ok := t.rankIDs[r]
 	if !ok {
@@ -565,9 +633,12 @@ func (t *Tree) clearRank(rid uint32) {
 	for _, id := range t.touched {
 		t.tidy(id)
 	}
+	rs := &t.ranks[rid]
+	rs.tiers, rs.truncated = [NumTiers]int{}, false
 }
 
-// RemoveRank drops r's blocks and forgets r (and its watermark).
+// RemoveRank drops r's blocks and forgets r (its watermark, capacity and
+// truncated flag).
 func (t *Tree) RemoveRank(r Rank) {
 	rid, ok := t.rankIDs[r]
 	if !ok {

@@ -72,6 +72,9 @@ type Config struct {
 	// 0 means DefaultMaxInflightBodyBytes; it is raised to MaxBodyBytes if
 	// below (one body of the maximum size must fit).
 	MaxInflightBodyBytes int64
+	// MaxConcurrentDumps limits the GET /dump responses streaming at once
+	// (503 with Retry-After beyond); 0 means DefaultMaxConcurrentDumps.
+	MaxConcurrentDumps int
 	// Registerer, when set, receives prefixd_http_request_duration_seconds
 	// {handler, method, code} for every route.
 	Registerer prometheus.Registerer
@@ -151,7 +154,7 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	route("/workers", methods{http.MethodGet: h.workers})
 	route("/query", methods{http.MethodPost: h.query})
 	route("/query_by_hash", methods{http.MethodPost: h.queryByHash})
-	route("/dump", methods{http.MethodGet: h.dump})
+	route("/dump", methods{http.MethodGet: newDumper(cfg.Index, cfg.MaxConcurrentDumps, h.log).ServeHTTP})
 	route("/health", methods{http.MethodGet: h.health})
 	route("/ready", methods{http.MethodGet: h.ready})
 	route("/metrics", methods{http.MethodGet: h.metrics})

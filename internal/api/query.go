@@ -2,7 +2,6 @@ package api
 
 import (
 	"cmp"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -274,38 +273,4 @@ func decodeQueryByHash(body []byte, hashes []uint64, limit int) (indexer.Partiti
 		k.Group = DefaultRoutingGroup
 	}
 	return k, hashes, nil
-}
-
-// dump streams {"<model>:<group>": <indexer.Snapshot JSON>, …}, partitions
-// in key order. A partition that cannot be dumped appears as
-// {"error": "…"} (and is logged); the others are still served.
-func (h *handler) dump(w http.ResponseWriter, r *http.Request) {
-	keys := h.cfg.Index.Partitions()
-	slices.SortFunc(keys, func(a, b indexer.PartitionKey) int {
-		return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group))
-	})
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(http.StatusOK)
-	b := []byte{'{'}
-	for i, k := range keys {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		name, _ := json.Marshal(k.String()) // a string always marshals
-		b = append(append(b, name...), ':')
-		snap, err := h.cfg.Index.Snapshot(k)
-		var data []byte
-		if err == nil {
-			data, err = snap.MarshalJSON()
-		}
-		if err != nil {
-			h.log.Error("dump partition", "partition", k.String(), "err", err)
-			data, _ = json.Marshal(map[string]string{"error": err.Error()})
-		}
-		if _, err := w.Write(append(b, data...)); err != nil {
-			return // the client went away
-		}
-		b = b[:0]
-	}
-	w.Write(append(b, "}\n"...))
 }

@@ -16,6 +16,30 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 )
 
+// Limits on a peer's /dump. A dump takes 90 to 280 bytes of JSON per
+// entry (long events to one-block events; docs/benchmarks.md); the byte
+// limit allows several times that per entry the index's cap admits.
+const (
+	dumpBytesPerEntry = 2 << 10
+	minDumpBytes      = 64 << 20
+	uncappedDumpBytes = 16 << 30 // when the index has no cap
+)
+
+// dumpLimits bound what bootstrapFrom reads of a peer's dump.
+type dumpLimits struct {
+	bytes  int64
+	blocks int // 0 = none
+}
+
+// limitsFor returns the limits for bootstrapping ix: its cap in blocks,
+// and dumpBytesPerEntry bytes per entry of it.
+func limitsFor(ix *indexer.Index) dumpLimits {
+	if n := ix.MaxEntries(); n > 0 {
+		return dumpLimits{bytes: max(minDumpBytes, int64(n)*dumpBytesPerEntry), blocks: n}
+	}
+	return dumpLimits{bytes: uncappedDumpBytes}
+}
+
 // Bootstrap restores every partition from the /dump of the first peer that
 // answers /ready (a peer still replaying would hand over an incomplete
 // index), and returns that peer. A peer written dns+http://host:port
@@ -23,8 +47,18 @@ import (
 // rank keeps its watermark and digest, so its stream resumes after it once the engine
 // confirms the batch (see events.Cursor.Resume) instead of replaying from
 // the start, which a long-running engine's replay buffer no longer holds.
+// token, when not empty, is sent to peers as "Authorization: Bearer
+// <token>" (a peer configured with an API token requires it on /dump).
+//
+// The dump is decoded as it arrives, one partition at a time, and each
+// partition is restored before the next is read, so memory holds one
+// partition's snapshot, not the dump. It is limited to the index's cap in
+// blocks (when it has one; indexer.DecodeLimits) and in bytes to
+// dumpBytesPerEntry per entry of the cap (at least minDumpBytes;
+// uncappedDumpBytes without a cap). Partitions restored from a peer that
+// then fails are removed again, unless they existed before.
 // Peers that fail are logged and skipped; no peer answering is an error.
-func Bootstrap(ctx context.Context, peers []string, ix *indexer.Index, hc *http.Client, log *slog.Logger) (string, error) {
+func Bootstrap(ctx context.Context, peers []string, ix *indexer.Index, hc *http.Client, token string, log *slog.Logger) (string, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
@@ -33,7 +67,7 @@ func Bootstrap(ctx context.Context, peers []string, ix *indexer.Index, hc *http.
 		log.Warn("peer bootstrap: cannot resolve peer", "err", e)
 	}
 	for _, peer := range peers {
-		if err := bootstrapFrom(ctx, peer, ix, hc); err != nil {
+		if err := bootstrapFrom(ctx, peer, ix, hc, token, limitsFor(ix)); err != nil {
 			log.Warn("peer bootstrap failed", "peer", peer, "err", err)
 			errs = append(errs, fmt.Sprintf("%s: %v", peer, err))
 			continue
@@ -43,36 +77,112 @@ func Bootstrap(ctx context.Context, peers []string, ix *indexer.Index, hc *http.
 	return "", fmt.Errorf("no peer to bootstrap from: %s", strings.Join(errs, "; "))
 }
 
-func bootstrapFrom(ctx context.Context, peer string, ix *indexer.Index, hc *http.Client) error {
-	if _, err := get(ctx, hc, peer+"/ready"); err != nil {
-		return err
+// errDumpTooLarge: the peer's dump is past the byte limit.
+var errDumpTooLarge = errors.New("dump too large")
+
+// limitReader is io.LimitReader with an error, not an EOF, past the limit.
+type limitReader struct {
+	r     io.Reader
+	n     int64 // bytes left
+	limit int64
+}
+
+func (l *limitReader) Read(p []byte) (int, error) {
+	if l.n <= 0 {
+		// At the limit: fine if the body ends here.
+		var one [1]byte
+		n, err := l.r.Read(one[:])
+		if n > 0 {
+			return 0, fmt.Errorf("more than %d bytes: %w", l.limit, errDumpTooLarge)
+		}
+		return 0, err
 	}
-	raw, err := get(ctx, hc, peer+"/dump")
+	if int64(len(p)) > l.n {
+		p = p[:l.n]
+	}
+	n, err := l.r.Read(p)
+	l.n -= int64(n)
+	return n, err
+}
+
+func bootstrapFrom(ctx context.Context, peer string, ix *indexer.Index, hc *http.Client, token string, lim dumpLimits) (err error) {
+	ready, err := get(ctx, hc, peer+"/ready", token)
 	if err != nil {
 		return err
 	}
-	var parts map[string]json.RawMessage
-	if err := json.Unmarshal(raw, &parts); err != nil {
+	ready.Close()
+	body, err := get(ctx, hc, peer+"/dump", token)
+	if err != nil {
+		return err
+	}
+	defer body.Close()
+	before := map[indexer.PartitionKey]bool{}
+	for _, k := range ix.Partitions() {
+		before[k] = true
+	}
+	var restored []indexer.PartitionKey
+	defer func() {
+		if err == nil {
+			return
+		}
+		for _, k := range restored {
+			if !before[k] {
+				_ = ix.RemovePartition(k) // gone already is as good
+			}
+		}
+	}()
+	dec := json.NewDecoder(&limitReader{r: body, n: lim.bytes, limit: lim.bytes})
+	if err := expectDelim(dec, '{'); err != nil {
 		return fmt.Errorf("dump: %w", err)
 	}
-	for name, body := range parts {
+	blocks := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return fmt.Errorf("dump: %w", err)
+		}
+		name := tok.(string) // an object key is a string
 		i := strings.LastIndexByte(name, ':')
 		if i < 0 {
 			return fmt.Errorf("dump: partition %q is not model:routing_group", name)
 		}
-		var probe struct {
-			Error string `json:"error"`
+		var dl indexer.DecodeLimits
+		if lim.blocks > 0 {
+			left := max(1, lim.blocks-blocks) // 0 would be no limit; 1 too many is caught below
+			dl = indexer.DecodeLimits{MaxBlocks: left, MaxEvents: left}
 		}
-		if json.Unmarshal(body, &probe) == nil && probe.Error != "" {
-			return fmt.Errorf("dump: partition %s: %s", name, probe.Error)
-		}
-		var snap indexer.Snapshot
-		if err := json.Unmarshal(body, &snap); err != nil {
+		snap, err := indexer.DecodeSnapshot(dec, dl)
+		if err != nil {
 			return fmt.Errorf("dump: partition %s: %w", name, err)
 		}
-		if err := ix.Restore(indexer.PartitionKey{Model: name[:i], Group: name[i+1:]}, &snap); err != nil {
+		for _, ev := range snap.Events {
+			blocks += len(ev.Blocks)
+		}
+		if lim.blocks > 0 && blocks > lim.blocks {
+			return fmt.Errorf("dump: partition %s: more than the %d blocks the index holds: %w", name, lim.blocks, indexer.ErrSnapshotTooLarge)
+		}
+		k := indexer.PartitionKey{Model: name[:i], Group: name[i+1:]}
+		if err := ix.Restore(k, snap); err != nil {
 			return fmt.Errorf("dump: %w", err)
 		}
+		restored = append(restored, k)
+	}
+	if err := expectDelim(dec, '}'); err != nil {
+		return fmt.Errorf("dump: %w", err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("dump: data after the dump (%v)", err)
+	}
+	return nil
+}
+
+func expectDelim(dec *json.Decoder, d json.Delim) error {
+	tok, err := dec.Token()
+	if err != nil {
+		return err
+	}
+	if tok != d {
+		return fmt.Errorf("want %v, have %v", d, tok)
 	}
 	return nil
 }
@@ -127,18 +237,23 @@ func ExpandPeers(ctx context.Context, peers []string, lookup func(ctx context.Co
 	return out, errs
 }
 
-func get(ctx context.Context, hc *http.Client, url string) ([]byte, error) {
+// get GETs url (with the bearer token, if any) and returns the body of a
+// 200 answer; the caller closes it.
+func get(ctx context.Context, hc *http.Client, url, token string) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
 		return nil, fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
 	}
-	return io.ReadAll(resp.Body)
+	return resp.Body, nil
 }

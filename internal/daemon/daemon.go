@@ -135,7 +135,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(NewIndexCollector(ix, cfg.MaxEntries))
 	if len(cfg.Peers) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
-		peer, err := Bootstrap(bctx, cfg.Peers, ix, nil, log)
+		peer, err := Bootstrap(bctx, cfg.Peers, ix, nil, cfg.APIToken, log)
 		cancel()
 		if err != nil {
 			log.Warn("starting without a peer's index; streams replay from the engines", "err", err)
