@@ -102,6 +102,13 @@ type Worker struct {
 	DataParallelStartRank uint32 `json:"data_parallel_start_rank"`
 	DataParallelSize      uint32 `json:"data_parallel_size"` // default 1
 	TotalKVBlocks         uint64 `json:"total_kv_blocks,omitempty"`
+	// HostKVBlocks and DiskKVBlocks are one rank's offload capacities in
+	// blocks (CPU memory; local disk), for engines that offload KV blocks.
+	// The index never holds more of a rank in a tier than that tier's
+	// capacity (TotalKVBlocks for the device), with a margin; a tier
+	// without one is bounded only by the index's memory cap.
+	HostKVBlocks uint64 `json:"host_kv_blocks,omitempty"`
+	DiskKVBlocks uint64 `json:"disk_kv_blocks,omitempty"`
 	MaxNumBatchedTokens   uint64 `json:"max_num_batched_tokens,omitempty"`
 
 	// TopologyDomains maps a domain (e.g. "rack") to this worker's value.

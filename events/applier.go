@@ -38,6 +38,14 @@ func (a *IndexApplier) ResetRank(r indexer.Rank) error {
 	return a.Index.Clear(a.Partition, r)
 }
 
+// Truncated reports whether the index dropped some of r's blocks itself
+// (the memory cap, or r's capacity) since r was last cleared: r then
+// holds a strict subset of its engine's cache, and is degraded.
+func (a *IndexApplier) Truncated(r indexer.Rank) bool {
+	rs, err := a.Index.Rank(a.Partition, r)
+	return err == nil && rs.Truncated
+}
+
 // Counts returns the events filtered out and the blocks the index skipped,
 // by reason, since the applier was made.
 func (a *IndexApplier) Counts() (filtered [NumFilters]uint64, skipped [indexer.NumReasons]uint64) {

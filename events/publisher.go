@@ -282,6 +282,18 @@ func (p *Publisher) Publish(ctx context.Context, payload []byte) (seq uint64, er
 	return seq, nil
 }
 
+// Subscribed reports whether a subscriber's subscription (any topic) has
+// reached the PUB socket: a live batch published before that is lost to
+// it (ZMQ's slow joiner). Tests wait on it before a batch they need
+// delivered live.
+func (p *Publisher) Subscribed() bool {
+	p.mu.Lock()
+	pub := p.pub
+	p.mu.Unlock()
+	t, ok := pub.(zmq4.Topics)
+	return ok && len(t.Topics()) > 0
+}
+
 // bufferLocked stores payload as seq, the next seq in order. p.mu held.
 func (p *Publisher) bufferLocked(seq uint64, payload []byte) {
 	if len(p.buf) < p.cfg.BufferSteps {

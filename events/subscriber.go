@@ -60,6 +60,14 @@ type Applier interface {
 	ResetRank(r indexer.Rank) error
 }
 
+// truncation is implemented by Appliers that can tell when the index
+// dropped some of a rank's blocks itself (IndexApplier): the rank then
+// holds a strict subset of its engine's cache and is reported degraded,
+// whatever its stream says.
+type truncation interface {
+	Truncated(r indexer.Rank) bool
+}
+
 // SubscriberConfig tunes a Subscriber. Zero fields take the defaults noted.
 type SubscriberConfig struct {
 	Cursor      CursorConfig  // HasReplay and SeqBase are set from the Source
@@ -231,6 +239,7 @@ type run struct {
 	queuedSince  time.Time   // the attempt in flight waits for a slot since (zero: it does not)
 	replayFrom   uint64      // the latest replay request's first seq
 	wasDegraded  bool
+	wasTruncated bool
 	corrupt      bool // the last reset came from a batch that could not be decoded
 	expired      bool // the session deadline timer fired
 	session      replaySession
@@ -655,6 +664,11 @@ func (r *run) setUp(up bool) {
 func (r *run) publish() {
 	c := r.cur
 	st := c.Stats()
+	truncated := false
+	if t, ok := r.s.app.(truncation); ok {
+		truncated = t.Truncated(r.s.src.rank())
+	}
+	degraded := c.Degraded() || truncated
 	if !r.synced && c.Mode() == ModeLive {
 		r.synced = true
 	}
@@ -680,7 +694,7 @@ func (r *run) publish() {
 			m.lastSeen.DeleteLabelValues(w, k)
 		}
 		d := 0.0
-		if c.Degraded() {
+		if degraded {
 			d = 1
 		}
 		m.degraded.WithLabelValues(w, k).Set(d)
@@ -688,7 +702,7 @@ func (r *run) publish() {
 			m.replayTime.Observe(time.Since(r.started).Seconds())
 		}
 	}
-	r.logChanges(st)
+	r.logChanges(st, degraded, truncated)
 	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == ModeLive {
 		r.started = time.Time{}
 	}
@@ -697,7 +711,7 @@ func (r *run) publish() {
 	seq, ok := c.Applied()
 	live, hasLive := c.LastLive()
 	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
-		LastLive: live, HasLive: hasLive, Degraded: c.Degraded(), Synced: r.synced, Stats: st}
+		LastLive: live, HasLive: hasLive, Degraded: degraded, Synced: r.synced, Stats: st}
 	if c.Mode() == ModeReplay || c.Mode() == ModeVerify {
 		next.Replay = ReplayRunning
 		if !r.queuedSince.IsZero() {
@@ -736,7 +750,7 @@ func (r *run) armDeadline() {
 // restarts, a rank exact again. Lines that can repeat are rate-limited
 // per kind. A probe's replay (a quiet stream asking for anything newer)
 // is logged only when it found something.
-func (r *run) logChanges(st CursorStats) {
+func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 	p, c := r.prev, r.cur
 	applied, hasApplied := c.Applied()
 	live, hasLive := c.LastLive()
@@ -797,11 +811,15 @@ func (r *run) logChanges(st CursorStats) {
 		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", reason, "took", took)...)
 	}
 	r.corrupt, r.expired = false, false
-	if d := c.Degraded(); d != r.wasDegraded {
-		if !d {
+	if truncated && !r.wasTruncated {
+		r.log(slog.LevelWarn, "truncated", time.Minute, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", seqs()...)
+	}
+	r.wasTruncated = truncated
+	if degraded != r.wasDegraded {
+		if !degraded {
 			r.log(slog.LevelInfo, "exact", 10*time.Second, "rank exact again: degraded cleared", seqs()...)
 		}
-		r.wasDegraded = d
+		r.wasDegraded = degraded
 	}
 }
 

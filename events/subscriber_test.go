@@ -564,6 +564,9 @@ func TestSubscriberMetrics(t *testing.T) {
 	if st := s.s.State(); st.HasLive {
 		t.Fatalf("only replayed batches so far, yet a live seq: %+v", st)
 	}
+	// The next batch must arrive live (the probe is off): wait for the
+	// subscription to reach the PUB first, or the PUB drops it.
+	waitUntil(t, 10*time.Second, "the subscription to reach the PUB", e.pub.Subscribed)
 	e.publish([]indexer.Op{store(0)})
 	caughtUp(t, s, e)
 	if st := s.s.State(); !st.HasLive || st.LastLive != e.last {

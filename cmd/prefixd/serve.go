@@ -24,6 +24,7 @@ type serveOptions struct {
 	embeddedURL  string
 	listen       string
 	apiToken     string
+	readToken    string
 	maxEntries   int
 	peers        []string
 	replays      int
@@ -54,8 +55,9 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.dataDir, "data-dir", o.dataDir, "directory for the embedded etcd's data")
 	fs.StringVar(&o.embeddedURL, "embedded-etcd-url", o.embeddedURL, "client URL of the embedded etcd (without --etcd-endpoints); sidecars and mockers register there")
 	fs.StringVar(&o.listen, "listen", o.listen, "HTTP listen address")
-	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by endpoints that change the catalog (prefer PREFIXD_API_TOKEN)")
-	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = no cap")
+	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by the endpoints that change the catalog or bookings and by GET /dump; sent to --peers (prefer PREFIXD_API_TOKEN)")
+	fs.StringVar(&o.readToken, "read-token", o.readToken, "bearer token required by every other endpoint but /health and /ready (the API token works there too; prefer PREFIXD_READ_TOKEN)")
+	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = derived from the memory limit (half of it); -1 = no cap")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	fs.StringVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
 	fs.StringVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free-decode or bypass-on-decode")
@@ -100,8 +102,8 @@ func fromEnv(fs *pflag.FlagSet) error {
 }
 
 func (o *serveOptions) Validate() error {
-	if o.maxEntries < 0 {
-		return fmt.Errorf("--index-max-entries %d: must not be negative", o.maxEntries)
+	if o.maxEntries < -1 {
+		return fmt.Errorf("--index-max-entries %d: want a count, 0 (from memory) or -1 (no cap)", o.maxEntries)
 	}
 	if u, err := url.Parse(o.embeddedURL); err != nil || u.Scheme != "http" || u.Port() == "" {
 		return fmt.Errorf("--embedded-etcd-url %q: want http://host:port", o.embeddedURL)
@@ -156,7 +158,7 @@ func newServeCommand() *cobra.Command {
 			coord, _ := o.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
-				APIToken: o.apiToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
+				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
 				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: events.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

@@ -14,7 +14,7 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		env  map[string]string
 		want string
 	}{
-		{[]string{"serve", "--index-max-entries", "-1"}, nil, "--index-max-entries"},
+		{[]string{"serve", "--index-max-entries", "-2"}, nil, "--index-max-entries"},
 		{[]string{"serve", "--ready-timeout", "0s"}, nil, "--ready-timeout"},
 		{[]string{"serve", "--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"serve", "--etcd-endpoints", "10.0.0.1:2379"}, nil, "not an http(s) or unix URL"},

@@ -25,6 +25,8 @@ type sidecarOptions struct {
 	dpStart     uint32
 	dpSize      uint32
 	totalBlocks uint64
+	hostBlocks  uint64
+	diskBlocks  uint64
 	maxBatched  uint64
 	engineURL   string
 	healthPath  string
@@ -54,7 +56,9 @@ func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.topic, "topic", o.topic, "the engine's kv-events topic")
 	fs.Uint32Var(&o.dpStart, "data-parallel-start-rank", o.dpStart, "first dp rank of this engine")
 	fs.Uint32Var(&o.dpSize, "data-parallel-size", o.dpSize, "dp ranks of this engine (ports offset by rank)")
-	fs.Uint64Var(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of one rank, in blocks")
+	fs.Uint64Var(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of one rank, in blocks (vLLM's num_gpu_blocks)")
+	fs.Uint64Var(&o.hostBlocks, "host-kv-blocks", o.hostBlocks, "CPU offload capacity of one rank, in blocks, if the engine offloads")
+	fs.Uint64Var(&o.diskBlocks, "disk-kv-blocks", o.diskBlocks, "disk offload capacity of one rank, in blocks, if the engine offloads")
 	fs.Uint64Var(&o.maxBatched, "max-num-batched-tokens", o.maxBatched, "the engine's prefill budget per step")
 	fs.StringVar(&o.engineURL, "engine-url", o.engineURL, "the engine's HTTP base URL (registered, and probed at --health-path)")
 	fs.StringVar(&o.healthPath, "health-path", o.healthPath, "health path on --engine-url; empty disables probing")
@@ -69,7 +73,7 @@ func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
 func (o *sidecarOptions) options() sidecar.Options {
 	w := catalog.Worker{WorkerID: o.workerID, ModelName: o.model, RoutingGroup: o.group, Role: catalog.Role(o.role),
 		Endpoint: o.engineURL, EventsEndpoint: o.events, ReplayEndpoint: o.replay, Topic: o.topic, BlockSize: o.blockSize,
-		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize, TotalKVBlocks: o.totalBlocks, MaxNumBatchedTokens: o.maxBatched,
+		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize, TotalKVBlocks: o.totalBlocks, HostKVBlocks: o.hostBlocks, DiskKVBlocks: o.diskBlocks, MaxNumBatchedTokens: o.maxBatched,
 		TopologyDomains: o.topology, KVTransferDomain: o.kvDomain, KVTransferEnforcement: catalog.Enforcement(o.kvEnforce), Taints: o.taints}
 	so := sidecar.Options{Worker: w, AdvertiseHost: o.advertise, TTL: o.ttl,
 		Etcd: o.etcd.Config()}

@@ -63,7 +63,7 @@ func startStatusDaemon(t *testing.T, etcd []string) string {
 	addr := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second},
+		done <- daemon.Run(ctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, MaxEntries: -1, // "(no cap)" below
 			Listen: "127.0.0.1:0", OnReady: func(a string) { addr <- a },
 			Subscriber: events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}})
 	}()

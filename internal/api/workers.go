@@ -102,8 +102,12 @@ type Extensions struct {
 	// At most MaxDataParallelSize, and DPRank+size-1 must be a dp rank
 	// (400 otherwise).
 	DataParallelSize uint32 `json:"data_parallel_size,omitempty"`
-	// TotalKVBlocks is the KV cache capacity of one rank, in blocks.
+	// TotalKVBlocks is the KV cache capacity of one rank, in blocks;
+	// HostKVBlocks and DiskKVBlocks its offload tiers' (CPU memory, disk).
+	// A rank's index never holds more than these (with a margin) in a tier.
 	TotalKVBlocks uint64 `json:"total_kv_blocks,omitempty"`
+	HostKVBlocks  uint64 `json:"host_kv_blocks,omitempty"`
+	DiskKVBlocks  uint64 `json:"disk_kv_blocks,omitempty"`
 	// MaxNumBatchedTokens is the engine's prefill budget per step.
 	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens,omitempty"`
 	// EngineEndpoint is where clients send requests (e.g.
@@ -387,6 +391,10 @@ func (l *lexer) extension(key string, x *Extensions) error {
 		x.DataParallelSize = uint32(v)
 	case "total_kv_blocks":
 		x.TotalKVBlocks, err = l.uint(key, math.MaxUint64)
+	case "host_kv_blocks":
+		x.HostKVBlocks, err = l.uint(key, math.MaxUint64)
+	case "disk_kv_blocks":
+		x.DiskKVBlocks, err = l.uint(key, math.MaxUint64)
 	case "max_num_batched_tokens":
 		x.MaxNumBatchedTokens, err = l.uint(key, math.MaxUint64)
 	case "engine_endpoint":

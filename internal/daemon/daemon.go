@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sync"
@@ -37,9 +36,15 @@ type Config struct {
 	EmbeddedURL string
 	// Listen is the HTTP address (default 127.0.0.1:8090; port 0 picks one).
 	Listen string
-	// APIToken, when set, guards the endpoints that change the catalog.
+	// APIToken, when set, guards the endpoints that change the catalog
+	// or bookings, and GET /dump; peers are sent it for their /dump.
 	APIToken string
-	// MaxEntries caps indexed (block, rank) entries (0 = no cap).
+	// ReadToken, when set, guards every other endpoint but /health and
+	// /ready (the API token works there too).
+	ReadToken string
+	// MaxEntries caps indexed (block, rank) entries: 0 derives the cap
+	// from the memory the process may use (half of it, at
+	// indexer.MemoryPerEntry each); negative means no cap.
 	MaxEntries int
 	// Index, when set, is the index to fill (MaxEntries is then ignored);
 	// the demo reads it in-process to check it against the engines.
@@ -130,9 +135,19 @@ func Run(ctx context.Context, cfg Config) error {
 
 	ix := cfg.Index
 	if ix == nil {
-		ix = indexer.New(indexer.Options{MaxEntries: cfg.MaxEntries})
+		maxEntries := cfg.MaxEntries
+		switch {
+		case maxEntries < 0:
+			maxEntries = 0
+			log.Info("index cap off (--index-max-entries -1)")
+		case maxEntries == 0:
+			mem, source := memoryLimit("/")
+			maxEntries = indexer.MaxEntriesForMemory(mem / 2)
+			log.Info("index cap from memory: half of the memory limit", "max_entries", maxEntries, "memory_limit_bytes", mem, "from", source)
+		}
+		ix = indexer.New(indexer.Options{MaxEntries: maxEntries})
 	}
-	reg.MustRegister(NewIndexCollector(ix, cfg.MaxEntries))
+	reg.MustRegister(NewIndexCollector(ix, ix.MaxEntries()))
 	if len(cfg.Peers) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
 		peer, err := Bootstrap(bctx, cfg.Peers, ix, nil, cfg.APIToken, log)
@@ -222,10 +237,10 @@ func Run(ctx context.Context, cfg Config) error {
 		return false, "streams still replaying"
 	}
 	handler := api.NewHandler(api.Config{
-		Index: ix, Workers: view, Selector: sel, Ready: ready, APIToken: cfg.APIToken, Logger: log, Registerer: reg,
+		Index: ix, Workers: view, Selector: sel, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
-	srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second}
+	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
 	g.Go(func() error { return api.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
@@ -315,9 +330,24 @@ func workerStreams(w catalog.Worker) (WorkerStreams, error) {
 	}
 	ranks := w.Ranks()
 	out := WorkerStreams{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
+	out.Capacity[indexer.TierDevice] = withMargin(w.TotalKVBlocks)
+	out.Capacity[indexer.TierHost] = withMargin(w.HostKVBlocks)
+	out.Capacity[indexer.TierDisk] = withMargin(w.DiskKVBlocks)
 	for _, s := range ss {
 		out.Sources = append(out.Sources, events.Source{Worker: w.WorkerID, Rank: s.Rank, Ranks: ranks,
 			Endpoint: s.Endpoint, ReplayEndpoint: s.ReplayEndpoint, Topic: w.Topic, SeqBase: w.SeqBase})
 	}
 	return out, nil
+}
+
+// withMargin turns a registered capacity in blocks into the most blocks a
+// rank may hold in the index in that tier (0: unbounded): an eighth more,
+// plus a little, so that events in flight (a batch's stores ahead of the
+// removals that made room for them) never trim an honest engine.
+func withMargin(blocks uint64) int {
+	if blocks == 0 {
+		return 0
+	}
+	blocks = min(blocks, 1<<40)
+	return int(blocks + blocks/8 + 64)
 }

@@ -13,7 +13,9 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/testlog"
 )
 
 // workersOf returns GET /workers for model.
@@ -282,4 +284,48 @@ func TestEmptyPartitionsGo(t *testing.T) {
 	if code, body := register(t, d, map[string]any{"instance_id": 2000, "endpoint": "tcp://127.0.0.1:23000", "model_name": "churn-0", "block_size": 32}); code != http.StatusCreated {
 		t.Fatalf("register churn-0 with another block size: %d %s", code, body)
 	}
+}
+
+// TestRankCapacity: a rank never holds more blocks than its engine can
+// (total_kv_blocks with a margin): an engine that publishes more — a
+// rogue's endless valid replay, or a wrong registration — is trimmed,
+// reported degraded (the index then holds a strict subset of it, and the
+// degraded flag must not say otherwise) and logged, until its engine
+// clears its cache. The index cap itself defaults to one derived from
+// memory.
+func TestRankCapacity(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	logs, log := testlog.New(nil)
+	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
+	e := startTestEngine(t)
+	if code, body := register(t, d, map[string]any{"instance_id": 9, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+		"model_name": "m", "block_size": 16, "total_kv_blocks": 32}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	const limit = 32 + 32/8 + 64 // withMargin(32)
+	for range 20 {
+		e.store(10) // 200 blocks in all
+	}
+	storetest.Eventually(t, 20*time.Second, "the rank trimmed and degraded", func() bool {
+		l, ok := listener(t, d, "m", 9, 0)
+		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Degraded && l.Blocks <= limit && l.Blocks > 0
+	})
+	logs.Wait(t, 10*time.Second, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", "worker=9", "rank=0")
+	_, metrics := call(t, "GET", d.url+"/metrics", "", nil)
+	for _, want := range []string{`prefixd_stream_degraded{rank="0",worker="9"} 1`, `reason="rank_capacity",routing_group="default"}`} {
+		if !strings.Contains(string(metrics), want) {
+			t.Fatalf("no %s in /metrics", want)
+		}
+	}
+	if strings.Contains(string(metrics), "prefixd_index_max_entries 0\n") {
+		t.Fatal("no default index cap")
+	}
+	// The engine clears its cache: the rank is exact again.
+	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
+	e.store(2)
+	storetest.Eventually(t, 20*time.Second, "the rank exact again", func() bool {
+		l, ok := listener(t, d, "m", 9, 0)
+		return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.Blocks == 2
+	})
+	logs.Wait(t, 10*time.Second, "rank exact again: degraded cleared", "worker=9", "rank=0")
 }

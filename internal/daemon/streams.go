@@ -21,6 +21,10 @@ type WorkerStreams struct {
 	Partition indexer.PartitionKey
 	BlockSize int
 	Sources   []events.Source // one per dp rank, Source.Worker == ID
+	// Capacity bounds what each rank may hold per tier in the index (from
+	// the record's total/host/disk_kv_blocks, with a margin); zero tiers
+	// are unbounded.
+	Capacity indexer.Capacity
 }
 
 // RankStatus is the state of one worker rank's stream.
@@ -82,6 +86,7 @@ type streamKey struct {
 
 type stream struct {
 	src      events.Source
+	capacity indexer.Capacity
 	part     indexer.PartitionKey
 	sub      *events.Subscriber
 	cancel   context.CancelFunc
@@ -193,8 +198,14 @@ func (s *Streams) reconcile(ctx context.Context) {
 		workers[id] = w
 	}
 	prune := s.prune
+	type rankCapacity struct {
+		st       *stream
+		k        streamKey
+		capacity indexer.Capacity
+	}
+	var capacity []rankCapacity
 	// Stop what is not wanted as it runs; update what only changed its
-	// registered ranks.
+	// registered ranks or capacity.
 	for k, st := range s.subs {
 		if st.stopping {
 			continue
@@ -205,12 +216,22 @@ func (s *Streams) reconcile(ctx context.Context) {
 		case !ok || !want || w.Partition != st.part || !sameSource(src, st.src):
 			st.stopping = true
 			st.cancel()
-		case !slices.Equal(src.Ranks, st.src.Ranks):
-			st.sub.SetRanks(src.Ranks)
-			st.src.Ranks = src.Ranks
+		default:
+			if !slices.Equal(src.Ranks, st.src.Ranks) {
+				st.sub.SetRanks(src.Ranks)
+				st.src.Ranks = src.Ranks
+			}
+			if w.Capacity != st.capacity {
+				capacity = append(capacity, rankCapacity{st, k, w.Capacity})
+			}
 		}
 	}
 	s.mu.Unlock()
+	for _, c := range capacity { // index calls without s.mu
+		if err := s.ix.SetRankCapacity(c.st.part, indexer.Rank{WorkerID: c.k.worker, DPRank: c.k.rank}, c.capacity); err == nil {
+			c.st.capacity = c.capacity
+		}
+	}
 
 	// Workers that left (or moved partition) and have no stream left.
 	for id, part := range s.indexed {
@@ -248,7 +269,7 @@ func (s *Streams) reconcile(ctx context.Context) {
 			if exists {
 				continue
 			}
-			if err := s.start(ctx, k, src, w.Partition); err != nil {
+			if err := s.start(ctx, k, src, w.Partition, w.Capacity); err != nil {
 				s.setErr(id, err.Error())
 				continue
 			}
@@ -343,11 +364,15 @@ func sameSource(a, b events.Source) bool {
 }
 
 // start runs a subscriber for k. Called on Run's goroutine.
-func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, part indexer.PartitionKey) error {
+func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, part indexer.PartitionKey, capacity indexer.Capacity) error {
+	r := indexer.Rank{WorkerID: k.worker, DPRank: k.rank}
 	// A rank the index already holds (restored from a peer's dump) resumes
 	// after its watermark once the engine confirms the batch's digest.
-	if rs, err := s.ix.Rank(part, indexer.Rank{WorkerID: k.worker, DPRank: k.rank}); err == nil && rs.HasSeq && rs.Digest != 0 {
+	if rs, err := s.ix.Rank(part, r); err == nil && rs.HasSeq && rs.Digest != 0 {
 		src.Resume = &events.Watermark{Seq: rs.Watermark, Digest: rs.Digest}
+	}
+	if err := s.ix.SetRankCapacity(part, r, capacity); err != nil {
+		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
 	app := &events.IndexApplier{Index: s.ix, Partition: part}
 	sub, err := events.NewSubscriber(src, app, s.cfg)
@@ -355,7 +380,7 @@ func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, par
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	st := &stream{src: src, part: part, sub: sub, cancel: cancel}
+	st := &stream{src: src, capacity: capacity, part: part, sub: sub, cancel: cancel}
 	s.mu.Lock()
 	s.subs[k] = st
 	s.mu.Unlock()
@@ -417,7 +442,7 @@ func (s *Streams) Status() []RankStatus {
 	s.mu.Unlock()
 	for i := range out {
 		if rs, err := s.ix.Rank(out[i].Partition, indexer.Rank{WorkerID: out[i].Worker, DPRank: out[i].Rank}); err == nil {
-			out[i].Blocks = rs.Blocks
+			out[i].Blocks, out[i].Truncated = rs.Blocks, rs.Truncated
 		}
 	}
 	slices.SortFunc(out, func(a, b RankStatus) int {

@@ -62,6 +62,18 @@ func (e *testEngine) store(n int) {
 	}
 }
 
+// publishEvents publishes one batch of evs.
+func (e *testEngine) publishEvents(evs ...events.Event) {
+	e.t.Helper()
+	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: evs})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
 func startStreams(t *testing.T, ix *indexer.Index) *Streams {
 	t.Helper()
 	s := NewStreams(ix, events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)

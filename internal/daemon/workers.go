@@ -86,6 +86,7 @@ func (v *workerView) Register(ctx context.Context, r api.RegisterRequest) error 
 		}
 		nw := catalog.Worker{WorkerID: r.InstanceID, ModelName: r.ModelName, RoutingGroup: group, Role: catalog.Role(r.Role),
 			Endpoint: r.EngineEndpoint, Topic: r.Topic, BlockSize: r.BlockSize, TotalKVBlocks: r.TotalKVBlocks,
+			HostKVBlocks: r.HostKVBlocks, DiskKVBlocks: r.DiskKVBlocks,
 			MaxNumBatchedTokens: r.MaxNumBatchedTokens, TopologyDomains: r.TopologyDomains, KVTransferDomain: r.KVTransferDomain,
 			KVTransferEnforcement: catalog.Enforcement(r.KVTransferEnforcement), Taints: r.Taints}
 		if r.KVTransferPreferredWeight != 0 {
@@ -263,7 +264,8 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 		info := api.WorkerInfo{InstanceID: w.WorkerID, ModelName: w.ModelName, RoutingGroup: w.RoutingGroup,
 			BlockSize: w.BlockSize, Lifecycle: string(w.Lifecycle), Listeners: map[uint32]api.Listener{},
 			Extensions: api.Extensions{Role: string(w.Role), Topic: w.Topic, DataParallelSize: w.DataParallelSize,
-				TotalKVBlocks: w.TotalKVBlocks, MaxNumBatchedTokens: w.MaxNumBatchedTokens, EngineEndpoint: w.Endpoint,
+				TotalKVBlocks: w.TotalKVBlocks, HostKVBlocks: w.HostKVBlocks, DiskKVBlocks: w.DiskKVBlocks,
+				MaxNumBatchedTokens: w.MaxNumBatchedTokens, EngineEndpoint: w.Endpoint,
 				KVTransferDomain: w.KVTransferDomain, KVTransferEnforcement: string(w.KVTransferEnforcement),
 				TopologyDomains: w.TopologyDomains, Taints: w.Taints}}
 		if w.KVTransferPreferredWeight != nil {
