@@ -107,9 +107,9 @@ type Worker struct {
 	// The index never holds more of a rank in a tier than that tier's
 	// capacity (TotalKVBlocks for the device), with a margin; a tier
 	// without one is bounded only by the index's memory cap.
-	HostKVBlocks uint64 `json:"host_kv_blocks,omitempty"`
-	DiskKVBlocks uint64 `json:"disk_kv_blocks,omitempty"`
-	MaxNumBatchedTokens   uint64 `json:"max_num_batched_tokens,omitempty"`
+	HostKVBlocks        uint64 `json:"host_kv_blocks,omitempty"`
+	DiskKVBlocks        uint64 `json:"disk_kv_blocks,omitempty"`
+	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens,omitempty"`
 
 	// TopologyDomains maps a domain (e.g. "rack") to this worker's value.
 	TopologyDomains map[string]string `json:"topology_domains,omitempty"`
