@@ -286,7 +286,7 @@ func BenchmarkMemory(b *testing.B) {
 	}
 }
 
-// The llm-d comparison index (peers.md §3.11), built once per process.
+// The llm-d comparison index (the workload of docs/benchmarks.md, "Against peers"), built once per process.
 var llmd struct {
 	once sync.Once
 	w    *workload.Workload

@@ -8,7 +8,9 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 )
 
-// Named tests mirroring Dynamo's radix-tree checklist (reference §23.1–23.4),
+// Named tests mirroring the behaviours Dynamo's radix-tree tests check
+// (lib/kv-router/src/indexer: store, match, remove; dp ranks; partial
+// removal and long sequences; LoRA and namespaces),
 // with explicit expectations. Blocks are written as small ids: block v holds
 // tokens v*bs … v*bs+bs-1 (see blockTokens); engine hashes are chosen per
 // test, usually 100+i for worker 1 and 200+i for worker 2.
@@ -142,7 +144,7 @@ var (
 	notHeld  = [indexer.NumTiers]uint32{}
 )
 
-// ---- §23.1 store, match, remove ----
+// ---- store, match, remove ----
 
 func TestTreeStoreAndFind(t *testing.T) {
 	tr := indexer.NewTree(bs)
@@ -255,7 +257,7 @@ func TestTreeRemoveWorker(t *testing.T) {
 	expectRanks(t, tr)
 }
 
-// ---- §23.2 DP ranks ----
+// ---- DP ranks ----
 
 func TestTreeMultipleDPRanks(t *testing.T) {
 	tr := indexer.NewTree(bs)
@@ -552,7 +554,7 @@ func TestTreeManyRanks(t *testing.T) {
 	expectStats(t, tr, entries, 6)
 }
 
-// ---- §23.3 partial removal, long sequences, shape ----
+// ---- partial removal, long sequences, shape ----
 
 func TestTreeMidChainRemoval(t *testing.T) {
 	tr := indexer.NewTree(bs)
@@ -788,7 +790,7 @@ func TestTierFromMedium(t *testing.T) {
 	}
 }
 
-// ---- §23.4 LoRA and namespaces ----
+// ---- LoRA and namespaces ----
 
 func TestTreeLoRAAndNamespaceNeverCrossMatch(t *testing.T) {
 	seeds := []uint64{

@@ -32,7 +32,9 @@ func newIndex(t testing.TB) *indexer.Index {
 	return ix
 }
 
-// dynamoExample builds the reference's §17.6 example: block size 16;
+// dynamoExample builds the score-response example of Dynamo's standalone
+// indexer (its /query answer shape, with the Mooncake RFC #1403 per-tier
+// instances): block size 16;
 // instance 1 holds 2 device blocks on rank 0 (and the next block in host
 // memory) and 1 device block on rank 1.
 func dynamoExample(t testing.TB) (*indexer.Index, []uint32) {

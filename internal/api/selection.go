@@ -11,7 +11,8 @@ import (
 )
 
 // Selector is what the selection routes need from the coordinator
-// (reference §18.3, §18.4 and the disaggregated plans of §14).
+// (Dynamo's standalone selection service: /select, /select_and_reserve,
+// /reservations; and prefixd's disaggregated plans, docs/coordinator.md).
 // Implementations must be safe for concurrent use. Errors wrap ErrInvalid
 // (400; Invalid names the field), ErrNotFound (404), ErrConflict (409),
 // ErrOverloaded (429) or ErrUnavailable (503); anything else is a 500.
@@ -50,7 +51,8 @@ const (
 	RoleDecode     = "decode"
 )
 
-// Prompt is the prompt of a selection request (§18.2; only the token form).
+// Prompt is the prompt of a selection request: token ids, or local block
+// hashes.
 type Prompt struct {
 	TokenIDs  []uint32 `json:"token_ids"`
 	LoraName  string   `json:"lora_name,omitempty"`
@@ -94,7 +96,7 @@ type WorkerRef struct {
 	DPRank   uint32 `json:"dp_rank"`
 }
 
-// RoutingConstraints are §15's required and preferred taints.
+// RoutingConstraints are a request's required and preferred taints.
 type RoutingConstraints struct {
 	RequiredTaints  []string           `json:"required_taints,omitempty"`
 	PreferredTaints map[string]float64 `json:"preferred_taints,omitempty"`

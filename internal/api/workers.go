@@ -87,7 +87,7 @@ type RegisterRequest struct {
 // in RegisterRequest and WorkerInfo. Zero values mean "not given".
 //
 // The handler checks only their JSON types; what the values mean (known
-// roles, the §15 transfer-domain rules, well-formed taints) is checked by
+// roles, the kv-transfer domain rules, well-formed taints) is checked by
 // the Workers implementation, i.e. by the catalog's record validation,
 // which reports a bad field as Invalid(field, …) → 400.
 type Extensions struct {
@@ -116,8 +116,8 @@ type Extensions struct {
 	// KVTransferDomain names the topology domain (a key of
 	// TopologyDomains) within which KV blocks must or should move;
 	// KVTransferEnforcement is "required" or "preferred", and
-	// KVTransferPreferredWeight, in [0, 1], weighs "preferred" (reference
-	// §15). 0 means absent.
+	// KVTransferPreferredWeight, in [0, 1], weighs "preferred" (as in
+	// Dynamo's topology-aware KV transfer). 0 means absent.
 	KVTransferDomain          string  `json:"kv_transfer_domain,omitempty"`
 	KVTransferEnforcement     string  `json:"kv_transfer_enforcement,omitempty"`
 	KVTransferPreferredWeight float64 `json:"kv_transfer_preferred_weight,omitempty"`
