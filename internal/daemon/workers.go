@@ -9,7 +9,6 @@ import (
 	"math"
 	"slices"
 	"time"
-	"unicode/utf8"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
@@ -30,13 +29,13 @@ func (v *workerView) Register(ctx context.Context, r api.RegisterRequest) error 
 	key := catalog.Key{Model: r.ModelName, Group: group, WorkerID: r.InstanceID}
 	part := indexer.PartitionKey{Model: r.ModelName, Group: group}
 	if bs, err := v.ix.BlockSize(part); err == nil && bs != int(r.BlockSize) {
-		return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of model=%s routing_group=%s", r.BlockSize, bs, short(r.ModelName), short(group))}
+		return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of model=%s routing_group=%s", r.BlockSize, bs, api.Clip(r.ModelName), api.Clip(group))}
 	}
 	v.mu.Lock()
 	for k, w := range v.known {
 		if k.Model == r.ModelName && k.Group == group && k != key && w.BlockSize != r.BlockSize {
 			v.mu.Unlock()
-			return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, short(r.ModelName), short(group))}
+			return &conflict{fmt.Sprintf("block_size: %d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, api.Clip(r.ModelName), api.Clip(group))}
 		}
 	}
 	v.mu.Unlock()
@@ -109,21 +108,7 @@ func sidecarOwned(k catalog.Key, cur catalog.Current) error {
 		return nil
 	}
 	return &conflict{fmt.Sprintf("instance_id: %d in model=%s routing_group=%s is registered by a sidecar under lease %x; the record is the sidecar's (stop the sidecar to remove it)",
-		k.WorkerID, short(k.Model), short(k.Group), cur.Lease)}
-}
-
-// short is s cut to 64 bytes for an error message, so a client's
-// megabyte-long model name does not come back in full.
-func short(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	cut := max
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return fmt.Sprintf("%s… (%d bytes)", s[:cut], len(s))
+		k.WorkerID, api.Clip(k.Model), api.Clip(k.Group), cur.Lease)}
 }
 
 // catalogError maps a catalog write error to the API's errors.
@@ -137,7 +122,7 @@ func catalogError(err error) error {
 		return err
 	case errors.As(err, &inUse):
 		return &conflict{fmt.Sprintf("instance_id: %d is registered for model=%s routing_group=%s; a worker id names one engine, so unregister it there first",
-			inUse.ID, short(inUse.Holder.Model), short(inUse.Holder.Group))}
+			inUse.ID, api.Clip(inUse.Holder.Model), api.Clip(inUse.Holder.Group))}
 	case errors.As(err, &ve) && len(ve.Fields) > 0:
 		return api.Invalid(ve.Fields[0].Field, "%s", ve.Fields[0].Reason)
 	case errors.As(err, &ve):
@@ -209,12 +194,12 @@ func (v *workerView) Unregister(ctx context.Context, r api.UnregisterRequest) er
 			}
 		}
 		if n == 0 {
-			return fmt.Errorf("%w: instance_id: %d is not registered for model %s", api.ErrNotFound, r.InstanceID, short(r.ModelName))
+			return fmt.Errorf("%w: instance_id: %d is not registered for model %s", api.ErrNotFound, r.InstanceID, api.Clip(r.ModelName))
 		}
 		return nil
 	}
 	key := catalog.Key{Model: r.ModelName, Group: r.RoutingGroup, WorkerID: r.InstanceID}
-	notFound := fmt.Errorf("%w: instance_id: %d is not registered in %s/%s", api.ErrNotFound, r.InstanceID, short(r.ModelName), short(r.RoutingGroup))
+	notFound := fmt.Errorf("%w: instance_id: %d is not registered in %s/%s", api.ErrNotFound, r.InstanceID, api.Clip(r.ModelName), api.Clip(r.RoutingGroup))
 	fn := remove(key)
 	if r.DPRank != nil {
 		rank := *r.DPRank
