@@ -199,7 +199,9 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 					queued.Store(true)
 				}
 			}})
+	start := time.Now()
 	caughtUp(t, good, e)
+	t.Logf("the good rank caught up %v after it joined (replay budget 1 s, rogues' deadline 6 s)", time.Since(start).Round(time.Millisecond))
 	// Before the rogues' 6 s deadline: only preemption can have freed a
 	// slot for the good rank.
 	for i, s := range subs {
