@@ -57,6 +57,8 @@ func (e *IDInUseError) Is(target error) bool { return target == ErrIDInUse }
 
 // RemoveRecord, returned by an Update function, deletes the record
 // instead of writing it (as filepath.SkipDir changes what a walk does).
+//
+//lint:ignore ST1012 a signal from the caller's function, not a failure: named like filepath.SkipDir
 var RemoveRecord = errors.New("catalog: remove the record")
 
 // Current is what Update read under its key.

@@ -379,15 +379,6 @@ func keysOf(snap catalog.Snapshot) []catalog.Key {
 	return ks
 }
 
-func sortedKeys(ws []catalog.Worker) []catalog.Key {
-	var ks []catalog.Key
-	for _, w := range ws {
-		ks = append(ks, w.Key())
-	}
-	slices.SortFunc(ks, cmpKey)
-	return ks
-}
-
 func cmpKey(a, b catalog.Key) int {
 	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group), cmp.Compare(a.WorkerID, b.WorkerID))
 }
