@@ -73,6 +73,9 @@ type SubscriberConfig struct {
 	Cursor      CursorConfig  // HasReplay and SeqBase are set from the Source
 	IdleTimeout time.Duration // a replay attempt with no message for this long is incomplete (default 3 s)
 	LiveQueue   int           // live messages queued between the socket and the applier (default 1024); a full queue drops, and the gap is replayed
+	// LiveQueueBytes bounds the bytes of those messages (default 64 MiB):
+	// large batches fill the queue by size before they do by count.
+	LiveQueueBytes int64
 	RetryMin    time.Duration // first reconnect delay (default 100 ms), doubling
 	RetryMax    time.Duration // longest reconnect delay (default 5 s)
 	DialTimeout time.Duration // one TCP dial (default 2 s)
@@ -98,6 +101,9 @@ func (c *SubscriberConfig) defaults() {
 	}
 	if c.LiveQueue <= 0 {
 		c.LiveQueue = 1024
+	}
+	if c.LiveQueueBytes <= 0 {
+		c.LiveQueueBytes = 64 << 20
 	}
 	if c.RetryMin <= 0 {
 		c.RetryMin = 100 * time.Millisecond
@@ -312,6 +318,7 @@ func (r *run) connection(ctx context.Context) error {
 		return err
 	}
 	live := make(chan [][]byte, s.cfg.LiveQueue)
+	var queued atomic.Int64 // bytes in live
 	readErr := make(chan error, 1)
 	var readers sync.WaitGroup
 	readers.Add(1)
@@ -323,10 +330,17 @@ func (r *run) connection(ctx context.Context) error {
 				readErr <- err
 				return
 			}
+			n := int64(framesLen(msg.Frames))
+			if queued.Add(n) > s.cfg.LiveQueueBytes {
+				queued.Add(-n)
+				r.drop("queue_full") // by size; the seq gap is replayed
+				continue
+			}
 			select {
 			case live <- msg.Frames:
 			default:
 				// The applier is behind: drop, and the seq gap is replayed.
+				queued.Add(-n)
 				r.drop("queue_full")
 			}
 		}
@@ -359,6 +373,7 @@ func (r *run) connection(ctx context.Context) error {
 		case err := <-readErr:
 			return err
 		case frames := <-live:
+			queued.Add(-int64(framesLen(frames)))
 			r.resetProbe()
 			seq, payload, err := ParseLive(frames, topic)
 			if err != nil {
@@ -828,6 +843,14 @@ type replaySession struct {
 	reason     string // join, gap, restart, reconnect, probe
 	applied    uint64 // the applied seq when it started
 	hadApplied bool
+}
+
+func framesLen(frames [][]byte) int {
+	n := 0
+	for _, f := range frames {
+		n += len(f)
+	}
+	return n
 }
 
 // firstErr returns the error a socket's reader reports within wait (or

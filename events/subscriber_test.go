@@ -522,24 +522,35 @@ func TestSubscriberBadInput(t *testing.T) {
 // live queue drops (counted) instead of growing, and the seq gaps this
 // leaves are replayed: the index still ends equal to the engine.
 func TestSubscriberBackpressure(t *testing.T) {
-	ops := e2eOps(t, 12, 1, 1000)[0]
-	e := startEngine(t, indexer.Rank{WorkerID: 4}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
-	ix, app := newE2EIndex(t)
-	gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
-	reg := prometheus.NewRegistry()
-	s := startSubscriber(t, Source{Worker: 4, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, gated,
-		SubscriberConfig{LiveQueue: 4, Metrics: NewMetrics(reg)})
-	waitUntil(t, 10*time.Second, "join replay to finish", func() bool { return s.s.State().Synced })
-	e.feed(ops) // the first apply blocks: the queue fills and drops
-	drops := func() float64 {
-		return testutil.ToFloat64(s.s.cfg.Metrics.dropped.WithLabelValues("4", "0", "queue_full"))
-	}
-	waitUntil(t, 10*time.Second, "the live queue to overflow", func() bool { return drops() > 0 })
-	close(gated.gate)
-	caughtUp(t, s, e)
-	checkIndex(t, ix, e, false)
-	if st := s.s.State(); st.Degraded || st.Stats.Gaps+st.Stats.Probes == 0 {
-		t.Fatalf("drops should have been replayed as gaps: %+v", st)
+	for _, tc := range []struct {
+		name string
+		cfg  SubscriberConfig
+	}{
+		{"by count", SubscriberConfig{LiveQueue: 4}},
+		{"by bytes", SubscriberConfig{LiveQueueBytes: 2 << 10}}, // a few batches' worth
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ops := e2eOps(t, 12, 1, 1000)[0]
+			e := startEngine(t, indexer.Rank{WorkerID: 4}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+			ix, app := newE2EIndex(t)
+			gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
+			reg := prometheus.NewRegistry()
+			cfg := tc.cfg
+			cfg.Metrics = NewMetrics(reg)
+			s := startSubscriber(t, Source{Worker: 4, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, gated, cfg)
+			waitUntil(t, 10*time.Second, "join replay to finish", func() bool { return s.s.State().Synced })
+			e.feed(ops) // the first apply blocks: the queue fills and drops
+			drops := func() float64 {
+				return testutil.ToFloat64(s.s.cfg.Metrics.dropped.WithLabelValues("4", "0", "queue_full"))
+			}
+			waitUntil(t, 10*time.Second, "the live queue to overflow", func() bool { return drops() > 0 })
+			close(gated.gate)
+			caughtUp(t, s, e)
+			checkIndex(t, ix, e, false)
+			if st := s.s.State(); st.Degraded || st.Stats.Gaps+st.Stats.Probes == 0 {
+				t.Fatalf("drops should have been replayed as gaps: %+v", st)
+			}
+		})
 	}
 }
 
