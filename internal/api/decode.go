@@ -64,10 +64,13 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request, s *scratch) (
 // limit bytes is a 413. buf grows only as bytes arrive, by doubling, and
 // never beyond the claimed Content-Length (+1 to see the end) or limit+1:
 // a client that claims 8 MiB and sends 10 bytes costs 4 KiB, not 8 MiB.
-// Every byte read is taken from budget and added to *held, which the
-// caller gives back when it is done with the body; a body that does not
-// fit the budget is a 503. A body that is still arriving when the
-// server's read deadline passes (ServerConfig.ReadTimeout) is a 408.
+// Every byte buf grows by is taken from budget before it is allocated and
+// added to *held, which the caller gives back when it is done with the
+// body: the budget bounds the memory the bodies in flight hold, not only
+// the bytes that arrived (doubling allocates up to twice those). A body
+// that does not fit the budget is a 503. A body that is still arriving
+// when the server's read deadline passes (ServerConfig.ReadTimeout) is a
+// 408.
 func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte, budget *bodyBudget, held *int64) ([]byte, *httpError) {
 	if r.ContentLength > int64(limit) {
 		return buf[:0], tooLarge("body", "%d bytes exceeds the limit of %d", r.ContentLength, limit)
@@ -86,20 +89,20 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte, bud
 			if c >= want {
 				c = want + 1
 			}
-			nb := make([]byte, len(buf), max(c, len(buf)+1))
+			c = max(c, len(buf)+1)
+			if grow := c - cap(buf); !budget.take(grow) {
+				w.Header().Set("Retry-After", "1")
+				return buf, &httpError{http.StatusServiceUnavailable,
+					fmt.Sprintf("body: request bodies in flight exceed the server's budget of %d bytes; retry later", budget.limit)}
+			} else {
+				*held += int64(grow)
+			}
+			nb := make([]byte, len(buf), c)
 			copy(nb, buf)
 			buf = nb
 		}
 		n, err := body.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if n > 0 {
-			if !budget.take(n) {
-				w.Header().Set("Retry-After", "1")
-				return buf, &httpError{http.StatusServiceUnavailable,
-					fmt.Sprintf("body: request bodies in flight exceed the server's budget of %d bytes; retry later", budget.limit)}
-			}
-			*held += int64(n)
-		}
 		if err == io.EOF {
 			return buf, nil
 		}
