@@ -1,6 +1,7 @@
 package events
 
 import (
+	"errors"
 	"sync"
 
 	"github.com/prefixd/prefixd/indexer"
@@ -13,11 +14,15 @@ type IndexApplier struct {
 	Index     *indexer.Index
 	Partition indexer.PartitionKey
 
-	mu       sync.Mutex // guards ops, filtered and skipped
+	mu       sync.Mutex // guards ops, filtered, skipped and fenced; held across each apply
 	ops      []indexer.Op
 	filtered [NumFilters]uint64
 	skipped  [indexer.NumReasons]uint64
+	fenced   bool
 }
+
+// ErrFenced is returned by a fenced IndexApplier.
+var ErrFenced = errors.New("events: applier fenced: its rank left the index")
 
 var _ Applier = (*IndexApplier)(nil)
 
@@ -25,6 +30,9 @@ var _ Applier = (*IndexApplier)(nil)
 func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if a.fenced {
+		return ErrFenced
+	}
 	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
 	res, err := a.Index.ApplyBatch(a.Partition, r, seq, digest, a.ops)
 	for i, n := range res.Skipped {
@@ -35,7 +43,23 @@ func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) 
 
 // ResetRank implements Applier.
 func (a *IndexApplier) ResetRank(r indexer.Rank) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fenced {
+		return ErrFenced
+	}
 	return a.Index.Clear(a.Partition, r)
+}
+
+// Fence makes every later ApplyBatch and ResetRank fail with ErrFenced,
+// and returns once none is in progress: after it, the index changes for
+// this applier's ranks only through others. A stream being stopped is
+// fenced so that its rank can leave the index at once, before its
+// subscriber has wound down.
+func (a *IndexApplier) Fence() {
+	a.mu.Lock()
+	a.fenced = true
+	a.mu.Unlock()
 }
 
 // Truncated reports whether the index dropped some of r's blocks itself

@@ -457,7 +457,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 				return
 			}
 		case ActReset:
-			if err := r.s.app.ResetRank(src.rank()); err != nil {
+			if err := r.s.app.ResetRank(src.rank()); err != nil && !errors.Is(err, ErrFenced) {
 				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", src.Rank, "err", err)
 			}
 		case ActReplay:
@@ -499,8 +499,10 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 		rank.DPRank = uint32(r.batch.DPRank)
 	}
 	if err := r.s.app.ApplyBatch(rank, seq, digest, &r.batch); err != nil {
-		r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
-		r.drop("apply_error")
+		if !errors.Is(err, ErrFenced) { // fenced: the stream is being stopped
+			r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
+			r.drop("apply_error")
+		}
 		return nil
 	}
 	cleared := false

@@ -279,13 +279,18 @@ var _ api.Workers = (*workerView)(nil)
 // apply turns a catalog change into pool and stream changes, and logs it.
 // It runs on the watcher's goroutine and returns at once.
 func (v *workerView) apply(c catalog.Change) {
-	// The coordinator's pools first, so a worker listed by /workers is selectable.
+	// The coordinator's pools first, so a worker listed by /workers is
+	// selectable; a worker leaving leaves the pools and the index before
+	// /workers stops listing it.
 	if v.sel != nil {
 		if c.Kind == catalog.Removed {
 			v.sel.removeWorker(c.Key)
 		} else {
 			v.sel.setWorker(c.Worker)
 		}
+	}
+	if c.Kind == catalog.Removed {
+		v.streams.Remove(c.Key.WorkerID)
 	}
 	v.mu.Lock()
 	if c.Kind == catalog.Removed {
@@ -299,7 +304,6 @@ func (v *workerView) apply(c catalog.Change) {
 	switch c.Kind {
 	case catalog.Removed:
 		v.log.Info("worker left", append(attrs, "revision", c.Revision)...)
-		v.streams.Remove(c.Key.WorkerID)
 		return
 	case catalog.Added:
 		v.log.Info("worker joined", append(attrs, "role", w.Role, "ranks", w.Ranks(), "registration", registration(c.Lease), "revision", c.Revision)...)

@@ -201,7 +201,10 @@ func TestFinishedPlansReusedID(t *testing.T) {
 	s.setWorker(worker(1, "default", catalog.RoleDecode, engine(1)))
 	s.setWorker(worker(2, "default", catalog.RolePrefill, engine(2)))
 	ctx := context.Background()
-	later := time.Now().Add(coordinator.DefaultPlanTTL + time.Second)
+	// Past every plan's TTL, read at each call: under load creating 4,096
+	// plans takes longer than a second, and a fixed time would not
+	// expire the last ones (the test failed that way).
+	later := func() time.Time { return time.Now().Add(coordinator.DefaultPlanTTL + time.Second) }
 	plan := func(id string) {
 		t.Helper()
 		if p, err := s.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: []uint32{1, 2, 3}}, ID: id, ModelName: "m", RoutingGroup: "default"}); err != nil {
@@ -213,16 +216,16 @@ func TestFinishedPlansReusedID(t *testing.T) {
 		return err == nil
 	}
 	plan("x")
-	s.expire(later)
+	s.expire(later())
 	plan("x") // reused
-	s.expire(later)
+	s.expire(later())
 	if !get("x") {
 		t.Fatal("the reused plan is not remembered")
 	}
 	for i := range maxFinished - 1 {
 		plan(fmt.Sprint("p", i))
 	}
-	s.expire(later)
+	s.expire(later())
 	if n := s.finished.len(); n != maxFinished {
 		t.Fatalf("%d finished plans remembered, want %d", n, maxFinished)
 	}
@@ -231,7 +234,7 @@ func TestFinishedPlansReusedID(t *testing.T) {
 	}
 	// One more: x, now the oldest, goes, and only x.
 	plan("last")
-	s.expire(later)
+	s.expire(later())
 	if get("x") || !get("p0") || !get("last") || s.finished.len() != maxFinished {
 		t.Fatalf("after one more: x %v (want false), p0 %v, last %v, %d remembered", get("x"), get("p0"), get("last"), s.finished.len())
 	}

@@ -53,8 +53,9 @@ type RankStatus struct {
 //
 // Set and Remove only record what is wanted and return at once (the
 // catalog watcher calls them and must not wait); Run's goroutine makes it
-// so, and never waits for a stream to stop: a stopping stream's rank is
-// cleaned up, and its successor started, when its goroutine has exited.
+// so, and never waits for a stream to stop: a stopping stream is fenced
+// off the index (events.IndexApplier.Fence) and its rank removed at once;
+// its successor starts when its goroutine has exited.
 // Create with NewStreams and call Run; the other methods are safe for
 // concurrent use while Run runs.
 type Streams struct {
@@ -88,9 +89,10 @@ type stream struct {
 	src      events.Source
 	capacity indexer.Capacity
 	part     indexer.PartitionKey
+	app      *events.IndexApplier
 	sub      *events.Subscriber
 	cancel   context.CancelFunc
-	stopping bool // cancelled; its goroutine has not exited yet
+	stopping bool // cancelled and fenced; its goroutine has not exited yet
 }
 
 // NewStreams returns a manager feeding ix; cfg is used for every
@@ -120,13 +122,31 @@ func (s *Streams) Set(w WorkerStreams) {
 	s.poke()
 }
 
-// Remove forgets worker id: Run stops its streams and removes it from the
-// index. Removing an unknown worker does nothing.
+// Remove forgets worker id and takes it out of the index before it
+// returns: its streams are fenced off the index and its ranks removed at
+// once (quick index calls; nothing waits for a stream to stop). Run then
+// stops the streams and, if it was the last worker there, removes the
+// partition. Removing an unknown worker does nothing.
 func (s *Streams) Remove(id uint64) {
 	s.mu.Lock()
+	w, ok := s.workers[id]
 	delete(s.workers, id)
 	delete(s.errs, id)
+	var apps []*events.IndexApplier
+	for k, st := range s.subs {
+		if k.worker == id && !st.stopping {
+			apps = append(apps, st.app)
+		}
+	}
 	s.mu.Unlock()
+	for _, a := range apps {
+		a.Fence()
+	}
+	if ok {
+		if err := s.ix.RemoveWorkerFrom(w.Partition, id); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
+			s.log.Error("remove worker from index", "worker", id, "model", w.Partition.Model, "group", w.Partition.Group, "err", err)
+		}
+	}
 	s.poke()
 }
 
@@ -204,6 +224,11 @@ func (s *Streams) reconcile(ctx context.Context) {
 		capacity indexer.Capacity
 	}
 	var capacity []rankCapacity
+	type stopped struct {
+		st *stream
+		k  streamKey
+	}
+	var stop []stopped
 	// Stop what is not wanted as it runs; update what only changed its
 	// registered ranks or capacity.
 	for k, st := range s.subs {
@@ -216,6 +241,7 @@ func (s *Streams) reconcile(ctx context.Context) {
 		case !ok || !want || w.Partition != st.part || !sameSource(src, st.src):
 			st.stopping = true
 			st.cancel()
+			stop = append(stop, stopped{st, k})
 		default:
 			if !slices.Equal(src.Ranks, st.src.Ranks) {
 				st.sub.SetRanks(src.Ranks)
@@ -227,18 +253,35 @@ func (s *Streams) reconcile(ctx context.Context) {
 		}
 	}
 	s.mu.Unlock()
+	// A stopped stream's rank leaves the index now: fenced, its
+	// subscriber can no longer touch the index while it winds down.
+	for _, x := range stop {
+		x.st.app.Fence()
+		r := indexer.Rank{WorkerID: x.k.worker, DPRank: x.k.rank}
+		blocks := 0
+		if rs, err := s.ix.Rank(x.st.part, r); err == nil {
+			blocks = rs.Blocks
+		}
+		if err := s.ix.RemoveRank(x.st.part, r); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
+			s.log.Error("remove rank", "worker", x.k.worker, "rank", x.k.rank, "err", err)
+			continue
+		}
+		s.log.Info("stream stopped; rank removed from index", "worker", x.k.worker, "rank", x.k.rank, "endpoint", x.st.src.Endpoint, "blocks", blocks)
+	}
 	for _, c := range capacity { // index calls without s.mu
 		if err := s.ix.SetRankCapacity(c.st.part, indexer.Rank{WorkerID: c.k.worker, DPRank: c.k.rank}, c.capacity); err == nil {
 			c.st.capacity = c.capacity
 		}
 	}
 
-	// Workers that left (or moved partition) and have no stream left.
+	// Workers that left (or moved partition): every stream of theirs is
+	// stopping and fenced, so their ranks (those learned only from
+	// batches too) leave at once.
 	for id, part := range s.indexed {
 		if w, ok := workers[id]; ok && w.Partition == part {
 			continue
 		}
-		if s.hasStreams(id) {
+		if s.hasRunning(id) {
 			continue
 		}
 		if err := s.ix.RemoveWorkerFrom(part, id); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
@@ -295,11 +338,12 @@ func (s *Streams) setErr(id uint64, msg string) {
 	}
 }
 
-func (s *Streams) hasStreams(id uint64) bool {
+// hasRunning reports whether worker id has a stream that is not stopping.
+func (s *Streams) hasRunning(id uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for k := range s.subs {
-		if k.worker == id {
+	for k, st := range s.subs {
+		if k.worker == id && !st.stopping {
 			return true
 		}
 	}
@@ -349,7 +393,7 @@ func (s *Streams) pruneRanks(part indexer.PartitionKey, workers map[uint64]Worke
 		}
 	})
 	for _, id := range gone {
-		if s.hasStreams(id) {
+		if s.hasRunning(id) {
 			continue
 		}
 		if err := s.ix.RemoveWorkerFrom(part, id); err == nil {
@@ -380,8 +424,14 @@ func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, par
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	st := &stream{src: src, capacity: capacity, part: part, sub: sub, cancel: cancel}
+	st := &stream{src: src, capacity: capacity, part: part, app: app, sub: sub, cancel: cancel}
 	s.mu.Lock()
+	// Remove (or Set) may have run since reconcile read what is wanted.
+	if w, ok := s.workers[k.worker]; !ok || w.Partition != part {
+		s.mu.Unlock()
+		cancel()
+		return nil
+	}
 	s.subs[k] = st
 	s.mu.Unlock()
 	go func() {
@@ -394,32 +444,12 @@ func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, par
 	return nil
 }
 
-// reap handles a stream whose goroutine exited: its rank leaves the index
-// unless the same source is still wanted (it then starts again on the
-// next reconcile, resuming from the index's watermark).
+// reap forgets a stream whose goroutine exited (its rank left the index
+// when it was stopped); the next reconcile may start its successor.
 func (s *Streams) reap(k streamKey) {
 	s.mu.Lock()
-	st := s.subs[k]
 	delete(s.subs, k)
-	w, ok := s.workers[k.worker]
 	s.mu.Unlock()
-	if st == nil {
-		return
-	}
-	src, want := w.source(k.rank)
-	if ok && want && w.Partition == st.part && sameSource(src, st.src) {
-		return
-	}
-	r := indexer.Rank{WorkerID: k.worker, DPRank: k.rank}
-	blocks := 0
-	if rs, err := s.ix.Rank(st.part, r); err == nil {
-		blocks = rs.Blocks
-	}
-	if err := s.ix.RemoveRank(st.part, r); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
-		s.log.Error("remove rank", "worker", k.worker, "rank", k.rank, "err", err)
-		return
-	}
-	s.log.Info("stream stopped; rank removed from index", "worker", k.worker, "rank", k.rank, "endpoint", st.src.Endpoint, "blocks", blocks)
 }
 
 // Status reports every wanted rank, ordered by worker and rank: its

@@ -149,6 +149,11 @@ func TestStreamsLifecycle(t *testing.T) {
 	s.Remove(8)
 
 	s.Remove(7)
+	// Its blocks are gone when Remove returns (its streams are fenced off
+	// the index, not waited for).
+	if n0, n1 := rankBlocks(ix, k, 7, 0), rankBlocks(ix, k, 7, 1); n0 > 0 || n1 > 0 {
+		t.Fatalf("after Remove the worker still holds %d and %d blocks", n0, n1)
+	}
 	storetest.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
 		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
 	})
