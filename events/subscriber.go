@@ -76,9 +76,9 @@ type SubscriberConfig struct {
 	// LiveQueueBytes bounds the bytes of those messages (default 64 MiB):
 	// large batches fill the queue by size before they do by count.
 	LiveQueueBytes int64
-	RetryMin    time.Duration // first reconnect delay (default 100 ms), doubling
-	RetryMax    time.Duration // longest reconnect delay (default 5 s)
-	DialTimeout time.Duration // one TCP dial (default 2 s)
+	RetryMin       time.Duration // first reconnect delay (default 100 ms), doubling
+	RetryMax       time.Duration // longest reconnect delay (default 5 s)
+	DialTimeout    time.Duration // one TCP dial (default 2 s)
 	// ProbeInterval: after this long without a live batch, ask for a
 	// replay from the next expected seq, to find a last batch the PUB
 	// dropped (default 30 s; negative disables).
