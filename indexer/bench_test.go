@@ -577,3 +577,74 @@ func BenchmarkDump(b *testing.B) {
 type countWriter int64
 
 func (c *countWriter) Write(p []byte) (int, error) { *c += countWriter(len(p)); return len(p), nil }
+
+// The hybrid benchmark index: a smaller workload (100,000 entries, 100,000
+// blocks of churn, the same long prompts) as a Gemma 3 engine would
+// publish it: every store and remove in five sliding-window groups
+// (0..4, 1,024-token windows: a hit needs 64 blocks before its end) and
+// the full-attention group 5, which the tree holds.
+var benchHybrid struct {
+	once sync.Once
+	w    *workload.Workload
+	tree *indexer.Tree
+	err  error
+}
+
+func hybridIndex(b *testing.B) (*workload.Workload, *indexer.Tree) {
+	b.Helper()
+	benchHybrid.once.Do(func() {
+		cfg := workload.DefaultConfig()
+		cfg.TargetEntries, cfg.ChurnBlocks = 100_000, 100_000
+		w, err := workload.Generate(cfg)
+		if err != nil {
+			benchHybrid.err = err
+			return
+		}
+		t := indexer.NewTree(w.BlockSize)
+		for i, e := range w.Events {
+			for g := 0; g <= 5; g++ {
+				op := e.Op
+				op.Group = indexer.Group{Idx: g, Attention: indexer.AttentionSlidingWindow, Kind: "sliding_window", Window: 1024}
+				if g == 5 {
+					op.Group = indexer.Group{Idx: g, Kind: "full_attention"}
+				}
+				if err := t.Apply(e.Rank, op); err != nil {
+					benchHybrid.err = fmt.Errorf("event %d group %d: %w", i, g, err)
+					return
+				}
+			}
+		}
+		benchHybrid.w, benchHybrid.tree = w, t
+	})
+	if benchHybrid.err != nil {
+		b.Fatal(benchHybrid.err)
+	}
+	return benchHybrid.w, benchHybrid.tree
+}
+
+// BenchmarkMatchHybrid8192 matches pre-hashed 8,192-token prompts that 8
+// ranks of the hybrid index hold whole: each rank's grant reads its five
+// sliding-window groups' last 64 blocks.
+func BenchmarkMatchHybrid8192(b *testing.B) {
+	w, tree := hybridIndex(b)
+	var hashed [][]uint64
+	for _, p := range longTokens(w) {
+		hashed = append(hashed, indexer.HashBlocks(nil, p, w.BlockSize, indexer.BaseSeed))
+	}
+	dst := tree.Match(hashed[0], nil)
+	granted := 0
+	for _, o := range dst {
+		if o.Device == o.Upper && o.Upper == 512 {
+			granted++
+		}
+	}
+	if granted < 8 {
+		b.Fatalf("%d ranks granted the whole prompt, want at least 8: %v", granted, dst)
+	}
+	i := 0
+	for b.Loop() {
+		dst = tree.Match(hashed[i%len(hashed)], dst[:0])
+		i++
+	}
+	b.ReportMetric(float64(len(dst)), "ranks")
+}

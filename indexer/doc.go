@@ -5,6 +5,10 @@
 // Tree is a single-threaded, path-compressed radix tree over prefixd's own
 // local block hashes (XXH3-64 of the block's tokens), with a per-rank lookup
 // from the engine's opaque block hashes for parent resolution and removal.
+// For hybrid models (several KV-cache groups per engine, see Group) the
+// tree holds each rank's main group, the lowest-numbered full-attention
+// one, and per-rank sets track the other groups' blocks, so that Match
+// reports the hit vLLM's hybrid coordinator would grant (Overlap).
 // Index wraps one Tree per (model, routing group) partition and makes it safe
 // for concurrent appliers and matchers. It enforces a memory cap over all
 // partitions (least recently used leaves first, whichever partition holds

@@ -17,6 +17,30 @@ type Snapshot struct {
 	Ranks      []RankWatermark
 	Events     []DumpEvent
 	Structural []DumpNode // edges no rank holds that lead to held blocks
+	// Groups is the KV-cache group layout of the ranks of hybrid models
+	// (see Group), with the blocks of their non-main groups. A rank not
+	// listed has one group, 0 of full attention, held by Events.
+	Groups []DumpGroup
+}
+
+// DumpGroup is one KV-cache group of a rank: the main one (whose blocks
+// are the rank's Events) or another, with its blocks if tracked.
+type DumpGroup struct {
+	Rank      Rank
+	Idx       int
+	Attention Attention
+	Kind      string
+	Window    int
+	Main      bool
+	Tracked   bool // non-main groups: blocks tracked (the main group always is)
+	Blocks    []DumpGroupBlock
+}
+
+// DumpGroupBlock is one block of a non-main group with its copy count in
+// every tier.
+type DumpGroupBlock struct {
+	Hash   uint64
+	Counts [NumTiers]uint32
 }
 
 // RankWatermark is a rank's last applied batch seq (if any).
@@ -72,6 +96,9 @@ func (t *Tree) Dump() *Snapshot {
 	slices.SortFunc(s.Ranks, func(a, b RankWatermark) int { // a dump of one state is one byte string
 		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
 	})
+	for _, w := range s.Ranks {
+		s.Groups = t.appendDumpGroups(s.Groups, w.Rank)
+	}
 	queue := []uint32{}
 	for c := t.nodes[0].first; c != 0; c = t.nodes[c].next {
 		queue = append(queue, c)
@@ -123,6 +150,123 @@ func (t *Tree) Dump() *Snapshot {
 		}
 	}
 	return s
+}
+
+// appendDumpGroups appends r's KV-cache groups, unless r has the layout a
+// snapshot without groups implies (at most a main group 0).
+func (t *Tree) appendDumpGroups(dst []DumpGroup, r Rank) []DumpGroup {
+	rs := &t.ranks[t.rankIDs[r]]
+	if rs.groups == nil && (!rs.hasMain || rs.main.idx == 0) {
+		return dst
+	}
+	if rs.hasMain {
+		m := rs.main
+		dst = append(dst, DumpGroup{Rank: r, Idx: m.idx, Attention: m.att, Kind: m.kind, Window: m.window, Main: true})
+	}
+	if rs.groups == nil {
+		return dst
+	}
+	for i := range rs.groups.list {
+		gs := &rs.groups.list[i]
+		d := DumpGroup{Rank: r, Idx: gs.idx, Attention: gs.att, Kind: gs.kind, Window: gs.window, Tracked: gs.tracked}
+		if len(gs.blocks) > 0 {
+			d.Blocks = make([]DumpGroupBlock, 0, len(gs.blocks))
+			for x, v := range gs.blocks {
+				b := DumpGroupBlock{Hash: x}
+				for tier := Tier(0); tier < NumTiers; tier++ {
+					b.Counts[tier] = gcount(v, tier)
+				}
+				d.Blocks = append(d.Blocks, b)
+			}
+			slices.SortFunc(d.Blocks, func(a, b DumpGroupBlock) int { return cmp.Compare(a.Hash, b.Hash) })
+		}
+		dst = append(dst, d)
+	}
+	if rs.hasMain {
+		// The main group in index order among the others.
+		gs := dst[len(dst)-len(rs.groups.list)-1:]
+		slices.SortStableFunc(gs, func(a, b DumpGroup) int { return cmp.Compare(a.Idx, b.Idx) })
+	}
+	return dst
+}
+
+// restoreGroups sets the ranks' KV-cache groups from s.Groups, after
+// their tree blocks were restored.
+func (t *Tree) restoreGroups(s *Snapshot) error {
+	for i := range s.Groups {
+		g := &s.Groups[i]
+		if g.Attention >= numAttention {
+			return fmt.Errorf("restore: rank %v group %d: attention %d", g.Rank, g.Idx, g.Attention)
+		}
+		rid := t.rankID(g.Rank)
+		rs := &t.ranks[rid]
+		if (rs.hasMain && rs.main.idx == g.Idx) || t.group(rid, g.Idx, nil, 0) != nil {
+			return fmt.Errorf("restore: rank %v has group %d twice", g.Rank, g.Idx)
+		}
+		n := 1
+		if rs.groups != nil {
+			n += len(rs.groups.list)
+		}
+		if rs.hasMain {
+			n++
+		}
+		if n > MaxGroups {
+			return fmt.Errorf("restore: rank %v has more than %d groups", g.Rank, MaxGroups)
+		}
+		info := groupInfo{idx: g.Idx, att: g.Attention, kind: g.Kind, window: g.Window}
+		if g.Main {
+			if rs.hasMain || g.Attention != AttentionFull || len(g.Blocks) > 0 {
+				return fmt.Errorf("restore: rank %v: group %d cannot be its main group", g.Rank, g.Idx)
+			}
+			rs.main, rs.hasMain = info, true
+			continue
+		}
+		tracked, need := rule(Group{Idx: g.Idx, Attention: g.Attention, Window: g.Window}, t.blockSize, t.blockSize)
+		if g.Tracked && !tracked || !g.Tracked && len(g.Blocks) > 0 {
+			return fmt.Errorf("restore: rank %v group %d: blocks of an untracked group", g.Rank, g.Idx)
+		}
+		gs := t.addGroup(rid, info, g.Tracked, need)
+		rg := t.ranks[rid].groups
+		for _, b := range g.Blocks {
+			if _, dup := gs.blocks[b.Hash]; dup {
+				return fmt.Errorf("restore: rank %v group %d holds hash %#x twice", g.Rank, g.Idx, b.Hash)
+			}
+			var v uint64
+			for tier, c := range b.Counts {
+				if c > groupCountMax {
+					return fmt.Errorf("restore: rank %v group %d block %#x: %d copies", g.Rank, g.Idx, b.Hash, c)
+				}
+				if c > 0 {
+					gs.tiers[tier]++
+					rg.tiers[tier]++
+				}
+				v |= uint64(c) << (16 * tier)
+			}
+			if v == 0 {
+				return fmt.Errorf("restore: rank %v group %d block %#x has no copies", g.Rank, g.Idx, b.Hash)
+			}
+			gs.blocks[b.Hash] = v
+			rg.entries++
+			t.gentries++
+		}
+	}
+	for rid := range t.ranks {
+		rs := &t.ranks[rid]
+		if len(rs.lookup) > 0 && !rs.hasMain {
+			if t.group(uint32(rid), 0, nil, 0) != nil {
+				return fmt.Errorf("restore: rank %v holds blocks but has no main group", rs.rank)
+			}
+			rs.main, rs.hasMain = groupInfo{}, true
+		}
+		if rg := rs.groups; rg != nil && rg.entries > 0 {
+			for x, rf := range rs.lookup {
+				l := t.locOf(rf)
+				n := &t.nodes[l.node]
+				t.setBits(l.node, int(l.pos)*len(n.hold)+t.holderIndex(l.node, uint32(rid)), t.groupMask(rg, x))
+			}
+		}
+	}
+	return nil
 }
 
 // Restore builds a tree from a snapshot made by Dump. It checks the
@@ -298,6 +442,9 @@ func Restore(s *Snapshot) (*Tree, error) {
 			return nil, fmt.Errorf("restore: leaf node %d has %d blocks no rank holds", id, uint32(len(n.hashes))-longest)
 		}
 	}
+	if err := t.restoreGroups(s); err != nil {
+		return nil, err
+	}
 	return t, nil
 }
 
@@ -312,6 +459,51 @@ type jsonSnapshot struct {
 	Events     []jsonEvent     `json:"events"`
 	Watermarks []jsonWatermark `json:"watermarks"`
 	Structural []jsonNode      `json:"structural_nodes,omitempty"`
+	Groups     []jsonGroup     `json:"groups,omitempty"`
+}
+
+// jsonGroup is a DumpGroup. A block without counts is one device copy.
+type jsonGroup struct {
+	WorkerID  uint64           `json:"worker_id"`
+	DPRank    uint32           `json:"dp_rank"`
+	Idx       int              `json:"group_idx"`
+	Attention string           `json:"attention"`
+	Kind      string           `json:"kind,omitempty"`
+	Window    int              `json:"sliding_window,omitempty"`
+	Main      bool             `json:"main,omitempty"`
+	Tracked   bool             `json:"tracked,omitempty"`
+	Blocks    []jsonGroupBlock `json:"blocks,omitempty"`
+}
+
+type jsonGroupBlock struct {
+	BlockHash uint64            `json:"block_hash"`
+	Counts    map[string]uint32 `json:"counts,omitempty"`
+}
+
+// block converts one group block; at names it in errors.
+func (jb *jsonGroupBlock) block(at string) (DumpGroupBlock, error) {
+	b := DumpGroupBlock{Hash: jb.BlockHash}
+	if jb.Counts == nil {
+		b.Counts[TierDevice] = 1
+	}
+	for name, c := range jb.Counts {
+		t, ok := ParseTier(name)
+		if !ok {
+			return b, fmt.Errorf("%s.counts: unknown tier %q", at, name)
+		}
+		b.Counts[t] = c
+	}
+	return b, nil
+}
+
+// group converts a group but its blocks; at names it in errors.
+func (jg *jsonGroup) group(at string) (DumpGroup, error) {
+	a, ok := ParseAttention(jg.Attention)
+	if !ok {
+		return DumpGroup{}, fmt.Errorf("%s.attention: unknown attention %q", at, jg.Attention)
+	}
+	return DumpGroup{Rank: Rank{jg.WorkerID, jg.DPRank}, Idx: jg.Idx, Attention: a, Kind: jg.Kind, Window: jg.Window,
+		Main: jg.Main, Tracked: jg.Tracked}, nil
 }
 
 type jsonWatermark struct {
@@ -382,6 +574,21 @@ func (s *Snapshot) UnmarshalJSON(data []byte) error {
 	}
 	for _, n := range js.Structural {
 		s.Structural = append(s.Structural, DumpNode(n))
+	}
+	for i := range js.Groups {
+		at := fmt.Sprintf("groups[%d]", i)
+		g, err := js.Groups[i].group(at)
+		if err != nil {
+			return err
+		}
+		for j := range js.Groups[i].Blocks {
+			b, err := js.Groups[i].Blocks[j].block(fmt.Sprintf("%s.blocks[%d]", at, j))
+			if err != nil {
+				return err
+			}
+			g.Blocks = append(g.Blocks, b)
+		}
+		s.Groups = append(s.Groups, g)
 	}
 	for i, je := range js.Events {
 		st := je.Event.Data.Stored

@@ -185,9 +185,85 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 		}
 		b = append(b, ']')
 	}
+	if len(s.Groups) > 0 {
+		b = append(b, `,"groups":[`...)
+		for i := range s.Groups {
+			g := &s.Groups[i]
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"worker_id":`...)
+			b = strconv.AppendUint(b, g.Rank.WorkerID, 10)
+			b = append(b, `,"dp_rank":`...)
+			b = strconv.AppendUint(b, uint64(g.Rank.DPRank), 10)
+			b = append(b, `,"group_idx":`...)
+			b = strconv.AppendInt(b, int64(g.Idx), 10)
+			b = append(b, `,"attention":`...)
+			b = appendJSONString(b, g.Attention.String())
+			if g.Kind != "" {
+				b = append(b, `,"kind":`...)
+				b = appendJSONString(b, g.Kind)
+			}
+			if g.Window != 0 {
+				b = append(b, `,"sliding_window":`...)
+				b = strconv.AppendInt(b, int64(g.Window), 10)
+			}
+			if g.Main {
+				b = append(b, `,"main":true`...)
+			}
+			if g.Tracked {
+				b = append(b, `,"tracked":true`...)
+			}
+			if len(g.Blocks) > 0 {
+				b = append(b, `,"blocks":[`...)
+				one := [NumTiers]uint32{TierDevice: 1}
+				for j := range g.Blocks {
+					bl := &g.Blocks[j]
+					if j > 0 {
+						b = append(b, ',')
+					}
+					b = append(b, `{"block_hash":`...)
+					b = strconv.AppendUint(b, bl.Hash, 10)
+					if bl.Counts != one && bl.Counts != ([NumTiers]uint32{}) {
+						b = append(b, `,"counts":{`...)
+						first := true
+						for _, tier := range tierKeyOrder {
+							if c := bl.Counts[tier]; c > 0 {
+								if !first {
+									b = append(b, ',')
+								}
+								first = false
+								b = strconv.AppendQuote(b, tier.String())
+								b = append(b, ':')
+								b = strconv.AppendUint(b, uint64(c), 10)
+							}
+						}
+						b = append(b, '}')
+					}
+					b = append(b, '}')
+					if err := flush(); err != nil {
+						return err
+					}
+				}
+				b = append(b, ']')
+			}
+			b = append(b, '}')
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		b = append(b, ']')
+	}
 	b = append(b, '}')
 	_, err := w.Write(b)
 	return err
+}
+
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it (HTML characters included).
+func appendJSONString(b []byte, s string) []byte {
+	q, _ := json.Marshal(s) // a string always marshals
+	return append(b, q...)
 }
 
 // ErrSnapshotTooLarge: a snapshot being decoded has more events or blocks
@@ -197,10 +273,10 @@ var ErrSnapshotTooLarge = errors.New("snapshot exceeds the decode limit")
 // DecodeLimits bound what DecodeSnapshot allocates. A zero field is no
 // limit.
 type DecodeLimits struct {
-	MaxEvents int // events
+	MaxEvents int // events, and separately KV-cache groups
 	// MaxBlocks bounds the blocks of all events together (the entries the
 	// snapshot would restore), and separately the hashes of all structural
-	// nodes together.
+	// nodes together, and the blocks of all KV-cache groups together.
 	MaxBlocks int
 }
 
@@ -225,6 +301,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 	var events []DumpEvent
 	var ranks []RankWatermark
 	var structural []DumpNode
+	var groups []DumpGroup
 	err := d.object("", func(key string) error {
 		switch {
 		case field(key, "block_size"):
@@ -262,6 +339,19 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 				}
 				return err
 			})
+		case field(key, "groups"):
+			groups = nil
+			d.gblocks = 0
+			return d.array("groups", func(i int) error {
+				if lim.MaxEvents > 0 && len(groups) >= lim.MaxEvents {
+					return fmt.Errorf("groups: more than %d groups: %w", lim.MaxEvents, ErrSnapshotTooLarge)
+				}
+				g, err := d.group(i)
+				if err == nil {
+					groups = append(groups, g)
+				}
+				return err
+			})
 		case field(key, "error"):
 			return d.value("error", &peerErr)
 		}
@@ -273,7 +363,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 	if peerErr != "" {
 		return nil, fmt.Errorf("the snapshot is an error: %s", peerErr)
 	}
-	s.Events, s.Ranks, s.Structural = events, ranks, structural
+	s.Events, s.Ranks, s.Structural, s.Groups = events, ranks, structural, groups
 	return s, nil
 }
 
@@ -282,11 +372,12 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 func field(key, name string) bool { return key == name || strings.EqualFold(key, name) }
 
 type snapDecoder struct {
-	dec    *json.Decoder
-	lim    DecodeLimits
-	blocks int // event blocks read so far
-	hashes int // structural hashes read so far
-	nulls  []int
+	dec     *json.Decoder
+	lim     DecodeLimits
+	blocks  int // event blocks read so far
+	hashes  int // structural hashes read so far
+	gblocks int // group blocks read so far
+	nulls   []int
 }
 
 // path joins a field path for error messages.
@@ -503,6 +594,60 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 		}
 	}
 	return ev, nil
+}
+
+// group reads groups[i], its blocks one at a time.
+func (d *snapDecoder) group(i int) (DumpGroup, error) {
+	var jg jsonGroup
+	var blocks []DumpGroupBlock
+	at := fmt.Sprintf("groups[%d]", i)
+	err := d.object(at, func(key string) error {
+		switch {
+		case field(key, "worker_id"):
+			return d.value(path(at, "worker_id"), &jg.WorkerID)
+		case field(key, "dp_rank"):
+			return d.value(path(at, "dp_rank"), &jg.DPRank)
+		case field(key, "group_idx"):
+			return d.value(path(at, "group_idx"), &jg.Idx)
+		case field(key, "attention"):
+			return d.value(path(at, "attention"), &jg.Attention)
+		case field(key, "kind"):
+			return d.value(path(at, "kind"), &jg.Kind)
+		case field(key, "sliding_window"):
+			return d.value(path(at, "sliding_window"), &jg.Window)
+		case field(key, "main"):
+			return d.value(path(at, "main"), &jg.Main)
+		case field(key, "tracked"):
+			return d.value(path(at, "tracked"), &jg.Tracked)
+		case field(key, "blocks"):
+			blocks = nil
+			at := path(at, "blocks")
+			return d.array(at, func(j int) error {
+				if d.lim.MaxBlocks > 0 && d.gblocks >= d.lim.MaxBlocks {
+					return fmt.Errorf("%s: more than %d group blocks: %w", at, d.lim.MaxBlocks, ErrSnapshotTooLarge)
+				}
+				var jb jsonGroupBlock
+				bat := fmt.Sprintf("%s[%d]", at, j)
+				if err := d.value(bat, &jb); err != nil {
+					return err
+				}
+				b, err := jb.block(bat)
+				if err != nil {
+					return err
+				}
+				blocks = append(blocks, b)
+				d.gblocks++
+				return nil
+			})
+		}
+		return d.skip()
+	})
+	if err != nil {
+		return DumpGroup{}, err
+	}
+	g, err := jg.group(at)
+	g.Blocks = blocks
+	return g, err
 }
 
 // structural reads structural_nodes[i], its hashes one at a time.

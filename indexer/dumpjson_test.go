@@ -30,6 +30,23 @@ func referenceMarshal(s *Snapshot) ([]byte, error) {
 	for _, d := range s.Structural {
 		js.Structural = append(js.Structural, jsonNode(d))
 	}
+	for _, g := range s.Groups {
+		jg := jsonGroup{WorkerID: g.Rank.WorkerID, DPRank: g.Rank.DPRank, Idx: g.Idx, Attention: g.Attention.String(),
+			Kind: g.Kind, Window: g.Window, Main: g.Main, Tracked: g.Tracked}
+		for _, b := range g.Blocks {
+			jb := jsonGroupBlock{BlockHash: b.Hash}
+			if b.Counts != ([NumTiers]uint32{TierDevice: 1}) {
+				jb.Counts = map[string]uint32{}
+				for tier, c := range b.Counts {
+					if c > 0 {
+						jb.Counts[Tier(tier).String()] = c
+					}
+				}
+			}
+			jg.Blocks = append(jg.Blocks, jb)
+		}
+		js.Groups = append(js.Groups, jg)
+	}
 	for i, ev := range s.Events {
 		st := &jsonStored{Blocks: make([]jsonBlock, len(ev.Blocks))}
 		if ev.HasParent {
@@ -121,7 +138,29 @@ func richSnapshots(t testing.TB) map[string]*Snapshot {
 		must(t, err)
 		out[fmt.Sprintf("stream %d", seed)] = snap
 	}
-	var have struct{ structural, multiTier, overflow, truncated, noSeq bool }
+	{
+		// A hybrid rank: main group 2, a sliding-window group with host
+		// copies and many copies of a block, an untracked group whose kind
+		// needs escaping.
+		tr := NewTree(4)
+		r := Rank{5, 1}
+		sw := Group{Idx: 0, Attention: AttentionSlidingWindow, Kind: "sliding_window", Window: 9}
+		ops := []Op{
+			{Kind: OpStore, Group: sw, Store: chainOp(4, 1, 5, 100).Store},
+			{Kind: OpStore, Group: Group{Idx: 2, Kind: "full_attention"}, Store: chainOp(4, 1, 5, 100).Store},
+			{Kind: OpStore, Group: Group{Idx: 3, Attention: AttentionOther, Kind: "<odd \"kind\">"}, Store: chainOp(4, 1, 5, 100).Store},
+			{Kind: OpStore, Group: sw, Store: Stored{Hashes: []uint64{103, 104}, Tier: TierHost}},
+			{Kind: OpRemove, Group: Group{Idx: 0}, Remove: Removed{Hashes: []uint64{100}}},
+		}
+		for range 300 {
+			ops = append(ops, Op{Kind: OpStore, Group: sw, Store: Stored{Hashes: []uint64{101}, Tier: TierDisk}})
+		}
+		for _, op := range ops {
+			must(t, tr.Apply(r, op))
+		}
+		out["hybrid"] = tr.Dump()
+	}
+	var have struct{ structural, multiTier, overflow, truncated, noSeq, groups bool }
 	for name, s := range out {
 		have.structural = have.structural || (len(s.Structural) > 0 && strings.HasPrefix(name, "stream"))
 		for _, ev := range s.Events {
@@ -140,8 +179,9 @@ func richSnapshots(t testing.TB) map[string]*Snapshot {
 			have.truncated = have.truncated || w.Truncated
 			have.noSeq = have.noSeq || !w.HasSeq
 		}
+		have.groups = have.groups || len(s.Groups) > 2
 	}
-	if !have.structural || !have.multiTier || !have.overflow || !have.truncated {
+	if !have.structural || !have.multiTier || !have.overflow || !have.truncated || !have.groups {
 		t.Fatalf("snapshots lack a feature: %+v", have)
 	}
 	return out
@@ -288,6 +328,14 @@ func TestDecodeSnapshotEdgeCases(t *testing.T) {
 		`{"events":{}}`,
 		`[]`,
 		`{"events":[{"storage_tier":"device","event":{"data":{"stored":{"blocks":[{"block_hash":1.5}]}}}}]}`,
+		`{"groups":null}`,
+		`{"groups":[]}`,
+		`{"groups":[{"attention":"full","main":true},{"ATTENTION":"sliding_window","sliding_window":5,"blocks":[{"block_hash":1},{"block_hash":2,"counts":{}}]}]}`,
+		`{"groups":[{"attention":"sliding_window","blocks":[{"block_hash":3}],"blocks":null,"blocks":[{"block_hash":4,"counts":{"disk":2}}]}]}`,
+		`{"groups":[{"attention":"bogus"}]}`,
+		`{"groups":[{"worker_id":1}]}`,
+		`{"groups":[{"attention":"other","blocks":[{"counts":{"gpu":1}}]}]}`,
+		`{"groups":[{"attention":"full","group_idx":1.5}]}`,
 	} {
 		var want Snapshot
 		wantErr := json.Unmarshal([]byte(in), &want)

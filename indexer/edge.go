@@ -165,6 +165,14 @@ func (t *Tree) addHolder(id, rid uint32, pext uint64, hasP bool) int {
 		copy(cnt[j*(H+1):], n.cnt[j*H:j*H+i])
 		copy(cnt[j*(H+1)+i+1:], n.cnt[j*H+i:(j+1)*H])
 	}
+	if n.gb != nil {
+		gb := make([]uint64, L*(H+1))
+		for j := 0; j < L; j++ {
+			copy(gb[j*(H+1):], n.gb[j*H:j*H+i])
+			copy(gb[j*(H+1)+i+1:], n.gb[j*H+i:(j+1)*H])
+		}
+		n.gb = gb
+	}
 	n.ext, n.cnt = ext, cnt
 	return i
 }
@@ -192,7 +200,7 @@ func (t *Tree) removeHolder(id uint32, h int) {
 	t.entries -= int(hd.cut)
 	n.hold = slices.Delete(n.hold, h, h+1)
 	if H == 1 {
-		n.ext, n.cnt = nil, nil
+		n.ext, n.cnt, n.gb = nil, nil, nil
 		return
 	}
 	ext := make([]uint64, L*(H-1))
@@ -202,6 +210,14 @@ func (t *Tree) removeHolder(id uint32, h int) {
 		copy(ext[j*(H-1)+h:], n.ext[j*H+h+1:(j+1)*H])
 		copy(cnt[j*(H-1):], n.cnt[j*H:j*H+h])
 		copy(cnt[j*(H-1)+h:], n.cnt[j*H+h+1:(j+1)*H])
+	}
+	if n.gb != nil {
+		gb := make([]uint64, L*(H-1))
+		for j := 0; j < L; j++ {
+			copy(gb[j*(H-1):], n.gb[j*H:j*H+h])
+			copy(gb[j*(H-1)+h:], n.gb[j*H+h+1:(j+1)*H])
+		}
+		n.gb = gb
 	}
 	n.ext, n.cnt = ext, cnt
 }
@@ -323,6 +339,10 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 		ext: slices.Clone(n.ext[:k*H]), cnt: slices.Clone(n.cnt[:k*H]), depth: n.depth, stamp: n.stamp}
 	low := node{hashes: slices.Clone(n.hashes[k:]), hold: make([]holder, 0, lowH),
 		ext: make([]uint64, (L-k)*lowH), cnt: make([]uint32, (L-k)*lowH), depth: n.depth + uint32(k), stamp: n.stamp}
+	if n.gb != nil {
+		up.gb = slices.Clone(n.gb[:k*H])
+		low.gb = make([]uint64, (L-k)*lowH)
+	}
 	for h, hd := range n.hold {
 		up.hold[h] = holder{rid: hd.rid, cut: min(hd.cut, uint32(k)), dev: min(hd.dev, uint32(k)), host: min(hd.host, uint32(k)), pext: hd.pext, hasP: hd.hasP}
 		if int(hd.cut) <= k {
@@ -333,6 +353,9 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 		for j := k; j < L; j++ {
 			low.ext[(j-k)*lowH+c] = n.ext[j*H+h]
 			low.cnt[(j-k)*lowH+c] = n.cnt[j*H+h]
+			if n.gb != nil {
+				low.gb[(j-k)*lowH+c] = n.gb[j*H+h]
+			}
 		}
 	}
 	for c := range low.hold {
@@ -360,7 +383,7 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 // links.
 func (t *Tree) setEdge(id uint32, e *node) {
 	n := &t.nodes[id]
-	n.hashes, n.hold, n.ext, n.cnt = e.hashes, e.hold, e.ext, e.cnt
+	n.hashes, n.hold, n.ext, n.cnt, n.gb = e.hashes, e.hold, e.ext, e.cnt, e.gb
 	n.depth, n.stamp, n.live = e.depth, e.stamp, true
 }
 
@@ -416,6 +439,10 @@ func (t *Tree) merge(id, c uint32) uint32 {
 	e.hashes = append(append(e.hashes, n.hashes...), m.hashes...)
 	e.ext = append(append(e.ext, n.ext...), m.ext...) // block-major, same holder order
 	e.cnt = append(append(e.cnt, n.cnt...), m.cnt...)
+	if n.gb != nil || m.gb != nil {
+		e.gb = make([]uint64, 0, (L1+L2)*H)
+		e.gb = appendBits(appendBits(e.gb, n.gb, L1*H), m.gb, L2*H)
+	}
 	for h := range e.hold {
 		mh := m.hold[h]
 		hd := &e.hold[h]
@@ -468,6 +495,9 @@ func (t *Tree) tidy(id uint32) {
 				n.hashes = n.hashes[:longest]
 				n.ext = n.ext[:longest*H]
 				n.cnt = n.cnt[:longest*H]
+				if n.gb != nil {
+					n.gb = n.gb[:longest*H]
+				}
 				t.blocks -= int(L - longest)
 			}
 		}
@@ -476,6 +506,14 @@ func (t *Tree) tidy(id uint32) {
 			return
 		}
 	}
+}
+
+// appendBits appends gb, or n zeros for a nil gb.
+func appendBits(dst, gb []uint64, n int) []uint64 {
+	if gb != nil {
+		return append(dst, gb...)
+	}
+	return append(dst, make([]uint64, n)...)
 }
 
 // appendGrow appends v, growing a full slice by a quarter rather than

@@ -7,22 +7,33 @@ import (
 )
 
 // Evict drops whole leaves, least recently stored or matched first, until
-// the tree holds at most target entries, and returns how many entries it
-// dropped (counted as ReasonEvicted). Evicting a leaf removes every rank's
-// hold on it, with their lookup entries and counts, and marks those ranks
-// truncated, so the tree still holds a subset of what the engines cache; a
-// later store whose parent was evicted is dropped as ReasonParentNotFound.
+// the tree holds at most target entries (TreeStats.Entries), and returns
+// how many entries it dropped (counted as ReasonEvicted). Evicting a leaf
+// removes every rank's hold on it, with their lookup entries and counts,
+// and the ranks' entries for those blocks in their other KV-cache groups,
+// and marks those ranks truncated, so the tree still holds a subset of
+// what the engines cache; a later store whose parent was evicted is
+// dropped as ReasonParentNotFound. Before any leaf, it drops the entries
+// of non-main groups whose block the rank's main group does not hold
+// (orphans: a match never reads them).
 func (t *Tree) Evict(target int) int {
-	return t.evictOld(t.now(), 0, t.entries-target)
+	return t.evictOld(t.now(), 0, t.entries+t.gentries-target)
 }
 
-// evictOld drops leaves that are at least minAge ticks old as of now,
-// oldest first, until it has dropped at least budget entries or no leaf is
-// that old, and returns the entries dropped. Leaves that their evicted
-// children leave behind are candidates in turn.
+// orphanAge is the age the evictor gives orphan group entries: older than
+// any leaf (ages are below 2³¹).
+const orphanAge = ^uint32(0)
+
+// evictOld drops orphan group entries, then leaves that are at least
+// minAge ticks old as of now, oldest first, until it has dropped at least
+// budget entries or no leaf is that old, and returns the entries dropped.
+// Leaves that their evicted children leave behind are candidates in turn.
 func (t *Tree) evictOld(now, minAge uint32, budget int) int {
-	before := t.entries
-	for before-t.entries < budget {
+	before := t.entries + t.gentries
+	if t.gentries > 0 && budget > 0 {
+		t.dropOrphans(budget, -1, 0, true)
+	}
+	for before-t.entries-t.gentries < budget {
 		cand := t.sortBuf[:0]
 		for id := 1; id < len(t.nodes); id++ {
 			if n := &t.nodes[id]; n.live && n.nchild == 0 {
@@ -38,7 +49,7 @@ func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 		slices.Sort(cand)
 		progress := false
 		for _, c := range cand {
-			if before-t.entries >= budget {
+			if before-t.entries-t.gentries >= budget {
 				break
 			}
 			id := uint32(c)
@@ -48,7 +59,14 @@ func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 			}
 			for len(n.hold) > 0 {
 				h := len(n.hold) - 1
-				t.ranks[n.hold[h].rid].truncated = true
+				rid := n.hold[h].rid
+				t.ranks[rid].truncated = true
+				if t.ranks[rid].groups != nil {
+					H := len(n.hold)
+					for j := 0; j < int(n.hold[h].cut); j++ {
+						t.dropGroupEntry(rid, n.ext[j*H+h])
+					}
+				}
 				t.removeHolder(id, h)
 			}
 			t.tidy(id)
@@ -58,7 +76,7 @@ func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 			break
 		}
 	}
-	dropped := before - t.entries
+	dropped := before - t.entries - t.gentries
 	t.counts[ReasonEvicted] += uint64(dropped)
 	return dropped
 }
@@ -72,9 +90,15 @@ type leaf struct {
 }
 
 // appendLeaves appends every leaf of t with its age as of now, tagged with
-// part. It only reads the tree (stamps atomically), so it may run under a
-// read lock alongside Match.
+// part, and the orphan group entries as one leaf of orphanAge. It only
+// reads the tree (stamps atomically), so it may run under a read lock
+// alongside Match.
 func (t *Tree) appendLeaves(dst []leaf, part, now uint32) []leaf {
+	if t.gentries > 0 {
+		if n := t.orphans(); n > 0 {
+			dst = append(dst, leaf{age: orphanAge, entries: uint32(min(n, 1<<32-1)), part: part})
+		}
+	}
 	for id := 1; id < len(t.nodes); id++ {
 		n := &t.nodes[id]
 		if !n.live || n.nchild != 0 {
@@ -115,15 +139,18 @@ func (t *Tree) Capacity(r Rank) Capacity {
 }
 
 // EnforceCapacity trims r in every tier where it holds more blocks than
-// its capacity allows, down to 31/32 of the limit (so that a rank at its
+// its capacity allows (counting every KV-cache group's: they share the
+// engine's pool), down to 31/32 of the limit (so that a rank at its
 // limit is not trimmed again on every store), and returns the blocks
 // dropped from their tiers (counted as ReasonRankCapacity; r becomes
 // truncated). Within a tier it drops r's least recently stored or matched
 // blocks first, tail first: the blocks of r's oldest edges, deeper edges
 // first among equally old ones, from the end of r's hold on each. A block
 // with copies in other tiers keeps them and stays indexed; a block left in
-// no tier leaves the index as a BlockRemoved would take it. Tree does not
-// call it by itself: Index calls it after each batch.
+// no tier leaves the index as a BlockRemoved would take it. Other groups'
+// copies go first where the main group does not hold the block, then with
+// the main group's block (see trimTier). Tree does not call it by itself:
+// Index calls it after each batch.
 func (t *Tree) EnforceCapacity(r Rank) int {
 	if rid, ok := t.rankIDs[r]; ok {
 		return t.enforceCapacity(rid)
@@ -138,22 +165,55 @@ func (t *Tree) enforceCapacity(rid uint32) int {
 	}
 	dropped := 0
 	for tier := Tier(0); tier < NumTiers; tier++ {
-		if lim := rs.limit[tier]; lim > 0 && rs.tiers[tier] > lim {
+		if lim := rs.limit[tier]; lim > 0 && t.rankTier(rid, tier) > lim {
 			dropped += t.trimTier(rid, tier, lim-lim/32)
 		}
 	}
 	return dropped
 }
 
+// rankTier counts rid's blocks in tier over all its KV-cache groups: an
+// engine's groups share its block pool, so its capacity bounds the sum.
+func (t *Tree) rankTier(rid uint32, tier Tier) int {
+	rs := &t.ranks[rid]
+	n := rs.tiers[tier]
+	if rs.groups != nil {
+		n += rs.groups.tiers[tier]
+	}
+	return n
+}
+
 // trimCand is an edge that a rank being trimmed holds.
 type trimCand struct{ age, depth, id uint32 }
 
-// trimTier drops rid's oldest blocks in tier until it holds target there.
+// trimTier drops rid's oldest blocks in tier until it holds target there
+// (over all its groups): first copies in non-main groups of blocks its
+// main group does not hold (a match never reads them), then main-group
+// blocks, oldest first, each with the copies its other groups hold in the
+// tier (they serve no hit once the main group's copy is gone).
 func (t *Tree) trimTier(rid uint32, tier Tier, target int) int {
-	need := t.ranks[rid].tiers[tier] - target
+	need := t.rankTier(rid, tier) - target
 	if need <= 0 {
 		return 0
 	}
+	dropped := 0
+	if rg := t.ranks[rid].groups; rg != nil && rg.tiers[tier] > 0 {
+		dropped = t.dropOrphans(need, int(rid), tier, false)
+	}
+	if dropped < need {
+		dropped += t.trimMain(rid, tier, need-dropped)
+	}
+	if dropped > 0 {
+		t.ranks[rid].truncated = true
+		t.counts[ReasonRankCapacity] += uint64(dropped)
+	}
+	return dropped
+}
+
+// trimMain drops rid's oldest main-group blocks in tier, with their other
+// groups' copies there, until at least need copies went, and returns how
+// many did.
+func (t *Tree) trimMain(rid uint32, tier Tier, need int) int {
 	now := t.now()
 	cand := t.trimBuf[:0]
 	for id := 1; id < len(t.nodes); id++ {
@@ -169,22 +229,26 @@ func (t *Tree) trimTier(rid uint32, tier Tier, target int) int {
 	// edges), then find each again by its engine hash.
 	mask := uint32(0xff) << (8 * tier)
 	victims := t.localBuf[:0]
+	got := 0
 	for _, c := range cand {
 		n := &t.nodes[c.id]
 		h := t.holderIndex(c.id, rid)
 		H := len(n.hold)
-		for j := int(n.hold[h].cut) - 1; j >= 0 && len(victims) < need; j-- {
+		for j := int(n.hold[h].cut) - 1; j >= 0 && got < need; j-- {
 			if n.cnt[j*H+h]&mask != 0 {
-				victims = append(victims, n.ext[j*H+h])
+				x := n.ext[j*H+h]
+				victims = append(victims, x)
+				got += 1 + t.groupCopies(rid, x, tier)
 			}
 		}
-		if len(victims) == need {
+		if got >= need {
 			break
 		}
 	}
 	t.localBuf = victims
 	lk := t.ranks[rid].lookup
 	for _, x := range victims {
+		t.clearGroupTier(rid, x, tier)
 		l := t.locOf(lk[x])
 		h := t.holderIndex(l.node, rid)
 		t.clearTier(l.node, h, l.pos, tier)
@@ -194,9 +258,5 @@ func (t *Tree) trimTier(rid uint32, tier Tier, target int) int {
 			t.updateRun(l.node, h, l.pos)
 		}
 	}
-	if len(victims) > 0 {
-		t.ranks[rid].truncated = true
-		t.counts[ReasonRankCapacity] += uint64(len(victims))
-	}
-	return len(victims)
+	return got
 }

@@ -62,7 +62,7 @@ type partition struct {
 	blockSize int          // immutable
 	mu        sync.RWMutex // guards tree and entries
 	tree      *Tree
-	entries   int64 // tree.entries as last added to Index.total
+	entries   int64 // tree.entries + tree.gentries as last added to Index.total
 	// removed is set (under mu) by RemovePartition; a writer that found
 	// the partition before then sees it once it holds mu and backs off.
 	removed atomic.Bool
@@ -211,7 +211,8 @@ func (ix *Index) RankCount(k PartitionKey) (int, error) {
 }
 
 // SetRankCapacity limits how many blocks rank r of partition k may hold in
-// each tier (0 in a tier: unlimited there; the zero Capacity removes the
+// each tier, over all its KV-cache groups (an engine's groups share its
+// block pool; 0 in a tier: unlimited there; the zero Capacity removes the
 // limit). After every batch for r, and at once if r already holds more,
 // r's least recently used blocks in a tier past its limit are dropped down
 // to 31/32 of it (Tree.EnforceCapacity), counted as ReasonRankCapacity,
@@ -287,7 +288,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, seq, digest uint64, ops []Op
 // publish adds p's entry change to the index total and reports whether
 // the total is now over the cap. p.mu must be held.
 func (ix *Index) publish(p *partition) (over bool) {
-	n := int64(p.tree.entries)
+	n := int64(p.tree.entries + p.tree.gentries)
 	total := ix.total.Add(n - p.entries)
 	p.entries = n
 	return ix.opts.MaxEntries > 0 && total > int64(ix.opts.MaxEntries)
@@ -514,18 +515,21 @@ func (ix *Index) Stats() []PartitionStats {
 // RankState is what the index knows of one rank in one partition. The
 // zero value is an unknown rank.
 type RankState struct {
-	Blocks    int // blocks held, in any tier
+	Blocks    int // blocks held, in any tier, by the rank's main KV-cache group (see Index.Groups)
 	Watermark uint64
 	HasSeq    bool
 	Digest    uint64
-	// Tiers counts the blocks held in each tier (see Tree.RankTierBlocks).
+	// Tiers counts the main group's blocks held in each tier (see
+	// Tree.RankTierBlocks). A capacity bounds these plus the other
+	// groups' (GroupState.Tiers).
 	Tiers    [NumTiers]int
 	Capacity Capacity // as set by SetRankCapacity
 	// Truncated: since the rank was first seen or last cleared (Clear,
 	// an AllBlocksCleared op, RemoveRank) the index dropped some of its
-	// entries other than by its engine's events — to the memory cap or to
-	// its capacity — so they are a strict subset of what the engine
-	// holds. The stream layer reports such a rank degraded.
+	// entries, in any KV-cache group, other than by its engine's events —
+	// to the memory cap or to its capacity — so they are a strict subset
+	// of what the engine holds. The stream layer reports such a rank
+	// degraded.
 	Truncated bool
 }
 
@@ -545,6 +549,20 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	rs := &t.ranks[rid]
 	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
 		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated}, nil
+}
+
+// Groups returns what partition k learned of r's KV-cache groups (see
+// Tree.Groups): nil for a rank with no stores, one main group for a
+// single-group engine, several for a hybrid model. The slice is the
+// caller's.
+func (ix *Index) Groups(k PartitionKey, r Rank) ([]GroupState, error) {
+	p, err := ix.partition(k)
+	if err != nil {
+		return nil, err
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	return p.tree.Groups(r), nil
 }
 
 // Read runs f on partition k's tree under the read lock, for inspection

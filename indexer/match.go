@@ -8,10 +8,14 @@ type active struct {
 	devOn, hostOn  bool
 }
 
-// Match appends to dst the overlap of every rank that holds at least the
-// first block of the query q (local block hashes), in blocks. A rank's run
-// ends at the first block it does not hold. Match does not modify the tree
+// Match appends to dst the overlap of every rank whose main KV-cache group
+// holds at least the first block of the query q (local block hashes), in
+// blocks. A rank's run ends at the first block it does not hold; for a rank
+// with other tracked groups (a hybrid model) the tiers are the hit vLLM
+// would grant (see Overlap and Tree.grant). Match does not modify the tree
 // except for LRU stamps (atomically), so concurrent Match calls are safe.
+// It allocates nothing unless hybrid ranks are matched along a path of
+// more than 32 edges.
 func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 	if len(q) == 0 {
 		return dst
@@ -26,8 +30,18 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 	if t.trackLRU {
 		clock = t.now()
 	}
+	// path: the edges visited, which a hybrid rank's grant reads its
+	// engine hashes from; nil (not recorded) without hybrid ranks.
+	var pbuf [32]uint32
+	var path []uint32
+	if t.hybrid > 0 {
+		path = pbuf[:0]
+	}
 	depth := 0
 	for first := true; ; first = false {
+		if path != nil {
+			path = append(path, id)
+		}
 		n := &t.nodes[id]
 		if t.trackLRU && atomic.LoadUint32(&n.stamp) != clock {
 			atomic.StoreUint32(&n.stamp, clock)
@@ -49,7 +63,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 				hi++
 			}
 			if hi == len(n.hold) || n.hold[hi].rid != a.rid {
-				dst = t.emit(dst, a)
+				dst = t.emit(dst, a, path)
 				continue
 			}
 			hd := &n.hold[hi]
@@ -66,7 +80,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 			c := min(hd.cut, uint32(k))
 			a.any += c
 			if !full || c < uint32(L) {
-				dst = t.emit(dst, a)
+				dst = t.emit(dst, a, path)
 				continue
 			}
 			act[w] = a
@@ -83,14 +97,19 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 		}
 	}
 	for _, a := range act {
-		dst = t.emit(dst, a)
+		dst = t.emit(dst, a, path)
 	}
 	return dst
 }
 
-func (t *Tree) emit(dst []Overlap, a active) []Overlap {
+func (t *Tree) emit(dst []Overlap, a active, path []uint32) []Overlap {
 	if a.any == 0 {
 		return dst
 	}
-	return append(dst, Overlap{Rank: t.ranks[a.rid].rank, Device: a.dev, Host: a.host, Disk: a.any})
+	rs := &t.ranks[a.rid]
+	o := Overlap{Rank: rs.rank, Device: a.dev, Host: a.host, Disk: a.any, Upper: a.any}
+	if path != nil && rs.groups != nil && rs.groups.tracked > 0 {
+		t.grant(&o, a.rid, rs.groups, path)
+	}
+	return append(dst, o)
 }

@@ -261,6 +261,7 @@ func (m *refModel) Match(q []uint64) []indexer.Overlap {
 			}
 			ov.Disk++
 		}
+		ov.Upper = ov.Disk
 		if ov.Disk > 0 {
 			out = append(out, ov)
 		}

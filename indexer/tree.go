@@ -20,12 +20,14 @@ const (
 	ReasonHashConflict                 // engine hash already names another block of the rank
 	ReasonEvicted                      // entries evicted by the memory cap
 	ReasonRankCapacity                 // blocks dropped from a tier to keep a rank within its capacity
+	ReasonUnknownGroup                 // remove of a KV-cache group the rank never stored, or a group past MaxGroups
 	NumReasons
 )
 
 var reasonNames = [NumReasons]string{
 	"parent_not_found", "block_not_found", "self_reference", "block_size",
 	"short_tokens", "offload_unknown", "hash_conflict", "evicted", "rank_capacity",
+	"unknown_group",
 }
 
 func (r Reason) String() string {
@@ -38,6 +40,7 @@ func (r Reason) String() string {
 var reasonErrs = [NumReasons]error{
 	ErrParentNotFound, ErrBlockNotFound, ErrSelfReference, ErrBlockSize,
 	ErrShortTokens, ErrOffloadUnknown, ErrHashConflict, nil, nil,
+	ErrUnknownGroup,
 }
 
 // OpError reports blocks of one event that were not applied. Blocks before
@@ -58,12 +61,20 @@ func (e *OpError) Unwrap() error { return reasonErrs[e.Reason] }
 // Overlap is how far one rank already caches a query, in blocks. The tiers
 // are cumulative: Device counts leading blocks held on the device, Host those
 // held on the device or in host memory, Disk those held in any tier, so
-// Device ≤ Host ≤ Disk.
+// Device ≤ Host ≤ Disk ≤ Upper.
+//
+// For a rank of a hybrid model (several KV-cache groups, see Group) the
+// tiers are the hit vLLM's hybrid coordinator would grant: the longest
+// prefix that the main group holds and that every other tracked group
+// allows (docs/index.md, "Hybrid models"). Upper is the main group's own
+// run in any tier — what the rank would grant if its other groups held
+// everything, and for a rank with no other tracked group, Disk.
 type Overlap struct {
 	Rank   Rank
 	Device uint32
 	Host   uint32
 	Disk   uint32
+	Upper  uint32
 }
 
 // loc is where a block sits: node and position on its edge.
@@ -111,7 +122,12 @@ type node struct {
 	hold   []holder // sorted by rid
 	ext    []uint64 // block-major: ext[j*H+h] is holder h's engine hash of block j (0 past its cut)
 	cnt    []uint32 // block-major tier counts, 8 bits per tier (see Tree.overflow); 0 past the cut
-	live   bool
+	// gb, block-major like ext, caches which tracked non-main KV-cache
+	// groups of holder h's rank hold block j (bit groupSet.bit, any
+	// tier); nil when every bit is 0 (no holder of a hybrid rank). The
+	// groups' sets are the truth; gb spares Match their lookups.
+	gb   []uint64
+	live bool
 }
 
 type rankState struct {
@@ -130,6 +146,11 @@ type rankState struct {
 	// truncated: the rank lost entries other than by its engine's events
 	// (memory cap, capacity) since it was created or last cleared.
 	truncated bool
+	// main is the KV-cache group the tree holds for the rank (hasMain:
+	// learned from a store); groups, the others (nil if none). See Group.
+	main    groupInfo
+	hasMain bool
+	groups  *rankGroups
 }
 
 type ovKey struct {
@@ -153,9 +174,11 @@ type Tree struct {
 	freeRanks []uint32
 	overflow  map[ovKey]uint32 // tier counts beyond 255
 
-	entries int // Σ holder cuts: indexed (block, rank) pairs
-	blocks  int // Σ edge lengths
-	nnodes  int
+	entries  int // Σ holder cuts: indexed (block, rank) pairs
+	gentries int // Σ ranks' rankGroups.entries: (block, rank, group) pairs of non-main groups
+	hybrid   int // ranks with a tracked non-main group (Match then computes grants)
+	blocks   int // Σ edge lengths
+	nnodes   int
 
 	// clock is the LRU clock: each store advances it by two and stamps
 	// the nodes it touches with it; matches stamp with now(). Standalone,
@@ -194,28 +217,34 @@ func (t *Tree) Counts() [NumReasons]uint64 { return t.counts }
 
 // TreeStats describes the size of a tree.
 type TreeStats struct {
-	Entries int // indexed (block, rank) pairs
-	Blocks  int // distinct block positions (prefix paths)
-	Nodes   int // compressed edges
-	Ranks   int
-	Bytes   int64 // estimated heap bytes
+	// Entries counts indexed (block, rank) pairs, and (block, rank,
+	// group) pairs of the non-main KV-cache groups of hybrid models
+	// (GroupEntries of them): what the memory cap counts.
+	Entries      int
+	GroupEntries int
+	Blocks       int // distinct block positions (prefix paths)
+	Nodes        int // compressed edges
+	Ranks        int
+	Bytes        int64 // estimated heap bytes
 }
 
 // Stats reports the tree's size. It walks the nodes: O(nodes).
 func (t *Tree) Stats() TreeStats {
 	// Estimate: node structs, edge hashes and capacity, per-slot engine hash
 	// and count, holder headers, and Go map slots at their average load.
-	b := int64(len(t.nodes)) * 136
+	b := int64(len(t.nodes)) * 160
 	for i := range t.nodes {
 		n := &t.nodes[i]
-		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32
+		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32 + int64(cap(n.gb))*8
 	}
-	b += int64(t.entries) * 30 // rank lookups: 16-byte slots
-	b += int64(t.nnodes) * 40  // children map: 24-byte slots
-	return TreeStats{Entries: t.entries, Blocks: t.blocks, Nodes: t.nnodes, Ranks: len(t.rankIDs), Bytes: b}
+	b += int64(t.entries) * 30  // rank lookups: 16-byte slots
+	b += int64(t.nnodes) * 40   // children map: 24-byte slots
+	b += int64(t.gentries) * 30 // group sets: 16-byte slots
+	return TreeStats{Entries: t.entries + t.gentries, GroupEntries: t.gentries, Blocks: t.blocks, Nodes: t.nnodes, Ranks: len(t.rankIDs), Bytes: b}
 }
 
-// RankBlocks returns how many blocks r holds (in any tier).
+// RankBlocks returns how many blocks r holds (in any tier) in its main
+// KV-cache group (see Groups for the others).
 func (t *Tree) RankBlocks(r Rank) int {
 	if rid, ok := t.rankIDs[r]; ok {
 		return len(t.ranks[rid].lookup)
@@ -340,14 +369,15 @@ func (t *Tree) rankID(r Rank) uint32 {
 
 // ---- events ----
 
-// Apply applies one op for rank r. The returned error (an *OpError, or nil)
-// describes blocks that were skipped; the rest of the op was applied.
+// Apply applies one op for rank r, to the KV-cache group op.Group names
+// (see Group). The returned error (an *OpError, or nil) describes blocks
+// that were skipped; the rest of the op was applied.
 func (t *Tree) Apply(r Rank, op Op) error {
 	switch op.Kind {
 	case OpStore:
-		return t.Store(r, op.Store)
+		return t.storeGroup(r, op.Group, op.Store)
 	case OpRemove:
-		return t.Remove(r, op.Remove)
+		return t.removeGroup(r, op.Group, op.Remove)
 	case OpClear:
 		t.Clear(r)
 		return nil
@@ -360,11 +390,12 @@ func (t *Tree) fail(r Rank, reason Reason, h uint64, blocks int) error {
 	return &OpError{Rank: r, Reason: reason, Hash: h, Blocks: blocks}
 }
 
-// Store applies a BlockStored event for r.
-func (t *Tree) Store(r Rank, s Stored) error {
-	if len(s.Hashes) == 0 {
-		return nil
-	}
+// Store applies a BlockStored event of KV-cache group 0, full attention
+// (the zero Group), for r: Apply of an OpStore with no Group.
+func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, Group{}, s) }
+
+// storeMain applies a store of r's main group to the tree.
+func (t *Tree) storeMain(r Rank, s Stored) error {
 	t.clock += 2 // odd ticks are for matches (see now)
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
 		return t.offload(r, s)
@@ -420,6 +451,9 @@ func (t *Tree) Store(r Rank, s Stored) error {
 		i0 := int(tgt.pos)*len(n.hold) + h
 		n.ext[i0] = x
 		n.cnt[i0] = 1 << (8 * s.Tier)
+		if rg := t.ranks[rid].groups; rg != nil && rg.entries > 0 {
+			t.setBits(tgt.node, i0, t.groupMask(rg, x))
+		}
 		t.ranks[rid].tiers[s.Tier]++
 		n.hold[h].cut++
 		t.entries++
@@ -480,6 +514,9 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 		for range n.hold {
 			n.ext = appendGrow(n.ext, 0)
 			n.cnt = appendGrow(n.cnt, 0)
+			if n.gb != nil {
+				n.gb = appendGrow(n.gb, 0)
+			}
 		}
 		t.blocks++
 		return loc{cur.node, L}
@@ -545,9 +582,13 @@ func (t *Tree) offload(r Rank, s Stored) error {
 	return nil
 }
 
-// Remove applies a BlockRemoved event for r: one copy of each hash leaves
-// the tier. Hashes r does not hold there are skipped and counted.
-func (t *Tree) Remove(r Rank, rm Removed) error {
+// Remove applies a BlockRemoved event of KV-cache group 0 (the zero
+// Group) for r: one copy of each hash leaves the tier. Hashes r does not
+// hold there are skipped and counted.
+func (t *Tree) Remove(r Rank, rm Removed) error { return t.removeGroup(r, Group{}, rm) }
+
+// removeMain applies a remove of r's main group to the tree.
+func (t *Tree) removeMain(r Rank, rm Removed) error {
 	rid, ok := t.rankIDs[r]
 	if !ok {
 		if len(rm.Hashes) == 0 {
@@ -597,6 +638,9 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	i := int(l.pos)*len(n.hold) + h
 	delete(t.ranks[rid].lookup, n.ext[i])
 	n.ext[i], n.cnt[i] = 0, 0
+	if n.gb != nil {
+		n.gb[i] = 0
+	}
 	hd := &n.hold[h]
 	hd.cut--
 	hd.dev, hd.host = min(hd.dev, hd.cut), min(hd.host, hd.cut)
@@ -607,8 +651,9 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	t.tidy(id)
 }
 
-// Clear drops every block r holds (AllBlocksCleared) and clears its
-// truncated flag; its watermark and capacity stay.
+// Clear drops every block r holds (AllBlocksCleared), in every KV-cache
+// group, forgets its groups and clears its truncated flag; its watermark
+// and capacity stay.
 func (t *Tree) Clear(r Rank) {
 	rid, ok := t.rankIDs[r]
 	if !ok {
@@ -618,6 +663,14 @@ func (t *Tree) Clear(r Rank) {
 }
 
 func (t *Tree) clearRank(rid uint32) {
+	t.clearMain(rid)
+	t.clearGroups(rid)
+	rs := &t.ranks[rid]
+	rs.truncated, rs.main, rs.hasMain = false, groupInfo{}, false
+}
+
+// clearMain drops rid's tree holdings (its main group's blocks).
+func (t *Tree) clearMain(rid uint32) {
 	lk := t.ranks[rid].lookup
 	t.touched = t.touched[:0]
 	for _, l := range lk {
@@ -633,8 +686,7 @@ func (t *Tree) clearRank(rid uint32) {
 	for _, id := range t.touched {
 		t.tidy(id)
 	}
-	rs := &t.ranks[rid]
-	rs.tiers, rs.truncated = [NumTiers]int{}, false
+	t.ranks[rid].tiers = [NumTiers]int{}
 }
 
 // RemoveRank drops r's blocks and forgets r (its watermark, capacity and

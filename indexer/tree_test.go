@@ -51,7 +51,7 @@ func ids(first uint32, n int) []uint32 {
 }
 
 func ov(r indexer.Rank, device, host, disk uint32) indexer.Overlap {
-	return indexer.Overlap{Rank: r, Device: device, Host: host, Disk: disk}
+	return indexer.Overlap{Rank: r, Device: device, Host: host, Disk: disk, Upper: disk}
 }
 
 // dev is an overlap held entirely on the device.

@@ -74,7 +74,11 @@ const (
 // Op is one index mutation for one rank, decoded from an engine event.
 // Slices are borrowed: the index copies what it keeps and never retains them.
 type Op struct {
-	Kind   OpKind
+	Kind OpKind
+	// Group is the KV-cache group of a store or remove. The zero Group
+	// (group 0, full attention) is what a single-group engine's events
+	// mean; see Group for how the index routes the others.
+	Group  Group
 	Store  Stored
 	Remove Removed
 }
@@ -110,4 +114,5 @@ var (
 	ErrOffloadUnknown = errors.New("offload of a block the rank does not hold")
 	ErrHashConflict   = errors.New("engine hash already names another block")
 	ErrEvictedParent  = errors.New("parent block was evicted by the memory cap")
+	ErrUnknownGroup   = errors.New("KV-cache group unknown to the rank")
 )
