@@ -28,8 +28,9 @@
 //   - Decode never panics and bounds its memory by the payload size, whatever
 //     the headers claim.
 //   - Semantic validation (block_size against the model, token coverage,
-//     tier mapping, group/kind filters; see AppendOps and docs/wire.md) is
-//     the consumer's job: the codec reports what was sent.
+//     tier mapping, locality; see AppendOps and docs/wire.md) and the
+//     KV-cache groups of hybrid models (indexer.Group) are the consumer's
+//     job: the codec reports what was sent.
 //
 // Decoder and Batch are not safe for concurrent use. Slices in a Batch are
 // overwritten by the next Decode into it; strings may be kept.
