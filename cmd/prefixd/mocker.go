@@ -40,6 +40,8 @@ type mockerOptions struct {
 	kvDomain      string
 	topology      map[string]string
 	ttl           time.Duration
+	kvGroups      string
+	groups        []mocker.Group // parsed from kvGroups by Validate
 }
 
 func newMockerOptions() *mockerOptions {
@@ -69,6 +71,7 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kvDomain, "kv-transfer-domain", o.kvDomain, "topology domain that constrains KV transfers (with --topology)")
 	fs.StringToStringVar(&o.topology, "topology", o.topology, "topology domains, e.g. zone=a")
 	fs.DurationVar(&o.ttl, "ttl", o.ttl, "registration lease TTL")
+	fs.StringVar(&o.kvGroups, "kv-groups", o.kvGroups, "hybrid KV-cache layout in group_idx order, e.g. sliding_window:1024,full_attention (Gemma 3's groups); empty: one full-attention group")
 }
 
 func (o *mockerOptions) Validate() error {
@@ -92,6 +95,14 @@ func (o *mockerOptions) Validate() error {
 	case o.dropLive < 0 || o.dropLive > 1 || o.dropReplay < 0 || o.dropReplay > 1:
 		return fmt.Errorf("--drop-live and --drop-replay are fractions in [0, 1]")
 	}
+	groups, err := mocker.ParseGroups(o.kvGroups)
+	if err == nil {
+		_, err = mocker.NewHybridPool(1, 1, groups)
+	}
+	if err != nil {
+		return fmt.Errorf("--kv-groups %q: %w", o.kvGroups, err)
+	}
+	o.groups = groups
 	return o.worker(0, max(o.httpPort, 1)).WithDefaults().Validate()
 }
 
@@ -160,7 +171,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		if err != nil {
 			return abort(fmt.Errorf("engine %d: %w", o.firstID+uint64(i), err))
 		}
-		e, err := mocker.New(mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Encoder: enc,
+		e, err := mocker.New(mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Groups: o.groups, Encoder: enc,
 			Publisher: events.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
 				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
 			PrefillPerToken: o.prefillPerTok, DecodePerToken: o.decodePerTok,

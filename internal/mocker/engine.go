@@ -25,6 +25,13 @@ type Config struct {
 	BlockSize   int
 	// DPRank is stamped on every batch (data_parallel_rank), as vLLM does.
 	DPRank uint32
+	// Groups is an optional hybrid KV-cache layout (see Pool and
+	// NewHybridPool), in group_idx order, e.g. Gemma 3's sliding-window
+	// groups before its full-attention one; nil is one full-attention
+	// group whose events name no group. A hybrid engine's array-era
+	// encoder writes the 12-field layout (Encoder.Wide), which carries
+	// group_idx.
+	Groups []Group
 
 	// Publisher configures the event sockets. Endpoint defaults to
 	// "tcp://127.0.0.1:0"; ReplayEndpoint "" gets "tcp://127.0.0.1:0" too
@@ -95,9 +102,12 @@ type Engine struct {
 
 // New validates cfg and returns an Engine; Run starts it.
 func New(cfg Config) (*Engine, error) {
-	pool, err := NewPool(cfg.TotalBlocks, cfg.BlockSize)
+	pool, err := NewHybridPool(cfg.TotalBlocks, cfg.BlockSize, cfg.Groups)
 	if err != nil {
 		return nil, err
+	}
+	if len(cfg.Groups) > 0 && cfg.Encoder.Era == events.EraArray {
+		cfg.Encoder.Wide = true
 	}
 	if cfg.Publisher.Endpoint == "" {
 		cfg.Publisher.Endpoint = "tcp://127.0.0.1:0"
@@ -361,12 +371,32 @@ func (e *Engine) Queued() int {
 	return e.queued
 }
 
-// Holds returns the engine's true cache: engine hash → copies.
+// Holds returns the engine's true cache in its main KV-cache group (the
+// lowest-numbered full-attention one; the only one without Groups):
+// engine hash → copies.
 func (e *Engine) Holds() map[uint64]int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.pool.Holds()
 }
+
+// GroupHolds returns the engine's true cache in KV-cache group g.
+func (e *Engine) GroupHolds(g int) map[uint64]int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.GroupHolds(g)
+}
+
+// Hit returns how many leading full blocks of tokens the engine would
+// serve from its prefix cache now, without changing it.
+func (e *Engine) Hit(tokens []uint32) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.pool.Hit(tokens)
+}
+
+// MainGroup returns the group_idx of the engine's main KV-cache group.
+func (e *Engine) MainGroup() int { return e.pool.Main() }
 
 // LastSeq returns the seq of the last published batch; ok is false if
 // none was published since Run or the last Restart.

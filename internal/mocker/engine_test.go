@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -486,5 +487,110 @@ func TestEngineCancelAfterScheduling(t *testing.T) {
 	}
 	if got := e.Publisher().Seq(); got != before+1 || len(e.Holds()) != 3 {
 		t.Fatalf("a request cancelled before scheduling changed the engine: seq %d, cache %d blocks", got, len(e.Holds()))
+	}
+}
+
+// gemmaLike is a hybrid layout numbered as vLLM numbers Gemma 3's groups:
+// sliding-window groups first (windows of 6 and 9 tokens: a hit needs the
+// 2 blocks before its end), then the full-attention group.
+var gemmaLike = []Group{{Kind: "sliding_window", Window: 6}, {Kind: "sliding_window", Window: 9}, {Kind: "full_attention"}}
+
+// TestEngineHybridIndexMatchesCache: a subscriber following a hybrid
+// engine over ZMQ indexes the full-attention group 2 as the main group and
+// tracks the sliding-window groups exactly, and Match's granted hit for
+// random prompts is what the engine would serve from its cache.
+func TestEngineHybridIndexMatchesCache(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"map-int", Config{}},
+		{"array-wide-droplive", Config{Encoder: events.Encoder{Era: events.EraArray},
+			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.TotalBlocks, cfg.BlockSize, cfg.Groups = 60, testBS, gemmaLike
+			e := startEngine(t, cfg)
+			if e.MainGroup() != 2 {
+				t.Fatalf("main group %d, want 2", e.MainGroup())
+			}
+			rank := indexer.Rank{WorkerID: 5}
+			s, ix := startSubscriber(t, e, rank)
+			rng := rand.New(rand.NewPCG(1, 2))
+			cut := 0
+			for round := range 4 {
+				runWorkload(t, e, round*50, round*50+50)
+				caughtUp(t, s, e)
+				checkEqual(t, ix, e, rank)
+				checkGroups(t, ix, e, rank)
+				for range 100 {
+					p := workload(rng.IntN(round*50 + 50)).TokenIDs
+					p = p[:rng.IntN(len(p)+1)]
+					want := e.Hit(p)
+					q := indexer.HashBlocks(nil, p, testBS, indexer.BaseSeed)
+					ov, err := ix.Match(testKey, q, nil)
+					if err != nil {
+						t.Fatal(err)
+					}
+					var got indexer.Overlap
+					for _, o := range ov {
+						if o.Rank == rank {
+							got = o
+						}
+					}
+					if int(got.Device) != want {
+						t.Fatalf("round %d: prompt of %d blocks: index grants %+v, the engine %d blocks", round, len(q), got, want)
+					}
+					if got.Upper > got.Device {
+						cut++
+					}
+				}
+			}
+			if cut == 0 {
+				t.Fatal("no prompt had a main-group run longer than its hit: the sliding windows never mattered")
+			}
+			if st := s.State(); st.Degraded {
+				t.Fatalf("degraded: %+v", st)
+			}
+			t.Logf("%d of 400 prompts granted less than the main group's run; publisher %+v", cut, e.Publisher().Stats())
+		})
+	}
+}
+
+// checkGroups asserts the index tracks every non-main group of the
+// engine exactly.
+func checkGroups(t *testing.T, ix *indexer.Index, e *Engine, rank indexer.Rank) {
+	t.Helper()
+	states, err := ix.Groups(testKey, rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	byIdx := map[int]indexer.GroupState{}
+	for _, st := range states {
+		byIdx[st.Idx] = st
+	}
+	if m := byIdx[e.MainGroup()]; !m.Main {
+		t.Fatalf("group %d is not the index's main group: %+v", e.MainGroup(), states)
+	}
+	err = ix.Read(testKey, func(tr *indexer.Tree) {
+		for g := range gemmaLike {
+			if g == e.MainGroup() {
+				continue
+			}
+			holds := e.GroupHolds(g)
+			if st := byIdx[g]; !st.Tracked || st.Main || st.Blocks != len(holds) || st.Window != gemmaLike[g].Window {
+				t.Errorf("group %d: index %+v, engine %d blocks", g, st, len(holds))
+			}
+			for h, n := range holds {
+				if c, ok := tr.GroupHolds(rank, g, h); !ok || int(c[indexer.TierDevice]) != n {
+					t.Errorf("group %d hash %#x: index %v (%v), engine %d copies", g, h, c, ok, n)
+					return
+				}
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -5,6 +5,9 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/prefixd/prefixd/events"
 )
@@ -52,9 +55,54 @@ func BlockHashes(tokens []uint32, blockSize int) []uint64 {
 
 const nilBlock = -1
 
+// Group is one KV-cache group of a hybrid layout (NewHybridPool), as
+// vLLM's hybrid KV-cache manager keeps one per attention type of a model
+// (Gemma 3: sliding window and full attention), numbered in the order the
+// types first appear among the layers — so group 0 may be sliding-window.
+type Group struct {
+	// Kind is the kv_cache_spec_kind: a full attention ("full_attention",
+	// "mla_attention", "sink_full_attention") or a sliding window
+	// ("sliding_window", "sliding_window_mla").
+	Kind string
+	// Window is the sliding window in tokens (sliding-window kinds only).
+	Window int
+}
+
+// ParseGroups parses a hybrid layout written as comma-separated kinds,
+// a sliding window with its window in tokens after a colon:
+// "sliding_window:1024,sliding_window:1024,full_attention". "" is no
+// layout (nil). NewHybridPool validates the layout.
+func ParseGroups(s string) ([]Group, error) {
+	if s == "" {
+		return nil, nil
+	}
+	var out []Group
+	for i, f := range strings.Split(s, ",") {
+		kind, win, hasWin := strings.Cut(strings.TrimSpace(f), ":")
+		g := Group{Kind: kind}
+		if hasWin {
+			w, err := strconv.Atoi(win)
+			if err != nil {
+				return nil, fmt.Errorf("mocker: group %d (%q): window: %w", i, f, err)
+			}
+			g.Window = w
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func (g Group) sliding() bool { return g.Kind == "sliding_window" || g.Kind == "sliding_window_mla" }
+
+// need is how many blocks right before a hit's end a sliding-window group
+// must hold: ceil((window-1)/block size), at least 1 (vLLM's
+// SlidingWindowManager.find_longest_cache_hit).
+func (g Group) need(bs int) int { return max(1, (g.Window-1+bs-1)/bs) }
+
 // block is one physical KV block.
 type block struct {
 	hash       uint64 // valid when cached
+	group      int    // the KV-cache group whose block it is, valid when cached
 	cached     bool   // holds a full, hashed block that is in the prefix cache
 	refs       int    // requests using the block
 	prev, next int32  // LRU links, valid when inLRU
@@ -64,8 +112,8 @@ type block struct {
 // Alloc is the set of blocks one request holds, from Pool.Alloc until
 // Pool.Free.
 type Alloc struct {
-	blocks []int32 // in prompt order; the last may be a partial (unhashed) block
-	gen    uint64  // the pool generation it belongs to; stale after Reset
+	blocks [][]int32 // per group, in prompt order (nilBlock: none); the last may be a partial (unhashed) block
+	gen    uint64    // the pool generation it belongs to; stale after Reset
 	freed  bool
 	// CachedBlocks is how many leading full blocks were prefix-cache hits.
 	CachedBlocks int
@@ -101,14 +149,37 @@ type Alloc struct {
 //     hashing and tail-first eviction make practically impossible. vLLM's
 //     same-step duplicates are therefore not reproduced.
 //
+// A hybrid pool (NewHybridPool) keeps every group's blocks in the one pool
+// and LRU, as vLLM's hybrid KV-cache manager does:
+//   - A prompt's hit is the longest prefix every group serves (vLLM's
+//     HybridKVCacheCoordinator.find_longest_cache_hit): a full-attention
+//     group serves L blocks if it holds blocks 0..L-1; a sliding-window
+//     group if it holds the need = ceil((window-1)/block size) blocks
+//     before L (or, for L < need, all of 0..L-1).
+//   - Each group takes the hit blocks it needs (a sliding-window group
+//     only its last need), then allocates its own new blocks for the rest
+//     of the prompt, group by group; each group's new full blocks are one
+//     BlockStored with its group_idx, kv_cache_spec_kind and window. So a
+//     block a group holds past the hit is computed again: a second copy.
+//   - Right after the step, a sliding-window group frees the blocks that
+//     left its window (vLLM's remove_skipped_blocks at the next step; they
+//     stay cached, evictable first), the last of them first.
+//   - Free releases every group's blocks, the last group's tail first;
+//     an eviction's BlockRemoved names its block's group_idx.
+//
+// vLLM also caps a hit at the prompt length minus one token (the last
+// token is recomputed for its logits); the mocker, like prefixd's index,
+// counts hits over complete blocks.
+//
 // A Pool is not safe for concurrent use.
 type Pool struct {
 	blockSize int
+	groups    []Group // nil: one full-attention group whose events name no group
 	blocks    []block
-	empty     []int32            // stack of empty (unhashed, unused) block ids
-	cache     map[uint64][]int32 // engine hash → physical blocks holding it
-	head      int32              // least recently freed cached block
-	tail      int32              // most recently freed cached block
+	empty     []int32              // stack of empty (unhashed, unused) block ids
+	cache     []map[uint64][]int32 // per group: engine hash → physical blocks holding it
+	head      int32                // least recently freed cached block
+	tail      int32                // most recently freed cached block
 	lruLen    int
 	gen       uint64
 	pending   []events.Event
@@ -116,12 +187,61 @@ type Pool struct {
 
 // NewPool returns an empty pool of totalBlocks blocks of blockSize tokens.
 func NewPool(totalBlocks, blockSize int) (*Pool, error) {
+	return NewHybridPool(totalBlocks, blockSize, nil)
+}
+
+// NewHybridPool returns an empty pool whose blocks serve the KV-cache
+// groups of a hybrid layout, in group_idx order; with no groups, it is
+// NewPool's single-group pool. A layout needs a full-attention group, and
+// every sliding-window group a positive window.
+func NewHybridPool(totalBlocks, blockSize int, groups []Group) (*Pool, error) {
 	if totalBlocks <= 0 || blockSize <= 0 {
 		return nil, fmt.Errorf("mocker: pool: total blocks %d and block size %d must be positive", totalBlocks, blockSize)
 	}
-	p := &Pool{blockSize: blockSize, blocks: make([]block, totalBlocks)}
+	full := len(groups) == 0
+	for i, g := range groups {
+		switch {
+		case g.sliding():
+			if g.Window <= 0 {
+				return nil, fmt.Errorf("mocker: pool: group %d (%s): window %d must be positive", i, g.Kind, g.Window)
+			}
+		case fullAttention(g.Kind):
+			full = true
+		default:
+			return nil, fmt.Errorf("mocker: pool: group %d: kind %q is neither full attention nor a sliding window", i, g.Kind)
+		}
+	}
+	if !full {
+		return nil, fmt.Errorf("mocker: pool: a hybrid layout needs a full-attention group")
+	}
+	p := &Pool{blockSize: blockSize, groups: slices.Clone(groups), blocks: make([]block, totalBlocks)}
 	p.reset()
 	return p, nil
+}
+
+func fullAttention(kind string) bool {
+	return kind == "full_attention" || kind == "mla_attention" || kind == "sink_full_attention"
+}
+
+// ngroups is the number of KV-cache groups (1 for a single-group pool).
+func (p *Pool) ngroups() int { return max(1, len(p.groups)) }
+
+func (p *Pool) group(g int) Group {
+	if p.groups == nil {
+		return Group{Kind: "full_attention"}
+	}
+	return p.groups[g]
+}
+
+// Main returns the group_idx of the lowest-numbered full-attention group:
+// the one prefixd's index holds (0 for a single-group pool).
+func (p *Pool) Main() int {
+	for g := range p.groups {
+		if fullAttention(p.groups[g].Kind) {
+			return g
+		}
+	}
+	return 0
 }
 
 func (p *Pool) reset() {
@@ -130,7 +250,10 @@ func (p *Pool) reset() {
 	for i := len(p.blocks) - 1; i >= 0; i-- {
 		p.empty = append(p.empty, int32(i))
 	}
-	p.cache = make(map[uint64][]int32)
+	p.cache = make([]map[uint64][]int32, p.ngroups())
+	for g := range p.cache {
+		p.cache[g] = make(map[uint64][]int32)
+	}
 	p.head, p.tail, p.lruLen = nilBlock, nilBlock, 0
 	p.gen++
 }
@@ -145,63 +268,142 @@ func (p *Pool) TotalBlocks() int { return len(p.blocks) }
 // blocks plus the evictable cached ones.
 func (p *Pool) FreeBlocks() int { return len(p.empty) + p.lruLen }
 
+// Hit returns how many leading full blocks of tokens the pool would serve
+// from its prefix cache now (Alloc's CachedBlocks), without changing it.
+func (p *Pool) Hit(tokens []uint32) int { return p.hit(BlockHashes(tokens, p.blockSize)) }
+
+// hit is the longest prefix of hashes that every group serves: each group
+// in turn cuts the candidate length to the longest it serves within it,
+// until none cuts it.
+func (p *Pool) hit(hashes []uint64) int {
+	L := len(hashes)
+	for {
+		prev := L
+		for g := range p.cache {
+			gr := p.group(g)
+			if !gr.sliding() {
+				n := 0
+				for n < L && len(p.cache[g][hashes[n]]) > 0 {
+					n++
+				}
+				L = n
+				continue
+			}
+			need, run, found := gr.need(p.blockSize), 0, false
+			for i := L - 1; i >= 0; i-- {
+				if len(p.cache[g][hashes[i]]) == 0 {
+					run = 0
+					continue
+				}
+				if run++; run == need {
+					L, found = i+need, true
+					break
+				}
+			}
+			if !found {
+				L = run
+			}
+		}
+		if L == prev {
+			return L
+		}
+	}
+}
+
+// from is the first hit block group g takes for a hit of L blocks: a
+// sliding-window group needs only the blocks in its window.
+func (p *Pool) from(g, L int) int {
+	if gr := p.group(g); gr.sliding() {
+		return max(0, L-gr.need(p.blockSize))
+	}
+	return 0
+}
+
 // Alloc allocates the blocks of a request with prompt tokens, reusing the
 // cached prefix. It queues the step's events (see Events). On ErrNoSpace
 // nothing changes.
 func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 	hashes := BlockHashes(tokens, p.blockSize)
-	hits := 0
-	hitsInLRU := 0
-	for _, h := range hashes {
-		ids := p.cache[h]
-		if len(ids) == 0 {
-			break
+	hits := p.hit(hashes)
+	total := (len(tokens) + p.blockSize - 1) / p.blockSize
+	need, hitsInLRU := 0, 0
+	for g := range p.cache {
+		need += total - hits
+		for i := p.from(g, hits); i < hits; i++ {
+			if p.blocks[p.cache[g][hashes[i]][0]].refs == 0 {
+				hitsInLRU++
+			}
 		}
-		if p.blocks[ids[0]].refs == 0 {
-			hitsInLRU++
-		}
-		hits++
-	}
-	need := len(hashes) - hits
-	if len(tokens)%p.blockSize != 0 {
-		need++ // the partial last block
 	}
 	if need > len(p.empty)+p.lruLen-hitsInLRU {
 		return nil, ErrNoSpace
 	}
-	a := &Alloc{blocks: make([]int32, 0, hits+need), gen: p.gen, CachedBlocks: hits, NewBlocks: len(hashes) - hits}
-	for _, h := range hashes[:hits] {
-		id := p.cache[h][0]
-		b := &p.blocks[id]
-		if b.refs == 0 {
-			p.unlink(id)
+	a := &Alloc{blocks: make([][]int32, p.ngroups()), gen: p.gen, CachedBlocks: hits, NewBlocks: len(hashes) - hits}
+	for g := range p.cache { // every group's hits first, then the new blocks (vLLM's two phases)
+		bl := make([]int32, total)
+		for i := range bl {
+			bl[i] = nilBlock
 		}
-		b.refs++
-		a.blocks = append(a.blocks, id)
+		for i := p.from(g, hits); i < hits; i++ {
+			id := p.cache[g][hashes[i]][0]
+			b := &p.blocks[id]
+			if b.refs == 0 {
+				p.unlink(id)
+			}
+			b.refs++
+			bl[i] = id
+		}
+		a.blocks[g] = bl
 	}
-	for range need {
-		id := p.take()
-		p.blocks[id].refs = 1
-		a.blocks = append(a.blocks, id)
+	for g := range p.cache {
+		for i := hits; i < total; i++ {
+			id := p.take()
+			p.blocks[id].refs = 1
+			a.blocks[g][i] = id
+		}
 	}
 	if a.NewBlocks > 0 {
-		ev := events.Event{
-			Kind:        events.KindBlockStored,
-			Tag:         events.TagBlockStored,
-			BlockHashes: append([]uint64(nil), hashes[hits:]...),
-			TokenIDs:    append([]uint32(nil), tokens[hits*p.blockSize:len(hashes)*p.blockSize]...),
-			BlockSize:   p.blockSize,
-			Medium:      "GPU",
+		for g := range p.cache {
+			ev := events.Event{
+				Kind:        events.KindBlockStored,
+				Tag:         events.TagBlockStored,
+				BlockHashes: append([]uint64(nil), hashes[hits:]...),
+				TokenIDs:    append([]uint32(nil), tokens[hits*p.blockSize:len(hashes)*p.blockSize]...),
+				BlockSize:   p.blockSize,
+				Medium:      "GPU",
+			}
+			if hits > 0 {
+				ev.ParentHash, ev.HasParent = hashes[hits-1], true
+			}
+			if p.groups != nil {
+				gr := p.groups[g]
+				ev.GroupIdx, ev.HasGroupIdx, ev.KVCacheSpecKind = g, true, gr.Kind
+				if gr.sliding() {
+					ev.SlidingWindow, ev.HasSlidingWindow = gr.Window, true
+				}
+			}
+			for i, h := range hashes[hits:] {
+				id := a.blocks[g][hits+i]
+				p.blocks[id].hash, p.blocks[id].group, p.blocks[id].cached = h, g, true
+				p.cache[g][h] = append(p.cache[g][h], id)
+			}
+			p.pending = append(p.pending, ev)
 		}
-		if hits > 0 {
-			ev.ParentHash, ev.HasParent = hashes[hits-1], true
+	}
+	// The blocks that left a sliding window go at once (vLLM frees them at
+	// the next step), the last first.
+	for g := range p.cache {
+		gr := p.group(g)
+		if !gr.sliding() {
+			continue
 		}
-		for i, h := range hashes[hits:] {
-			id := a.blocks[hits+i]
-			p.blocks[id].hash, p.blocks[id].cached = h, true
-			p.cache[h] = append(p.cache[h], id)
+		skipped := max(0, len(tokens)-gr.Window+1) / p.blockSize
+		for i := min(skipped, total) - 1; i >= 0; i-- {
+			if id := a.blocks[g][i]; id != nilBlock {
+				p.release(id)
+				a.blocks[g][i] = nilBlock
+			}
 		}
-		p.pending = append(p.pending, ev)
 	}
 	return a, nil
 }
@@ -218,7 +420,8 @@ func (p *Pool) take() int32 {
 	id := p.head
 	p.unlink(id)
 	b := &p.blocks[id]
-	ids := p.cache[b.hash]
+	cache := p.cache[b.group]
+	ids := cache[b.hash]
 	for i, x := range ids {
 		if x == id {
 			ids = append(ids[:i], ids[i+1:]...)
@@ -226,39 +429,53 @@ func (p *Pool) take() int32 {
 		}
 	}
 	if len(ids) == 0 {
-		delete(p.cache, b.hash)
+		delete(cache, b.hash)
 	} else {
-		p.cache[b.hash] = ids
+		cache[b.hash] = ids
 	}
-	p.pending = append(p.pending, events.Event{
+	ev := events.Event{
 		Kind:        events.KindBlockRemoved,
 		Tag:         events.TagBlockRemoved,
 		BlockHashes: []uint64{b.hash},
 		Medium:      "GPU",
-	})
+	}
+	if p.groups != nil {
+		ev.GroupIdx, ev.HasGroupIdx = b.group, true
+	}
+	p.pending = append(p.pending, ev)
 	*b = block{}
 	return id
 }
 
-// Free releases a's blocks, tail first. Freeing twice, or freeing an Alloc
-// made before the last Reset, does nothing. Free queues no events.
+// release drops one reference to block id: a cached block with no user
+// goes to the LRU tail, an unhashed one back to the empty blocks.
+func (p *Pool) release(id int32) {
+	b := &p.blocks[id]
+	b.refs--
+	if b.refs > 0 {
+		return
+	}
+	if b.cached {
+		p.pushTail(id)
+	} else {
+		*b = block{}
+		p.empty = append(p.empty, id)
+	}
+}
+
+// Free releases a's blocks, tail first (the last group's first). Freeing
+// twice, or freeing an Alloc made before the last Reset, does nothing.
+// Free queues no events.
 func (p *Pool) Free(a *Alloc) {
 	if a == nil || a.freed || a.gen != p.gen {
 		return
 	}
 	a.freed = true
-	for i := len(a.blocks) - 1; i >= 0; i-- {
-		id := a.blocks[i]
-		b := &p.blocks[id]
-		b.refs--
-		if b.refs > 0 {
-			continue
-		}
-		if b.cached {
-			p.pushTail(id)
-		} else {
-			*b = block{}
-			p.empty = append(p.empty, id)
+	for g := len(a.blocks) - 1; g >= 0; g-- {
+		for i := len(a.blocks[g]) - 1; i >= 0; i-- {
+			if id := a.blocks[g][i]; id != nilBlock {
+				p.release(id)
+			}
 		}
 	}
 }
@@ -278,11 +495,19 @@ func (p *Pool) Events() []events.Event {
 	return evs
 }
 
-// Holds returns the engine's true prefix cache: engine hash → number of
+// Holds returns the engine's true prefix cache in its main group (Main;
+// the only group of a single-group pool): engine hash → number of
 // physical copies.
-func (p *Pool) Holds() map[uint64]int {
-	out := make(map[uint64]int, len(p.cache))
-	for h, ids := range p.cache {
+func (p *Pool) Holds() map[uint64]int { return p.GroupHolds(p.Main()) }
+
+// GroupHolds returns group g's true prefix cache: engine hash → number of
+// physical copies (empty for a group the pool does not have).
+func (p *Pool) GroupHolds(g int) map[uint64]int {
+	out := map[uint64]int{}
+	if g < 0 || g >= len(p.cache) {
+		return out
+	}
+	for h, ids := range p.cache[g] {
 		out[h] = len(ids)
 	}
 	return out

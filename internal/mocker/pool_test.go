@@ -165,7 +165,7 @@ func TestPoolCapacityInvariant(t *testing.T) {
 		}
 		used := 0
 		for _, x := range live {
-			used += len(x.blocks)
+			used += len(x.blocks[0])
 		}
 		n := 0
 		for _, c := range p.Holds() {
@@ -180,8 +180,12 @@ func TestPoolCapacityInvariant(t *testing.T) {
 func distinctUsed(p *Pool, live []*Alloc) int {
 	seen := map[int32]bool{}
 	for _, a := range live {
-		for _, id := range a.blocks {
-			seen[id] = true
+		for _, bl := range a.blocks {
+			for _, id := range bl {
+				if id != nilBlock {
+					seen[id] = true
+				}
+			}
 		}
 	}
 	for id := range seen {
@@ -211,5 +215,105 @@ func TestPoolReset(t *testing.T) {
 	b, _ := p.Alloc(toks(0, 6))
 	if b.CachedBlocks != 0 || len(p.Holds()) != 3 {
 		t.Fatalf("after reset alloc %+v holds %v", b, p.Holds())
+	}
+}
+
+// TestPoolHybrid: a hybrid pool publishes each group's blocks with its
+// group, frees the blocks that left a sliding window, evicts any group's
+// blocks from the one LRU, and grants the hit every group serves.
+func TestPoolHybrid(t *testing.T) {
+	p, err := NewHybridPool(30, 2, []Group{{Kind: "sliding_window", Window: 3}, {Kind: "full_attention"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	x := toks(0, 8)
+	h := BlockHashes(x, 2)
+	a, err := p.Alloc(x)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs := p.Events()
+	if len(evs) != 2 {
+		t.Fatalf("events %+v, want one store per group", evs)
+	}
+	for g, ev := range evs {
+		if ev.Kind != events.KindBlockStored || !ev.HasGroupIdx || ev.GroupIdx != g || !slices.Equal(ev.BlockHashes, h) ||
+			!slices.Equal(ev.TokenIDs, x) || ev.HasParent {
+			t.Fatalf("group %d store %+v", g, ev)
+		}
+	}
+	if evs[0].KVCacheSpecKind != "sliding_window" || !evs[0].HasSlidingWindow || evs[0].SlidingWindow != 3 ||
+		evs[1].KVCacheSpecKind != "full_attention" || evs[1].HasSlidingWindow {
+		t.Fatalf("group descriptions %+v", evs)
+	}
+	// A 3-token window needs 1 block before a hit's end; the blocks
+	// before the window (0..2 of 8 tokens) were freed, last first.
+	if got := p.LRU(); !slices.Equal(got, []uint64{h[2], h[1], h[0]}) {
+		t.Fatalf("LRU %x, want the sliding-window group's %x", got, []uint64{h[2], h[1], h[0]})
+	}
+	if p.Hit(x) != 4 || p.Hit(x[:4]) != 2 || p.Main() != 1 {
+		t.Fatalf("hits %d %d, main %d", p.Hit(x), p.Hit(x[:4]), p.Main())
+	}
+	p.Free(a)
+	// 24 new blocks: 22 empty ones, then the LRU's first two — the
+	// sliding-window group's blocks 2 and 1.
+	b, err := p.Alloc(toks(100, 24))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var removed []uint64
+	for _, ev := range p.Events() {
+		if ev.Kind == events.KindBlockRemoved {
+			if !ev.HasGroupIdx || ev.GroupIdx != 0 {
+				t.Fatalf("remove %+v, want group 0", ev)
+			}
+			removed = append(removed, ev.BlockHashes...)
+		}
+	}
+	if !slices.Equal(removed, []uint64{h[2], h[1]}) {
+		t.Fatalf("removed %x, want %x", removed, []uint64{h[2], h[1]})
+	}
+	if got := p.GroupHolds(0); got[h[1]] != 0 || got[h[0]] != 1 || got[h[3]] != 1 {
+		t.Fatalf("group 0 holds %v", got)
+	}
+	if got := p.Holds(); len(got) != 4+12 {
+		t.Fatalf("main group holds %d blocks, want 16", len(got))
+	}
+	// Two blocks: the full-attention group holds both, but the sliding
+	// window needs block 1, gone: the hit is the one block block 0 serves.
+	if got := p.Hit(x[:4]); got != 1 {
+		t.Fatalf("hit of 2 blocks %d, want 1", got)
+	}
+	if got := p.Hit(x); got != 4 {
+		t.Fatalf("hit of 4 blocks %d, want 4 (block 3 serves it)", got)
+	}
+	c, err := p.Alloc(x[:4])
+	if err != nil || c.CachedBlocks != 1 {
+		t.Fatalf("alloc %+v %v", c, err)
+	}
+	p.Free(b)
+	p.Free(c)
+	for _, bad := range [][]Group{
+		{{Kind: "sliding_window", Window: 4}},
+		{{Kind: "sliding_window"}, {Kind: "full_attention"}},
+		{{Kind: "mamba"}, {Kind: "full_attention"}},
+	} {
+		if _, err := NewHybridPool(8, 2, bad); err == nil {
+			t.Errorf("layout %+v accepted", bad)
+		}
+	}
+}
+
+func TestParseGroups(t *testing.T) {
+	got, err := ParseGroups("sliding_window:1024, sliding_window_mla:8,full_attention")
+	want := []Group{{Kind: "sliding_window", Window: 1024}, {Kind: "sliding_window_mla", Window: 8}, {Kind: "full_attention"}}
+	if err != nil || !slices.Equal(got, want) {
+		t.Fatalf("ParseGroups: %+v %v", got, err)
+	}
+	if g, err := ParseGroups(""); g != nil || err != nil {
+		t.Fatalf("empty layout: %+v %v", g, err)
+	}
+	if _, err := ParseGroups("sliding_window:wide,full_attention"); err == nil {
+		t.Fatal("a window that is no number parsed")
 	}
 }
