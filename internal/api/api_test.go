@@ -91,6 +91,30 @@ func TestQueryTiersAndOrder(t *testing.T) {
 	s.post("/query", `{"token_ids":`+tokensJSON(prompt(64, 5000))+`,"model_name":"m"}`).expect(t, 200, empty)
 }
 
+// TestQueryHybrid: a hybrid model's ranks report the hit vLLM would
+// grant; one granted nothing is absent, as one that matches nothing.
+func TestQueryHybrid(t *testing.T) {
+	ix := newIndex(t)
+	p := prompt(64, 9)
+	sw := indexer.Group{Idx: 0, Attention: indexer.AttentionSlidingWindow, Kind: "sliding_window", Window: 18} // ceil(17/16): the 2 blocks before a hit's end
+	fa := indexer.Group{Idx: 1, Kind: "full_attention"}
+	for w, ops := range map[uint64][]indexer.Op{
+		// Worker 1's sliding-window group holds blocks 0, 1 and 3: a hit
+		// of 2 blocks. Worker 2's holds block 3 only: none.
+		1: {{Kind: indexer.OpStore, Group: fa, Store: indexer.Stored{Hashes: seq(10, 4), Tokens: p, BlockSize: 16, Seed: indexer.BaseSeed}},
+			{Kind: indexer.OpStore, Group: sw, Store: indexer.Stored{Hashes: []uint64{10, 11, 13}, Tokens: p, BlockSize: 16, Seed: indexer.BaseSeed}}},
+		2: {{Kind: indexer.OpStore, Group: fa, Store: indexer.Stored{Hashes: seq(10, 4), Tokens: p, BlockSize: 16, Seed: indexer.BaseSeed}},
+			{Kind: indexer.OpStore, Group: sw, Store: indexer.Stored{Hashes: []uint64{13}, Tokens: p, BlockSize: 16, Seed: indexer.BaseSeed}}},
+	} {
+		if res, err := ix.Apply(mDefault, indexer.Rank{WorkerID: w}, 1, ops); err != nil || len(res.Errs) > 0 {
+			t.Fatal(err, res.Errs)
+		}
+	}
+	s := newServer(t, Config{Index: ix})
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
+		`{"scores":{"1":{"0":32}},"frequencies":[],"instances":{"1":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`)
+}
+
 func TestQueryUnknownPartition(t *testing.T) {
 	s := newServer(t, Config{Index: newIndex(t)})
 	s.post("/query", `{"token_ids":[1],"model_name":"m","routing_group":"g"}`).expect(t, 404,

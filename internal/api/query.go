@@ -167,13 +167,22 @@ func appendScores(b []byte, ov []indexer.Overlap, bs uint64) []byte {
 		i = j
 	}
 	b = append(b, `},"frequencies":[],"instances":{`...)
+	first = true
 	for i := 0; i < len(ov); {
 		j := group(i)
 		var gpu, cpu, disk uint32
 		for _, o := range ov[i:j] {
 			gpu, cpu, disk = max(gpu, o.Device), max(cpu, o.Host), max(disk, o.Disk)
 		}
-		b = id(b, ov[i], i == 0)
+		if max(gpu, cpu, disk) == 0 {
+			// Granted nothing (a hybrid model's rank whose other KV-cache
+			// groups serve no hit): absent, like an instance that matches
+			// nothing.
+			i = j
+			continue
+		}
+		b = id(b, ov[i], first)
+		first = false
 		b = append(b, `{"longest_matched":`...)
 		b = strconv.AppendUint(b, uint64(max(gpu, cpu, disk))*bs, 10)
 		b = append(b, `,"gpu":`...)
