@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"encoding/json"
 	"fmt"
+	"math/bits"
 	"slices"
 )
 
@@ -259,11 +260,15 @@ func (t *Tree) restoreGroups(s *Snapshot) error {
 			rs.main, rs.hasMain = groupInfo{}, true
 		}
 		if rg := rs.groups; rg != nil && rg.entries > 0 {
+			rg.orphans = rg.entries
 			for x, rf := range rs.lookup {
 				l := t.locOf(rf)
 				n := &t.nodes[l.node]
-				t.setBits(l.node, int(l.pos)*len(n.hold)+t.holderIndex(l.node, uint32(rid)), t.groupMask(rg, x))
+				m := t.groupMask(rg, x)
+				t.setBits(l.node, int(l.pos)*len(n.hold)+t.holderIndex(l.node, uint32(rid)), m)
+				rg.orphans -= bits.OnesCount64(m)
 			}
+			t.norphans += rg.orphans
 		}
 	}
 	return nil

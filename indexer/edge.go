@@ -185,6 +185,9 @@ func (t *Tree) removeHolder(id uint32, h int) {
 	rs := &t.ranks[hd.rid]
 	for j := 0; j < int(hd.cut); j++ {
 		x, c := n.ext[j*H+h], n.cnt[j*H+h]
+		if n.gb != nil {
+			t.adoptOrphans(hd.rid, n.gb[j*H+h])
+		}
 		for tier := Tier(0); tier < NumTiers; tier++ {
 			switch (c >> (8 * tier)) & 0xff {
 			case 0:

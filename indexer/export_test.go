@@ -4,7 +4,8 @@ import "fmt"
 
 // CheckGroupBits checks node.gb against the groups' sets: for every
 // holder's block, the bits of the tracked groups of its rank that hold it,
-// and no bits past a holder's cut or for a rank without groups.
+// and no bits past a holder's cut or for a rank without groups; and the
+// orphan counts.
 func CheckGroupBits(t *Tree) error {
 	for id := 1; id < len(t.nodes); id++ {
 		n := &t.nodes[id]
@@ -30,6 +31,28 @@ func CheckGroupBits(t *Tree) error {
 				}
 			}
 		}
+	}
+	total := 0
+	for rid := range t.ranks {
+		rs := &t.ranks[rid]
+		if rs.groups == nil {
+			continue
+		}
+		n := 0
+		for i := range rs.groups.list {
+			for x := range rs.groups.list[i].blocks {
+				if _, ok := rs.lookup[x]; !ok {
+					n++
+				}
+			}
+		}
+		if n != rs.groups.orphans {
+			return fmt.Errorf("rank %v: %d orphan group entries, counted %d", rs.rank, n, rs.groups.orphans)
+		}
+		total += n
+	}
+	if total != t.norphans {
+		return fmt.Errorf("%d orphan group entries, the tree counts %d", total, t.norphans)
 	}
 	return nil
 }

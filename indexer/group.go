@@ -145,6 +145,9 @@ type rankGroups struct {
 	tiers   [NumTiers]int // Σ list[i].tiers
 	entries int           // Σ len(list[i].blocks)
 	tracked int           // groups in list with tracked holdings
+	// orphans counts the entries of blocks the main group does not hold
+	// (see Tree.orphans).
+	orphans int
 }
 
 // Copy counts of group blocks are packed 16 bits per tier. A count that
@@ -389,7 +392,12 @@ func (t *Tree) demoteMain(rid uint32) {
 		trunc = true // no room for the group: its blocks are dropped
 	}
 	t.clearMain(rid)
-	t.ranks[rid].truncated = trunc
+	rs = &t.ranks[rid]
+	rs.truncated = trunc
+	if rg := rs.groups; rg != nil { // the main group is empty: every entry is an orphan
+		t.norphans += rg.entries - rg.orphans
+		rg.orphans = rg.entries
+	}
 }
 
 // dropGroupEntry removes engine hash x from every tracked group of rank
@@ -491,11 +499,19 @@ func (t *Tree) setBits(id uint32, i int, m uint64) {
 	n.gb[i] = m
 }
 
-// flipBit sets or clears the group bit of rank rid's main-group block x,
-// if the main group holds x.
+// flipBit records that a group entry for x of rank rid was created (on)
+// or deleted: it sets or clears the group's bit of the main group's block
+// x, or, if the main group does not hold x, counts the orphan.
 func (t *Tree) flipBit(rid uint32, x uint64, bit uint8, on bool) {
-	rf, ok := t.ranks[rid].lookup[x]
+	rs := &t.ranks[rid]
+	rf, ok := rs.lookup[x]
 	if !ok {
+		d := -1
+		if on {
+			d = 1
+		}
+		rs.groups.orphans += d
+		t.norphans += d
 		return
 	}
 	l := t.locOf(rf)
@@ -520,32 +536,27 @@ func (t *Tree) clearGroups(rid uint32) {
 		return
 	}
 	t.gentries -= rs.groups.entries
+	t.norphans -= rs.groups.orphans
 	if rs.groups.tracked > 0 {
 		t.hybrid--
 	}
 	rs.groups = nil
 }
 
+// adoptOrphans counts a main-group block leaving rank rid with group bits
+// m: its groups' entries become orphans.
+func (t *Tree) adoptOrphans(rid uint32, m uint64) {
+	if m != 0 {
+		n := bits.OnesCount64(m)
+		t.ranks[rid].groups.orphans += n
+		t.norphans += n
+	}
+}
+
 // orphans counts group entries of blocks the rank's main group does not
 // hold: a match never reads them (the grant looks only at positions the
 // main group holds), so the memory cap and capacities drop them first.
-func (t *Tree) orphans() int {
-	n := 0
-	for rid := range t.ranks {
-		rs := &t.ranks[rid]
-		if rs.groups == nil || rs.groups.entries == 0 {
-			continue
-		}
-		for i := range rs.groups.list {
-			for x := range rs.groups.list[i].blocks {
-				if _, ok := rs.lookup[x]; !ok {
-					n++
-				}
-			}
-		}
-	}
-	return n
-}
+func (t *Tree) orphans() int { return t.norphans }
 
 // dropOrphans drops up to budget orphan entries, all their tiers (tier
 // < 0), or their copies in tier, marking their ranks truncated, and
@@ -562,13 +573,13 @@ func (t *Tree) dropOrphans(budget int, rid int, tier Tier, all bool) int {
 		}
 		rs := &t.ranks[id]
 		rg := rs.groups
-		if rg == nil || rg.entries == 0 {
+		if rg == nil || rg.orphans == 0 {
 			continue
 		}
 		for i := range rg.list {
 			gs := &rg.list[i]
 			for x, v := range gs.blocks {
-				if dropped >= budget {
+				if dropped >= budget || rg.orphans == 0 {
 					break
 				}
 				if _, ok := rs.lookup[x]; ok {

@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"fmt"
+	"math/bits"
 	"slices"
 	"sync/atomic"
 )
@@ -176,6 +177,7 @@ type Tree struct {
 
 	entries  int // Σ holder cuts: indexed (block, rank) pairs
 	gentries int // Σ ranks' rankGroups.entries: (block, rank, group) pairs of non-main groups
+	norphans int // Σ ranks' rankGroups.orphans
 	hybrid   int // ranks with a tracked non-main group (Match then computes grants)
 	blocks   int // Σ edge lengths
 	nnodes   int
@@ -452,7 +454,11 @@ func (t *Tree) storeMain(r Rank, s Stored) error {
 		n.ext[i0] = x
 		n.cnt[i0] = 1 << (8 * s.Tier)
 		if rg := t.ranks[rid].groups; rg != nil && rg.entries > 0 {
-			t.setBits(tgt.node, i0, t.groupMask(rg, x))
+			m := t.groupMask(rg, x)
+			t.setBits(tgt.node, i0, m)
+			n := bits.OnesCount64(m) // entries that are orphans no more
+			rg.orphans -= n
+			t.norphans -= n
 		}
 		t.ranks[rid].tiers[s.Tier]++
 		n.hold[h].cut++
@@ -639,6 +645,7 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	delete(t.ranks[rid].lookup, n.ext[i])
 	n.ext[i], n.cnt[i] = 0, 0
 	if n.gb != nil {
+		t.adoptOrphans(rid, n.gb[i])
 		n.gb[i] = 0
 	}
 	hd := &n.hold[h]
