@@ -239,8 +239,12 @@ func (c *Cursor) Connected(now time.Time) []Action {
 // then verifies, as after a reconnect, that the engine still has that
 // batch before resuming after it; otherwise it resets and replays from
 // SeqBase.
-func (c *Cursor) Resume(seq, digest uint64) {
-	c.applied, c.hasApplied, c.digest = seq, true, digest
+//
+// degraded says the restored state was degraded where it came from: the
+// rank stays degraded until what would have lifted it there
+// (AllBlocksCleared, a new incarnation replayed from SeqBase).
+func (c *Cursor) Resume(seq, digest uint64, degraded bool) {
+	c.applied, c.hasApplied, c.digest, c.degraded = seq, true, digest, degraded
 	c.recent[seq%recentBatches] = recentBatch{seq: seq, digest: digest, ok: true}
 }
 

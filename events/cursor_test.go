@@ -34,7 +34,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	expire [t=MS]                        the session deadline timer fired
 //	waited ms=N                          an attempt waited N ms for a replay slot
 //	deadline                             print the session deadline (ms since the start) or "none"
-//	resume seq=N [p=PAYLOAD]             state restored from a peer up to seq N (digest of the payload)
+//	resume seq=N [p=PAYLOAD] [degraded=true]  state restored from a peer up to seq N (digest of the payload), degraded there or not
 //	stats
 func TestCursorScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/cursor/*.txt")
@@ -190,7 +190,7 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		return []string{"deadline=none"}
 	case "resume":
 		seq := num("seq", 0)
-		sc.c.Resume(seq, xxh3.Hash(payload(seq)))
+		sc.c.Resume(seq, xxh3.Hash(payload(seq)), args["degraded"] == "true")
 	case "stats":
 		s := sc.c.Stats()
 		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d suspects=%d lost=%d probes=%d peak=%d",

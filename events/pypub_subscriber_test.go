@@ -68,9 +68,9 @@ type gatedApplier struct {
 	gate chan struct{}
 }
 
-func (g *gatedApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error {
+func (g *gatedApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error {
 	<-g.gate
-	return g.Applier.ApplyBatch(r, seq, digest, b)
+	return g.Applier.ApplyBatch(r, m, b)
 }
 
 // TestSubscriberInteropPyPub: the Go subscriber against a real libzmq

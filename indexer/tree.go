@@ -130,6 +130,11 @@ type rankState struct {
 	// truncated: the rank lost entries other than by its engine's events
 	// (memory cap, capacity) since it was created or last cleared.
 	truncated bool
+	// degraded is the stream layer's word, recorded with each batch and
+	// reset (Mark, Index.Reset): the rank's history is known to be
+	// incomplete, and why. It travels in dumps.
+	degraded    bool
+	degradedWhy string
 }
 
 type ovKey struct {
