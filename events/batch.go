@@ -148,8 +148,9 @@ type Event struct {
 	// "" when nil or absent, which means GPU.
 	Medium   string
 	LoraName string
-	// CacheSalt is the map key "cache_salt" (SGLang) when present and
-	// non-empty; otherwise the first string with the prefix
+	// CacheSalt is the map key "cache_salt" (SGLang's map events, or the
+	// "cache_salt" of the metadata map SGLang appends at array position 7)
+	// when present and non-empty; otherwise the first string with the prefix
 	// "dynamo-cache-salt:" (prefix stripped) among the first block's
 	// extra_keys; otherwise "".
 	CacheSalt string

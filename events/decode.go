@@ -80,7 +80,9 @@ type Decoder struct {
 //     (BlockStored [tag, block_hashes, parent_block_hash, token_ids,
 //     block_size, lora_id, medium, lora_name, extra_keys, group_idx,
 //     kv_cache_spec_kind, kv_cache_spec_sliding_window], BlockRemoved [tag,
-//     block_hashes, medium, group_idx]); from position 5 of a BlockStored, a
+//     block_hashes, medium, group_idx]); a map at BlockStored position 7 is
+//     SGLang's metadata struct ("cache_salt", "session_id") instead of
+//     lora_name; from position 5 of a BlockStored, a
 //     string selects the Dynamo mocker's compact layout [.., block_size,
 //     medium, group_idx], and in a BlockRemoved an int at position 2 is the
 //     mocker's group_idx. Maps: "type" may be anywhere; fields by name;
@@ -472,7 +474,14 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 				case 6:
 					ev.Medium = r.str("medium", prev.medium)
 				case 7:
-					ev.LoraName = r.str("lora_name", prev.loraName)
+					if c, ok := r.peek(); ok && isMapPrefix(c) {
+						// SGLang's BlockStoredWithMetadata: the 7-element
+						// BlockStored then a metadata struct, where vLLM
+						// has lora_name.
+						r.metadata(ev, prev)
+					} else {
+						ev.LoraName = r.str("lora_name", prev.loraName)
+					}
 				case 8:
 					ev.ExtraKeysRaw = r.raw(ev.ExtraKeysRaw)
 				case 9:
@@ -610,6 +619,31 @@ func (r *reader) field(ev *Event, key []byte, prev *prevStrings) {
 		ev.CacheSalt = r.str("cache_salt", prev.cacheSalt)
 	default:
 		r.skip(ReasonEvent)
+	}
+}
+
+// metadata decodes SGLang's BlockStoredMetadata, which its
+// BlockStoredWithMetadata appends after medium (array position 7) when a
+// request carries a cache salt (sgl-project/sglang PR #30827; session_id
+// since PR #37482). The struct is not array_like, so msgspec writes it as a
+// map: "cache_salt" and "session_id" (str or nil) are read, other keys
+// skipped.
+func (r *reader) metadata(ev *Event, prev *prevStrings) {
+	n := r.mapHeader(ReasonField, "metadata (map)")
+	for i := uint32(0); i < n && r.err == nil; i++ {
+		key, ok := r.key(ReasonField)
+		if !ok {
+			r.skip(ReasonField)
+			continue
+		}
+		switch string(key) {
+		case "cache_salt":
+			ev.CacheSalt = r.str("cache_salt", prev.cacheSalt)
+		case "session_id":
+			ev.SessionID = r.str("session_id", prev.sessionID)
+		default:
+			r.skip(ReasonField)
+		}
 	}
 }
 

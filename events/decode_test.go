@@ -184,6 +184,44 @@ func TestDecodeVariants(t *testing.T) {
 					e.ExtraKeysRaw = mp([]any{[]any{1, []any{"mm", 3}, "adapter", "dynamo-cache-salt"}})
 					return e
 				}())},
+		{"SGLang positional BlockStored, 7 elements, signed hash, attn_dp_rank",
+			mp([]any{ts15, []any{[]any{"BlockStored", []any{raw{0xd3, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU"}}, 2}),
+			batchOf(2, true, stored91())},
+		{"SGLang BlockStoredWithMetadata: a metadata map at position 7 is not lora_name",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", "tenant-a"}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"session_id", "s-1", "cache_salt", "tenant-b", "future", []any{1, kvs{"x", 2}}}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", nil}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{}},
+			}, 0}),
+			batchOf(0, true,
+				func() Event { e := stored91(); e.CacheSalt = "tenant-a"; return e }(),
+				func() Event { e := stored91(); e.CacheSalt, e.SessionID = "tenant-b", "s-1"; return e }(),
+				stored91(), stored91())},
+		{"SGLang metadata salt wins over extra_keys; a string at position 7 is still lora_name",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", "explicit"},
+					[]any{[]any{CacheSaltPrefix + "implied"}}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", "adapter-a"},
+			}, 0}),
+			batchOf(0, true,
+				func() Event {
+					e := stored91()
+					e.CacheSalt = "explicit"
+					e.ExtraKeysRaw = mp([]any{[]any{CacheSaltPrefix + "implied"}})
+					return e
+				}(),
+				func() Event { e := stored91(); e.LoraName = "adapter-a"; return e }())},
+		{"SGLang media and 3-element BlockRemoved",
+			mp([]any{ts15, []any{
+				[]any{"BlockRemoved", []any{H}, "CPU_PINNED"}, []any{"BlockRemoved", []any{H}, "DISK"},
+				[]any{"BlockRemoved", []any{H}, "EXTERNAL"}, []any{"BlockRemoved", []any{H}, nil},
+			}, 1}),
+			batchOf(1, true,
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "CPU_PINNED"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "DISK"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "EXTERNAL"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}})},
 		{"nil lists read as empty",
 			mp([]any{ts15, []any{kvs{"type", "BlockStored", "block_hashes", nil, "token_ids", nil}}, 0}),
 			batchOf(0, true, Event{Kind: KindBlockStored, Tag: TagBlockStored})},
@@ -336,6 +374,8 @@ func TestDecodeErrors(t *testing.T) {
 		{"invalid msgpack byte in extra_keys", stored("extra_keys", []any{raw{0xc1}}), ReasonField, 40},
 		{"mocker layout, group_idx is a string",
 			ev([]any{"BlockStored", []any{H}, nil, []any{}, 4, "GPU", "x"}), ReasonField, -1},
+		{"SGLang metadata, cache_salt is an int",
+			ev([]any{"BlockStored", []any{H}, nil, []any{}, 4, nil, "GPU", kvs{"cache_salt", 5}}), ReasonField, -1},
 		{"vLLM layout, medium is an int",
 			ev([]any{"BlockStored", []any{H}, nil, []any{}, 4, nil, 5}), ReasonField, -1},
 	}
@@ -506,6 +546,44 @@ func TestDecodeZeroAllocs(t *testing.T) {
 				t.Error(diff)
 			}
 		})
+	}
+}
+
+// TestDecodeZeroAllocsSGLang: SGLang's salted positional events (the
+// metadata map at position 7) decode into a reused Batch without
+// allocating, like the layouts the Encoder writes.
+func TestDecodeZeroAllocsSGLang(t *testing.T) {
+	var evs []any
+	for i := range 4 {
+		hashes := make([]any, 16)
+		for j := range hashes {
+			hashes[j] = int64(i*16 + j - 40) // signed, some negative
+		}
+		tokens := make([]any, 16*16)
+		for j := range tokens {
+			tokens[j] = 1000 + j
+		}
+		var meta any = kvs{"cache_salt", "tenant-" + string(rune('a'+i)), "session_id", "session-0123456789"}
+		ev := []any{"BlockStored", hashes, nil, tokens, 16, nil, "GPU", meta}
+		if i == 3 {
+			ev = ev[:7] // unsalted: the 7-element layout
+		}
+		evs = append(evs, ev)
+	}
+	evs = append(evs, []any{"BlockRemoved", []any{1, 2}, "CPU_PINNED"})
+	p := mp([]any{ts15, evs, 1})
+	var d Decoder
+	var b Batch
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocs per decode, want 0", allocs)
+	}
+	if b.Events[0].CacheSalt != "tenant-a" || b.Events[2].SessionID != "session-0123456789" || b.Events[3].CacheSalt != "" {
+		t.Errorf("events %+v", b.Events)
 	}
 }
 
