@@ -246,8 +246,8 @@ type run struct {
 	replayFrom   uint64      // the latest replay request's first seq
 	wasDegraded  bool
 	wasTruncated bool
-	corrupt      bool // the last reset came from a batch that could not be decoded
-	expired      bool // the session deadline timer fired
+	corrupt      string // why the last reset came from a bad batch ("" if it did not)
+	expired      bool   // the session deadline timer fired
 	session      replaySession
 	logs         logLimiter
 }
@@ -480,15 +480,22 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 	r.publish()
 }
 
-// apply decodes and applies one batch. A batch that cannot be decoded is
-// dropped and the cursor told: it returns the cursor's reset actions.
+// apply decodes and applies one batch. A batch that cannot be decoded, or
+// that left out an event that may have removed blocks (Skips.Lossy), is
+// dropped and the cursor told: it returns the cursor's reset actions. A
+// batch that left out only BlockStored events is applied, and the rank
+// marked degraded (a strict subset) without a reset.
 func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
-		r.corrupt = true
+		r.corrupt = "a batch could not be decoded"
 		r.log(slog.LevelWarn, "corrupt", time.Minute, "batch cannot be decoded: rank reset and marked degraded", "seq", seq, "err", err)
 		return r.cur.Corrupt()
+	}
+	skips := &r.batch.Skipped
+	if skips.First != nil {
+		r.countSkips(skips)
 	}
 	rank := src.rank()
 	if r.batch.HasDPRank && uint32(r.batch.DPRank) != src.Rank {
@@ -497,6 +504,22 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 			return nil
 		}
 		rank.DPRank = uint32(r.batch.DPRank)
+	}
+	if skips.Lossy() {
+		// Applying the rest would keep what the skipped event removed.
+		// Resetting clears everything anyway, so nothing is applied.
+		r.drop("lossy")
+		r.corrupt = "a batch had an undecodable event that may have removed blocks"
+		r.log(slog.LevelWarn, "lossy", time.Minute, "batch has undecodable events that may have removed blocks: rank reset and marked degraded",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
+		if rank != src.rank() {
+			// Stamped with another registered rank: that rank may hold
+			// what was removed too.
+			if err := r.s.app.ResetRank(rank); err != nil && !errors.Is(err, ErrFenced) {
+				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", rank.DPRank, "err", err)
+			}
+		}
+		return r.cur.Corrupt()
 	}
 	if err := r.s.app.ApplyBatch(rank, seq, digest, &r.batch); err != nil {
 		if !errors.Is(err, ErrFenced) { // fenced: the stream is being stopped
@@ -532,7 +555,41 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	if cleared {
 		r.cur.ObserveCleared()
 	}
+	if skips.First != nil && skippedAfterClear(&r.batch) {
+		// After ObserveCleared: a store skipped after the batch's last
+		// AllBlocksCleared is missing from the rank whatever came before.
+		r.cur.Degrade()
+		r.log(slog.LevelWarn, "subset", time.Minute, "batch has undecodable BlockStored events: applied without them, rank marked degraded (it lacks their blocks)",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
+	}
 	return nil
+}
+
+// skippedAfterClear reports whether b skipped an event after its last
+// AllBlocksCleared (or has none): a skip before a clear leaves nothing
+// missing.
+func skippedAfterClear(b *Batch) bool {
+	for i := len(b.Events) - 1; i >= 0; i-- {
+		if b.Events[i].Kind == KindAllBlocksCleared {
+			return b.Skipped.Last > i
+		}
+	}
+	return b.Skipped.Total() > 0
+}
+
+// countSkips counts a batch's skipped events in the metrics.
+func (r *run) countSkips(s *Skips) {
+	m := r.s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	for k := range s.N {
+		for i, n := range s.N[k] {
+			if n > 0 {
+				m.skipped.WithLabelValues(r.labels[0], r.labels[1], SkipKind(k).String(), SkipReasons[i]).Add(float64(n))
+			}
+		}
+	}
 }
 
 // errPreempted ends a replay attempt whose slot was given to a waiting
@@ -816,8 +873,8 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 	if st.LostHistory > p.LostHistory {
 		reason := "the engine no longer has the batches"
 		switch {
-		case r.corrupt:
-			reason = "a batch could not be decoded"
+		case r.corrupt != "":
+			reason = r.corrupt
 		case !r.s.cfg.Cursor.HasReplay:
 			reason = "no replay endpoint"
 		case r.expired:
@@ -827,7 +884,7 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 		}
 		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", reason, "took", took)...)
 	}
-	r.corrupt, r.expired = false, false
+	r.corrupt, r.expired = "", false
 	if truncated && !r.wasTruncated {
 		r.log(slog.LevelWarn, "truncated", time.Minute, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", seqs()...)
 	}
