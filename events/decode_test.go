@@ -213,6 +213,20 @@ func TestDecodeVariants(t *testing.T) {
 					return e
 				}(),
 				func() Event { e := stored91(); e.LoraName = "adapter-a"; return e }())},
+		{"SGLang 15-element variant: vLLM's 12 positions, locality, ownership, metadata; 8-element remove; clear with a nil",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", nil,
+					[]any{[]any{CacheSaltPrefix + "tenant-a"}}, nil, nil, nil, nil, nil, kvs{"cache_salt", "tenant-a"}},
+				[]any{"BlockRemoved", []any{H}, "GPU", nil, nil, nil, nil, nil},
+				[]any{"AllBlocksCleared", nil},
+			}, 0}),
+			batchOf(0, true,
+				func() Event {
+					e := stored91()
+					e.ExtraKeysRaw = mp([]any{[]any{CacheSaltPrefix + "tenant-a"}})
+					e.CacheSalt = "tenant-a"
+					return e
+				}(), removedH, cleared)},
 		{"SGLang media and 3-element BlockRemoved",
 			mp([]any{ts15, []any{
 				[]any{"BlockRemoved", []any{H}, "CPU_PINNED"}, []any{"BlockRemoved", []any{H}, "DISK"},
