@@ -252,7 +252,7 @@ type run struct {
 	replayFrom   uint64      // the latest replay request's first seq
 	wasDegraded  bool
 	wasTruncated bool
-	corrupt      bool   // the last reset came from a batch that could not be decoded
+	corrupt      string // why the last reset came from a bad batch ("" if it did not)
 	degradedWhy  string // why the cursor is degraded, recorded with each batch
 	expired      bool   // the session deadline timer fired
 	session      replaySession
@@ -497,15 +497,22 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 	r.publish()
 }
 
-// apply decodes and applies one batch. A batch that cannot be decoded is
-// dropped and the cursor told: it returns the cursor's reset actions.
+// apply decodes and applies one batch. A batch that cannot be decoded, or
+// that left out an event that may have removed blocks (Skips.Lossy), is
+// dropped and the cursor told: it returns the cursor's reset actions. A
+// batch that left out only BlockStored events is applied, and the rank
+// marked degraded (a strict subset) without a reset.
 func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
-		r.corrupt = true
+		r.corrupt = "a batch could not be decoded"
 		r.log(slog.LevelWarn, "corrupt", time.Minute, "batch cannot be decoded: rank reset and marked degraded", "seq", seq, "err", err)
 		return r.cur.Corrupt()
+	}
+	skips := &r.batch.Skipped
+	if skips.First != nil {
+		r.countSkips(skips)
 	}
 	rank := src.rank()
 	if r.batch.HasDPRank && uint32(r.batch.DPRank) != src.Rank {
@@ -514,6 +521,22 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 			return nil
 		}
 		rank.DPRank = uint32(r.batch.DPRank)
+	}
+	if skips.Lossy() {
+		// Applying the rest would keep what the skipped event removed.
+		// Resetting clears everything anyway, so nothing is applied.
+		r.drop("lossy")
+		r.corrupt = "a batch had an undecodable event that may have removed blocks"
+		r.log(slog.LevelWarn, "lossy", time.Minute, "batch has undecodable events that may have removed blocks: rank reset and marked degraded",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
+		if rank != src.rank() {
+			// Stamped with another registered rank: that rank may hold
+			// what was removed too.
+			if err := r.s.app.ResetRank(rank, true, "lost history: "+r.corrupt); err != nil && !errors.Is(err, ErrFenced) {
+				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", rank.DPRank, "err", err)
+			}
+		}
+		return r.cur.Corrupt()
 	}
 	var stored, removed, clears float64
 	for i := range r.batch.Events {
@@ -526,10 +549,16 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 			clears++
 		}
 	}
+	// A store skipped after the batch's last AllBlocksCleared is missing
+	// from the rank whatever came before: degraded, without a reset.
+	subset := skips.First != nil && skippedAfterClear(&r.batch)
 	// The rank's state after the batch goes in with it: an AllBlocksCleared
-	// lifts degraded (ObserveCleared below).
+	// lifts degraded (ObserveCleared below), a skipped store sets it.
 	mark := indexer.Mark{Seq: seq, Digest: digest, Degraded: r.cur.Degraded() && clears == 0}
-	if mark.Degraded {
+	switch {
+	case subset:
+		mark.Degraded, mark.Reason = true, "a BlockStored event could not be decoded: the rank lacks its blocks"
+	case mark.Degraded:
 		mark.Reason = r.degradedWhy
 	}
 	if err := r.s.app.ApplyBatch(rank, mark, &r.batch); err != nil {
@@ -550,7 +579,40 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 		r.cur.ObserveCleared()
 		r.degradedWhy = ""
 	}
+	if subset {
+		r.cur.Degrade() // after ObserveCleared, which it overrides
+		r.degradedWhy = mark.Reason
+		r.log(slog.LevelWarn, "subset", time.Minute, "batch has undecodable BlockStored events: applied without them, rank marked degraded (it lacks their blocks)",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
+	}
 	return nil
+}
+
+// skippedAfterClear reports whether b skipped an event after its last
+// AllBlocksCleared (or has none): a skip before a clear leaves nothing
+// missing.
+func skippedAfterClear(b *Batch) bool {
+	for i := len(b.Events) - 1; i >= 0; i-- {
+		if b.Events[i].Kind == KindAllBlocksCleared {
+			return b.Skipped.Last > i
+		}
+	}
+	return b.Skipped.Total() > 0
+}
+
+// countSkips counts a batch's skipped events in the metrics.
+func (r *run) countSkips(s *Skips) {
+	m := r.s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	for k := range s.N {
+		for i, n := range s.N[k] {
+			if n > 0 {
+				m.skipped.WithLabelValues(r.labels[0], r.labels[1], SkipKind(k).String(), SkipReasons[i]).Add(float64(n))
+			}
+		}
+	}
 }
 
 // errPreempted ends a replay attempt whose slot was given to a waiting
@@ -837,7 +899,7 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 	if st.LostHistory > p.LostHistory {
 		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", r.lossReason(st, p), "took", took)...)
 	}
-	r.corrupt, r.expired = false, false
+	r.corrupt, r.expired = "", false
 	if truncated && !r.wasTruncated {
 		r.log(slog.LevelWarn, "truncated", time.Minute, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", seqs()...)
 	}
@@ -854,8 +916,8 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 // st.
 func (r *run) lossReason(st, p CursorStats) string {
 	switch {
-	case r.corrupt:
-		return "a batch could not be decoded"
+	case r.corrupt != "":
+		return r.corrupt
 	case !r.s.cfg.Cursor.HasReplay:
 		return "no replay endpoint"
 	case r.expired:
