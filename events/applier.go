@@ -27,14 +27,14 @@ var ErrFenced = errors.New("events: applier fenced: its rank left the index")
 var _ Applier = (*IndexApplier)(nil)
 
 // ApplyBatch implements Applier.
-func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error {
+func (a *IndexApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.fenced {
 		return ErrFenced
 	}
 	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
-	res, err := a.Index.ApplyBatch(a.Partition, r, seq, digest, a.ops)
+	res, err := a.Index.ApplyBatch(a.Partition, r, m, a.ops)
 	for i, n := range res.Skipped {
 		a.skipped[i] += n
 	}
@@ -42,13 +42,13 @@ func (a *IndexApplier) ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) 
 }
 
 // ResetRank implements Applier.
-func (a *IndexApplier) ResetRank(r indexer.Rank) error {
+func (a *IndexApplier) ResetRank(r indexer.Rank, degraded bool, reason string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.fenced {
 		return ErrFenced
 	}
-	return a.Index.Clear(a.Partition, r)
+	return a.Index.Reset(a.Partition, r, degraded, reason)
 }
 
 // Fence makes every later ApplyBatch and ResetRank fail with ErrFenced,

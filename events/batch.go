@@ -148,8 +148,9 @@ type Event struct {
 	// "" when nil or absent, which means GPU.
 	Medium   string
 	LoraName string
-	// CacheSalt is the map key "cache_salt" (SGLang) when present and
-	// non-empty; otherwise the first string with the prefix
+	// CacheSalt is the map key "cache_salt" (SGLang's map events, or the
+	// "cache_salt" of the metadata map SGLang appends at array position 7)
+	// when present and non-empty; otherwise the first string with the prefix
 	// "dynamo-cache-salt:" (prefix stripped) among the first block's
 	// extra_keys; otherwise "".
 	CacheSalt string
@@ -198,6 +199,91 @@ type Batch struct {
 	// found in Events, so tests can produce them.)
 	Unknown    int
 	UnknownTag string
+	// Skipped counts the events Decode could not decode and left out of
+	// Events (see Skips): a batch with skipped events still decodes.
+	Skipped Skips
+}
+
+// SkipKind is what a skipped event was, as far as its tag tells.
+type SkipKind uint8
+
+// The kinds of skipped events.
+const (
+	// SkipUntagged: the event has no readable tag (it is not a tagged
+	// array or map, or its tag is not a string), so it may have been a
+	// BlockRemoved or an AllBlocksCleared.
+	SkipUntagged SkipKind = iota
+	SkipStored            // a BlockStored
+	SkipRemoved           // a BlockRemoved
+	SkipCleared           // an AllBlocksCleared
+	NumSkipKinds
+)
+
+var skipKindNames = [NumSkipKinds]string{"untagged", "stored", "removed", "cleared"}
+
+// String returns "untagged", "stored", "removed" or "cleared" (a stable
+// metric label), or "SkipKind(n)".
+func (k SkipKind) String() string {
+	if k < NumSkipKinds {
+		return skipKindNames[k]
+	}
+	return "SkipKind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// SkipReasons are the DecodeError reasons an event can be skipped for, in
+// the order of Skips.N's second index: a value of the wrong type or range
+// in a known position (ReasonHash, ReasonToken, ReasonField), or an event
+// that is not a tagged array or map or is too short for its kind
+// (ReasonEvent). Structural damage (truncation, invalid msgpack) leaves
+// the end of the event unknown and fails the whole batch instead.
+var SkipReasons = [NumSkipReasons]string{ReasonEvent, ReasonHash, ReasonToken, ReasonField}
+
+// NumSkipReasons is len(SkipReasons).
+const NumSkipReasons = 4
+
+// Skips describes the events of one batch that Decode skipped. The zero
+// Skips is empty.
+type Skips struct {
+	// N counts the skipped events by kind and by reason (indexed like
+	// SkipReasons).
+	N [NumSkipKinds][NumSkipReasons]int
+	// First is the first skipped event's error (reason, offset in the
+	// payload, cause); nil when nothing was skipped.
+	First *DecodeError
+	// Last is where the last skipped event was: the number of events of
+	// Events decoded before it. (A skip before an AllBlocksCleared of the
+	// same batch leaves nothing missing.)
+	Last int
+}
+
+// Total returns the number of skipped events.
+func (s *Skips) Total() int {
+	n := 0
+	for k := range s.N {
+		for _, c := range s.N[k] {
+			n += c
+		}
+	}
+	return n
+}
+
+// Kind returns the number of skipped events of kind k.
+func (s *Skips) Kind(k SkipKind) int {
+	n := 0
+	for _, c := range s.N[k] {
+		n += c
+	}
+	return n
+}
+
+// Lossy reports whether a skipped event may have removed blocks: a
+// BlockRemoved, an AllBlocksCleared, or an event whose tag could not be
+// read. Applying the rest of such a batch could leave blocks indexed that
+// the engine no longer has; a batch whose skipped events are all
+// BlockStored is not lossy (the index then misses blocks the engine has,
+// a strict subset).
+func (s *Skips) Lossy() bool {
+	return s.Kind(SkipUntagged)+s.Kind(SkipRemoved)+s.Kind(SkipCleared) > 0
 }
 
 // Reset empties b, keeping its allocated storage for reuse.
@@ -208,6 +294,7 @@ func (b *Batch) Reset() {
 	b.HasDPRank = false
 	b.Unknown = 0
 	b.UnknownTag = ""
+	b.Skipped = Skips{}
 }
 
 // next extends b.Events by one event, reusing a previously allocated slot

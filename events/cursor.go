@@ -128,6 +128,7 @@ type CursorStats struct {
 	Suspects       uint64 // live batches at or below the applied seq that no recent digest vouched for (verified against the engine)
 	Probes         uint64 // replays asked for by Probe on a quiet stream
 	LostHistory    uint64 // times the rank was reset and marked degraded
+	Subsets        uint64 // times the rank was marked degraded without a reset (Degrade)
 	BufferedAtPeak int    // most live batches held at once
 }
 
@@ -239,8 +240,12 @@ func (c *Cursor) Connected(now time.Time) []Action {
 // then verifies, as after a reconnect, that the engine still has that
 // batch before resuming after it; otherwise it resets and replays from
 // SeqBase.
-func (c *Cursor) Resume(seq, digest uint64) {
-	c.applied, c.hasApplied, c.digest = seq, true, digest
+//
+// degraded says the restored state was degraded where it came from: the
+// rank stays degraded until what would have lifted it there
+// (AllBlocksCleared, a new incarnation replayed from SeqBase).
+func (c *Cursor) Resume(seq, digest uint64, degraded bool) {
+	c.applied, c.hasApplied, c.digest, c.degraded = seq, true, digest, degraded
 	c.recent[seq%recentBatches] = recentBatch{seq: seq, digest: digest, ok: true}
 }
 
@@ -281,15 +286,27 @@ func (c *Cursor) Probe(now time.Time) []Action {
 	return c.out
 }
 
-// Corrupt is called when an applied batch could not be decoded: whatever
-// it removed may still be indexed, so the rank is reset and degraded. The
-// stream carries on after that seq.
+// Corrupt is called when an applied batch could not be decoded, or left
+// out an event that may have removed blocks: whatever it removed may still
+// be indexed, so the rank is reset and degraded. The stream carries on
+// after that seq.
 func (c *Cursor) Corrupt() []Action {
 	c.out = c.out[:0]
 	c.stats.LostHistory++
 	c.emit(Action{Kind: ActReset})
 	c.degraded = true
 	return c.out
+}
+
+// Degrade is called when an applied batch left out events that would
+// have added blocks (BlockStored events that could not be decoded): the
+// rank now holds a strict subset of the engine's cache. Nothing it holds
+// is wrong, so it is not reset; it is marked degraded until, as after lost
+// history, an AllBlocksCleared or a complete replay of a new incarnation.
+// A batch that may have lost a remove is Corrupt instead.
+func (c *Cursor) Degrade() {
+	c.stats.Subsets++
+	c.degraded = true
 }
 
 // Live handles a batch received on the live socket.

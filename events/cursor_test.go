@@ -29,12 +29,13 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	rend [a=N] [t=MS]                      the replay end marker
 //	rfail [a=N] [t=MS]                     the attempt ended incomplete (timeout, EOF)
 //	cleared                              the last applied batch held AllBlocksCleared
-//	corrupt                              the last applied batch could not be decoded
+//	corrupt                              the last applied batch could not be decoded (or lost a remove)
+//	degrade                              the last applied batch left out stores it could not decode
 //	probe [t=MS]                         the live socket has been quiet
 //	expire [t=MS]                        the session deadline timer fired
 //	waited ms=N                          an attempt waited N ms for a replay slot
 //	deadline                             print the session deadline (ms since the start) or "none"
-//	resume seq=N [p=PAYLOAD]             state restored from a peer up to seq N (digest of the payload)
+//	resume seq=N [p=PAYLOAD] [degraded=true]  state restored from a peer up to seq N (digest of the payload), degraded there or not
 //	stats
 func TestCursorScenarios(t *testing.T) {
 	files, err := filepath.Glob("testdata/cursor/*.txt")
@@ -177,6 +178,8 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		sc.c.ObserveCleared()
 	case "corrupt":
 		acts = sc.c.Corrupt()
+	case "degrade":
+		sc.c.Degrade()
 	case "probe":
 		acts = sc.c.Probe(sc.now)
 	case "expire":
@@ -190,11 +193,15 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 		return []string{"deadline=none"}
 	case "resume":
 		seq := num("seq", 0)
-		sc.c.Resume(seq, xxh3.Hash(payload(seq)))
+		sc.c.Resume(seq, xxh3.Hash(payload(seq)), args["degraded"] == "true")
 	case "stats":
 		s := sc.c.Stats()
-		return []string{fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d suspects=%d lost=%d probes=%d peak=%d",
-			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.Suspects, s.LostHistory, s.Probes, s.BufferedAtPeak)}
+		line := fmt.Sprintf("gaps=%d dups=%d restarts=%d replays=%d ok=%d failed=%d attempts=%d incomplete=%d overflows=%d verified=%d suspects=%d lost=%d probes=%d peak=%d",
+			s.Gaps, s.Duplicates, s.Restarts, s.Replays, s.ReplaysOK, s.ReplaysFailed, s.Attempts, s.Incomplete, s.Overflows, s.Verified, s.Suspects, s.LostHistory, s.Probes, s.BufferedAtPeak)
+		if s.Subsets > 0 {
+			line += fmt.Sprintf(" subsets=%d", s.Subsets)
+		}
+		return []string{line}
 	default:
 		t.Fatalf("%s:%d: unknown command %q", path, lineNo, fields[0])
 	}

@@ -80,7 +80,9 @@ type Decoder struct {
 //     (BlockStored [tag, block_hashes, parent_block_hash, token_ids,
 //     block_size, lora_id, medium, lora_name, extra_keys, group_idx,
 //     kv_cache_spec_kind, kv_cache_spec_sliding_window], BlockRemoved [tag,
-//     block_hashes, medium, group_idx]); from position 5 of a BlockStored, a
+//     block_hashes, medium, group_idx]); a map at BlockStored position 7 is
+//     SGLang's metadata struct ("cache_salt", "session_id") instead of
+//     lora_name; from position 5 of a BlockStored, a
 //     string selects the Dynamo mocker's compact layout [.., block_size,
 //     medium, group_idx], and in a BlockRemoved an int at position 2 is the
 //     mocker's group_idx. Maps: "type" may be anywhere; fields by name;
@@ -90,11 +92,21 @@ type Decoder struct {
 //     Events, and decoding continues.
 //   - nil for any field means absent.
 //
-// Errors: a malformed element anywhere (including inside a single event, e.g.
-// a float block hash) fails the whole batch with a *DecodeError matching
-// ErrMalformed, and b is left empty. Partially applying a batch would make
-// the index diverge from the engine in ways a later replay cannot detect, so
-// the caller drops (and counts) the whole batch instead.
+// Skipped events: an event that is well-formed msgpack but cannot be
+// decoded (a value of the wrong type or range in a known position, e.g. a
+// float block hash or a map where a string belongs; an event that is not a
+// tagged array or map; a tag that is not a string; too few elements for its
+// kind) is left out of Events and counted in b.Skipped by the kind its tag
+// named and the reason; the rest of the batch is decoded and Decode returns
+// nil. Whether the rest may be applied is the caller's decision: see
+// Skips.Lossy (a skipped BlockRemoved, AllBlocksCleared or untagged event
+// may have removed blocks; a skipped BlockStored only leaves the index a
+// subset).
+//
+// Errors: damage that leaves the end of an event unknown (truncation, an
+// invalid msgpack byte), and anything wrong outside the events (the
+// envelope, ts, the rank, trailing bytes) fail the whole batch with a
+// *DecodeError matching ErrMalformed, and b is left empty.
 //
 // Hostile input: Decode never panics, and checks every header's element
 // count against the remaining bytes before growing anything (every msgpack
@@ -102,7 +114,8 @@ type Decoder struct {
 // costs nothing. Memory is bounded by the payload: at most 8 bytes of
 // BlockHashes or 4 bytes of TokenIDs per payload byte, a copy of extra_keys,
 // and one Event (about 290 bytes on 64-bit platforms) per event, where the
-// smallest event takes 2 bytes. Hence a payload of N bytes can make Events
+// smallest event takes 2 bytes. A skipped event costs a counter; only the
+// first one's error is built. Hence a payload of N bytes can make Events
 // grow to roughly 150×N (300×N transiently while the slice doubles);
 // subscribers must cap the frame size (e.g. ZMQ_MAXMSGSIZE).
 func (d *Decoder) Decode(payload []byte, b *Batch) error {
@@ -114,6 +127,10 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 	}
 	err := d.r.err
 	d.r = reader{} // do not retain the payload
+	if err == errQuiet {
+		// Never: events resolves every quiet failure.
+		err = &DecodeError{Reason: ReasonEvent, Offset: 0, Err: errors.New("unresolved skipped event")}
+	}
 	if err != nil {
 		b.Reset()
 		return err
@@ -122,12 +139,22 @@ func (d *Decoder) Decode(payload []byte, b *Batch) error {
 }
 
 // reader is a cursor over a payload with a sticky first error: once err is
-// set, every method is a no-op.
+// set, every method is a no-op (until events clears it to skip an event).
 type reader struct {
 	p   []byte // unread input
 	n   int    // length of the whole payload, for offsets
 	err error
+	// quiet is set once the batch has skipped an event: the first skip's
+	// error is kept (Skips.First), later ones need only their reason, so
+	// fail records it in qreason without building an error.
+	quiet   bool
+	qreason string
 }
+
+// errQuiet is r.err for a failure recorded quietly (its reason in
+// qreason); events either skips the event or replaces it with a full
+// error, so Decode never returns it.
+var errQuiet = &DecodeError{Reason: ReasonEvent, Err: errors.New("skipped event")}
 
 // fail records the first error. at is the input starting at the offending
 // element.
@@ -138,7 +165,25 @@ func (r *reader) fail(reason string, at []byte, err error) {
 	if errors.Is(err, errShort) {
 		reason = ReasonTruncated
 	}
+	if r.quiet && reason != ReasonTruncated {
+		r.err, r.qreason = errQuiet, reason
+		return
+	}
 	r.err = &DecodeError{Reason: reason, Offset: r.n - len(at), Err: err}
+}
+
+// failEvent fails for reason with an error built only when it is kept
+// (not quiet): the cheap path for the failures a stream of tiny bogus
+// events can repeat.
+func (r *reader) failEvent(reason string, at []byte, mk func() error) {
+	if r.err != nil {
+		return
+	}
+	if r.quiet {
+		r.err, r.qreason = errQuiet, reason
+		return
+	}
+	r.fail(reason, at, mk())
 }
 
 // fieldError names the field whose value was rejected. It is built only on
@@ -306,7 +351,7 @@ func (r *reader) envelope(b *Batch) {
 			}
 		}
 		if r.err == nil && !sawEvents {
-			r.fail(ReasonEnvelope, at, errors.New(`map EventBatch has no "events" key`))
+			r.fail(ReasonEnvelope, at, errMapNoEvents)
 		}
 	default:
 		r.fail(ReasonEnvelope, r.p, wireTypeError{want: "EventBatch (array or map)", got: c})
@@ -362,14 +407,24 @@ func (r *reader) rank(b *Batch) {
 	b.DPRank, b.HasDPRank = int32(v), ok
 }
 
-// events decodes the events array into b.Events.
+// events decodes the events array into b.Events. An event that fails to
+// decode is skipped (see skipEvent).
 func (r *reader) events(b *Batch) {
 	n := r.arrayHeader(ReasonEnvelope, "events (array)")
 	b.Events = b.Events[:0]
 	b.Unknown, b.UnknownTag = 0, ""
+	b.Skipped = Skips{}
+	defer func() { r.quiet = false }() // later failures are the envelope's
 	for i := uint32(0); i < n && r.err == nil; i++ {
+		start := r.p
 		ev, prev := b.next()
 		r.event(ev, &prev)
+		if r.err != nil {
+			kind := ev.Kind
+			b.Events = b.Events[:len(b.Events)-1]
+			r.skipEvent(b, start, kind)
+			continue
+		}
 		if ev.Kind == KindUnknown {
 			// Counted, not kept: a stream of tiny unknown events must not
 			// grow Events (each slot is hundreds of bytes) beyond what the
@@ -381,6 +436,55 @@ func (r *reader) events(b *Batch) {
 			b.Events = b.Events[:len(b.Events)-1]
 		}
 	}
+}
+
+// skipEvent handles an event whose decoding failed (r.err set), starting
+// at start, whose tag said kind (0 if the tag was not read). When the
+// failure is in a value (a per-event reason, see SkipReasons) and the
+// event is well-formed msgpack, the event is counted in b.Skipped and
+// decoding goes on after it. Otherwise its end is unknown, or the failure
+// was not the event's: r.err stays set and the batch fails.
+func (r *reader) skipEvent(b *Batch, start []byte, kind Kind) {
+	reason := r.qreason
+	if r.err != errQuiet {
+		var de *DecodeError
+		if !errors.As(r.err, &de) {
+			return
+		}
+		reason = de.Reason
+	}
+	ri := slices.Index(SkipReasons[:], reason)
+	if ri < 0 {
+		return // truncated: the batch fails
+	}
+	rest, err := skip(start)
+	if err != nil {
+		// Not well-formed msgpack (an invalid byte): where the event
+		// ends, and so where the next one starts, is unknown: that fails
+		// the batch (the error found first stays if it was this one).
+		var de *DecodeError
+		if r.err != errQuiet && errors.As(r.err, &de) && de.Offset == r.n-len(rest) {
+			return
+		}
+		r.err, r.quiet = nil, false
+		r.fail(ReasonEvent, rest, err)
+		return
+	}
+	k := SkipUntagged
+	switch kind {
+	case KindBlockStored:
+		k = SkipStored
+	case KindBlockRemoved:
+		k = SkipRemoved
+	case KindAllBlocksCleared:
+		k = SkipCleared
+	}
+	b.Skipped.N[k][ri]++
+	b.Skipped.Last = len(b.Events)
+	if r.err != errQuiet && b.Skipped.First == nil {
+		b.Skipped.First = r.err.(*DecodeError)
+	}
+	r.err, r.p, r.quiet = nil, rest, true
 }
 
 // event decodes one event, array or map.
@@ -396,9 +500,15 @@ func (r *reader) event(ev *Event, prev *prevStrings) {
 	case isMapPrefix(c):
 		r.mapEvent(ev, prev)
 	default:
-		r.fail(ReasonEvent, r.p, wireTypeError{want: "event (array or map)", got: c})
+		r.failEvent(ReasonEvent, r.p, func() error { return wireTypeError{want: "event (array or map)", got: c} })
 	}
 }
+
+var (
+	errEmptyEvent  = errors.New("empty event array")
+	errMapNoType   = errors.New(`map event has no "type" key`)
+	errMapNoEvents = errors.New(`map EventBatch has no "events" key`)
+)
 
 func kindOf(tag []byte) Kind {
 	switch string(tag) {
@@ -418,6 +528,10 @@ func (r *reader) tag(ev *Event, prev *prevStrings) {
 		return
 	}
 	at := r.p
+	if len(at) > 0 && !isStrPrefix(at[0]) {
+		r.failEvent(ReasonEvent, at, func() error { return wireTypeError{want: "event tag (str)", got: at[0]} })
+		return
+	}
 	t, rest, err := msgp.ReadStringZC(r.p)
 	if err != nil {
 		r.fail(ReasonEvent, at, mpErr(err, "event tag (str)", at))
@@ -438,7 +552,7 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 		return
 	}
 	if n == 0 {
-		r.fail(ReasonEvent, at, errors.New("empty event array"))
+		r.fail(ReasonEvent, at, errEmptyEvent)
 		return
 	}
 	r.tag(ev, prev)
@@ -446,7 +560,7 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 	switch ev.Kind {
 	case KindBlockStored:
 		if n < 5 {
-			r.fail(ReasonEvent, at, fmt.Errorf("BlockStored array has %d elements, want at least 5", n))
+			r.failEvent(ReasonEvent, at, func() error { return fmt.Errorf("BlockStored array has %d elements, want at least 5", n) })
 			return
 		}
 		ev.BlockHashes = r.hashes(ev.BlockHashes)
@@ -472,7 +586,14 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 				case 6:
 					ev.Medium = r.str("medium", prev.medium)
 				case 7:
-					ev.LoraName = r.str("lora_name", prev.loraName)
+					if c, ok := r.peek(); ok && isMapPrefix(c) {
+						// SGLang's BlockStoredWithMetadata: the 7-element
+						// BlockStored then a metadata struct, where vLLM
+						// has lora_name.
+						r.metadata(ev, prev)
+					} else {
+						ev.LoraName = r.str("lora_name", prev.loraName)
+					}
 				case 8:
 					ev.ExtraKeysRaw = r.raw(ev.ExtraKeysRaw)
 				case 9:
@@ -487,7 +608,7 @@ func (r *reader) arrayEvent(ev *Event, prev *prevStrings) {
 		r.saltFallback(ev, prev)
 	case KindBlockRemoved:
 		if n < 2 {
-			r.fail(ReasonEvent, at, fmt.Errorf("BlockRemoved array has %d elements, want at least 2", n))
+			r.failEvent(ReasonEvent, at, func() error { return fmt.Errorf("BlockRemoved array has %d elements, want at least 2", n) })
 			return
 		}
 		ev.BlockHashes = r.hashes(ev.BlockHashes)
@@ -533,7 +654,7 @@ func (r *reader) mapEvent(ev *Event, prev *prevStrings) {
 		return
 	}
 	if !found {
-		r.fail(ReasonEvent, at, errors.New(`map event has no "type" key`))
+		r.fail(ReasonEvent, at, errMapNoType)
 		return
 	}
 	if ev.Kind == KindUnknown || ev.Kind == KindAllBlocksCleared {
@@ -610,6 +731,31 @@ func (r *reader) field(ev *Event, key []byte, prev *prevStrings) {
 		ev.CacheSalt = r.str("cache_salt", prev.cacheSalt)
 	default:
 		r.skip(ReasonEvent)
+	}
+}
+
+// metadata decodes SGLang's BlockStoredMetadata, which its
+// BlockStoredWithMetadata appends after medium (array position 7) when a
+// request carries a cache salt (sgl-project/sglang PR #30827; session_id
+// since PR #37482). The struct is not array_like, so msgspec writes it as a
+// map: "cache_salt" and "session_id" (str or nil) are read, other keys
+// skipped.
+func (r *reader) metadata(ev *Event, prev *prevStrings) {
+	n := r.mapHeader(ReasonField, "metadata (map)")
+	for i := uint32(0); i < n && r.err == nil; i++ {
+		key, ok := r.key(ReasonField)
+		if !ok {
+			r.skip(ReasonField)
+			continue
+		}
+		switch string(key) {
+		case "cache_salt":
+			ev.CacheSalt = r.str("cache_salt", prev.cacheSalt)
+		case "session_id":
+			ev.SessionID = r.str("session_id", prev.sessionID)
+		default:
+			r.skip(ReasonField)
+		}
 	}
 }
 
@@ -744,16 +890,23 @@ func (r *reader) tokens(dst []uint32) []uint32 {
 			p = p[5:]
 			continue
 		}
+		if len(p) > 0 && !isIntPrefix(p[0]) {
+			at := p
+			r.failEvent(ReasonToken, at, func() error { return wireTypeError{want: "token id (int)", got: at[0]} })
+			return dst
+		}
 		bits, neg, rest, err := readInt(p, "token id (int)")
 		switch {
 		case err != nil:
-		case neg:
-			err = fmt.Errorf("token id %d is negative", int64(bits))
-		case bits > math.MaxUint32:
-			err = fmt.Errorf("token id %d exceeds 2^32-1", bits)
-		}
-		if err != nil {
 			r.fail(ReasonToken, p, err)
+			return dst
+		case neg || bits > math.MaxUint32:
+			r.failEvent(ReasonToken, p, func() error {
+				if neg {
+					return fmt.Errorf("token id %d is negative", int64(bits))
+				}
+				return fmt.Errorf("token id %d exceeds 2^32-1", bits)
+			})
 			return dst
 		}
 		dst = append(dst, uint32(bits))
@@ -769,6 +922,10 @@ func (r *reader) int64v(reason, name string) (v int64, ok bool) {
 		return 0, false
 	}
 	at := r.p
+	if len(at) > 0 && !isIntPrefix(at[0]) {
+		r.failEvent(reason, at, func() error { return fieldError{name, wireTypeError{want: "int or nil", got: at[0]}} })
+		return 0, false
+	}
 	bits, neg, rest, err := readInt(r.p, "int or nil")
 	if err != nil {
 		r.fail(reason, at, fieldError{name, err})
@@ -799,6 +956,10 @@ func (r *reader) str(name, prev string) string {
 		return ""
 	}
 	at := r.p
+	if len(at) > 0 && !isStrPrefix(at[0]) {
+		r.failEvent(ReasonField, at, func() error { return fieldError{name, wireTypeError{want: "str or nil", got: at[0]}} })
+		return ""
+	}
 	s, rest, err := msgp.ReadStringZC(r.p)
 	if err != nil {
 		r.fail(ReasonField, at, fieldError{name, mpErr(err, "str or nil", at)})

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 
@@ -184,6 +185,58 @@ func TestDecodeVariants(t *testing.T) {
 					e.ExtraKeysRaw = mp([]any{[]any{1, []any{"mm", 3}, "adapter", "dynamo-cache-salt"}})
 					return e
 				}())},
+		{"SGLang positional BlockStored, 7 elements, signed hash, attn_dp_rank",
+			mp([]any{ts15, []any{[]any{"BlockStored", []any{raw{0xd3, 0xfe, 0xdc, 0xba, 0x98, 0x76, 0x54, 0x32, 0x10}}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU"}}, 2}),
+			batchOf(2, true, stored91())},
+		{"SGLang BlockStoredWithMetadata: a metadata map at position 7 is not lora_name",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", "tenant-a"}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"session_id", "s-1", "cache_salt", "tenant-b", "future", []any{1, kvs{"x", 2}}}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", nil}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{}},
+			}, 0}),
+			batchOf(0, true,
+				func() Event { e := stored91(); e.CacheSalt = "tenant-a"; return e }(),
+				func() Event { e := stored91(); e.CacheSalt, e.SessionID = "tenant-b", "s-1"; return e }(),
+				stored91(), stored91())},
+		{"SGLang metadata salt wins over extra_keys; a string at position 7 is still lora_name",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", kvs{"cache_salt", "explicit"},
+					[]any{[]any{CacheSaltPrefix + "implied"}}},
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", "adapter-a"},
+			}, 0}),
+			batchOf(0, true,
+				func() Event {
+					e := stored91()
+					e.CacheSalt = "explicit"
+					e.ExtraKeysRaw = mp([]any{[]any{CacheSaltPrefix + "implied"}})
+					return e
+				}(),
+				func() Event { e := stored91(); e.LoraName = "adapter-a"; return e }())},
+		{"SGLang 15-element variant: vLLM's 12 positions, locality, ownership, metadata; 8-element remove; clear with a nil",
+			mp([]any{ts15, []any{
+				[]any{"BlockStored", []any{H}, nil, []any{1, 2, 3, 4}, 4, nil, "GPU", nil,
+					[]any{[]any{CacheSaltPrefix + "tenant-a"}}, nil, nil, nil, nil, nil, kvs{"cache_salt", "tenant-a"}},
+				[]any{"BlockRemoved", []any{H}, "GPU", nil, nil, nil, nil, nil},
+				[]any{"AllBlocksCleared", nil},
+			}, 0}),
+			batchOf(0, true,
+				func() Event {
+					e := stored91()
+					e.ExtraKeysRaw = mp([]any{[]any{CacheSaltPrefix + "tenant-a"}})
+					e.CacheSalt = "tenant-a"
+					return e
+				}(), removedH, cleared)},
+		{"SGLang media and 3-element BlockRemoved",
+			mp([]any{ts15, []any{
+				[]any{"BlockRemoved", []any{H}, "CPU_PINNED"}, []any{"BlockRemoved", []any{H}, "DISK"},
+				[]any{"BlockRemoved", []any{H}, "EXTERNAL"}, []any{"BlockRemoved", []any{H}, nil},
+			}, 1}),
+			batchOf(1, true,
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "CPU_PINNED"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "DISK"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "EXTERNAL"},
+				Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}})},
 		{"nil lists read as empty",
 			mp([]any{ts15, []any{kvs{"type", "BlockStored", "block_hashes", nil, "token_ids", nil}}, 0}),
 			batchOf(0, true, Event{Kind: KindBlockStored, Tag: TagBlockStored})},
@@ -280,10 +333,11 @@ func TestHashFromBytes(t *testing.T) {
 	}
 }
 
-// TestDecodeErrors: malformed input fails the whole batch with a typed error
-// naming the reason and the offset of the offending element.
+// TestDecodeErrors: damage outside the events (envelope, ts, rank,
+// trailing bytes) and damage that leaves an event's end unknown (invalid
+// msgpack) fail the whole batch with a typed error naming the reason and
+// the offset of the offending element.
 func TestDecodeErrors(t *testing.T) {
-	ev := func(e any) []byte { return mp([]any{ts15, []any{map91(), e}, 0}) }
 	stored := func(kv ...any) []byte {
 		return mp([]any{ts15, []any{append(kvs{"type", "BlockStored"}, kv...)}, 0})
 	}
@@ -308,36 +362,15 @@ func TestDecodeErrors(t *testing.T) {
 		{"rank overflows int64", mp([]any{ts15, []any{}, uint64(1 << 63)}), ReasonEnvelope, 11},
 		{"map envelope without events", mp(kvs{"ts", ts15}), ReasonEnvelope, 0},
 		{"trailing bytes", append(mp([]any{ts15, []any{}, 0}), 0xc0), ReasonTrailing, 12},
-		{"event is an int", ev(5), ReasonEvent, -1},
-		{"event is nil", ev(nil), ReasonEvent, -1},
-		{"empty event array", ev([]any{}), ReasonEvent, -1},
-		{"event tag is an int", ev([]any{1, 2}), ReasonEvent, -1},
-		{"map event without type", ev(kvs{"block_hashes", []any{}}), ReasonEvent, -1},
-		{"map event type is nil", ev(kvs{"type", nil}), ReasonEvent, -1},
-		{"BlockStored array too short", ev([]any{"BlockStored", []any{H}, nil, []any{}}), ReasonEvent, -1},
-		{"BlockRemoved array too short", ev([]any{"BlockRemoved"}), ReasonEvent, -1},
-		{"float hash", stored("block_hashes", []any{1.5}), ReasonHash, 43},
-		{"float32 hash", stored("block_hashes", []any{float32(1.5)}), ReasonHash, 43},
-		{"bool hash", stored("block_hashes", []any{true}), ReasonHash, 43},
-		{"nil in block_hashes", stored("block_hashes", []any{nil}), ReasonHash, 43},
-		{"array hash", stored("block_hashes", []any{[]any{1}}), ReasonHash, 43},
-		{"map hash", stored("block_hashes", []any{kvs{}}), ReasonHash, 43},
-		{"ext hash", stored("block_hashes", []any{raw{0xd4, 1, 1}}), ReasonHash, 43},
-		{"float parent", stored("parent_block_hash", 2.5), ReasonHash, 47},
-		{"block_hashes not a list", stored("block_hashes", 5), ReasonField, 42},
-		{"negative token", stored("token_ids", []any{1, -1}), ReasonToken, 41},
-		{"token > 2^32-1", stored("token_ids", []any{int64(math.MaxUint32) + 1}), ReasonToken, 40},
-		{"float token", stored("token_ids", []any{1.0}), ReasonToken, 40},
-		{"medium is an int", stored("medium", 1), ReasonField, 36},
-		{"block_size is a string", stored("block_size", "16"), ReasonField, 40},
-		{"lora_id overflows int64", stored("lora_id", uint64(1<<63)), ReasonField, 37},
-		{"group_idx is a float", stored("group_idx", 0.0), ReasonField, 39},
 		{"invalid msgpack byte in skipped value", stored("future", raw{0xc1}), ReasonEvent, 36},
-		{"invalid msgpack byte in extra_keys", stored("extra_keys", []any{raw{0xc1}}), ReasonField, 40},
-		{"mocker layout, group_idx is a string",
-			ev([]any{"BlockStored", []any{H}, nil, []any{}, 4, "GPU", "x"}), ReasonField, -1},
-		{"vLLM layout, medium is an int",
-			ev([]any{"BlockStored", []any{H}, nil, []any{}, 4, nil, 5}), ReasonField, -1},
+		{"invalid msgpack byte in extra_keys", stored("extra_keys", []any{raw{0xc1}}), ReasonEvent, 41},
+		{"invalid msgpack byte after a bad field",
+			stored("medium", 1, "future", raw{0xc1}), ReasonEvent, 44},
+		{"invalid msgpack byte in an event after a skipped one",
+			mp([]any{ts15, []any{kvs{"type", "BlockStored", "medium", 1}, kvs{"type", "BlockStored", "medium", 2, "x", raw{0xc1}}}, 0}),
+			ReasonEvent, 65},
+		{"rank is a string after a skipped event",
+			mp([]any{ts15, []any{kvs{"type", "BlockStored", "medium", 1}}, "0"}), ReasonEnvelope, -1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -356,10 +389,142 @@ func TestDecodeErrors(t *testing.T) {
 			if !strings.Contains(de.Error(), de.Reason) {
 				t.Errorf("Error() %q does not name the reason", de.Error())
 			}
-			if len(b.Events) != 0 || b.TS != 0 || b.HasDPRank || b.Unknown != 0 {
+			if len(b.Events) != 0 || b.TS != 0 || b.HasDPRank || b.Unknown != 0 || b.Skipped.Total() != 0 || b.Skipped.First != nil {
 				t.Errorf("batch not emptied after an error: %+v", b)
 			}
 		})
+	}
+}
+
+// TestDecodeSkips: an event that is well-formed msgpack but cannot be
+// decoded is skipped and counted by kind and reason, the rest of the batch
+// decodes, and Skips.Lossy tells whether the skipped event could have been
+// a remove.
+func TestDecodeSkips(t *testing.T) {
+	stored := func(kv ...any) any { return append(kvs{"type", "BlockStored"}, kv...) }
+	removedH := Event{Kind: KindBlockRemoved, Tag: TagBlockRemoved, BlockHashes: []uint64{H}, Medium: "GPU"}
+	tests := []struct {
+		name   string
+		event  any // decoded alone, then between two good events
+		kind   SkipKind
+		reason string
+		offset int // of the error in the payload [ts, [event], 0]; -1: not checked
+	}{
+		{"event is an int", 5, SkipUntagged, ReasonEvent, 11},
+		{"event is nil", nil, SkipUntagged, ReasonEvent, 11},
+		{"event is a string", "BlockRemoved", SkipUntagged, ReasonEvent, 11},
+		{"empty event array", []any{}, SkipUntagged, ReasonEvent, 11},
+		{"event tag is an int", []any{1, 2}, SkipUntagged, ReasonEvent, 12},
+		{"map event without type", kvs{"block_hashes", []any{}}, SkipUntagged, ReasonEvent, 11},
+		{"map event type is nil", kvs{"type", nil}, SkipUntagged, ReasonEvent, 17},
+		{"BlockStored array too short", []any{"BlockStored", []any{H}, nil, []any{}}, SkipStored, ReasonEvent, 11},
+		{"BlockRemoved array too short", []any{"BlockRemoved"}, SkipRemoved, ReasonEvent, 11},
+		{"float hash", stored("block_hashes", []any{1.5}), SkipStored, ReasonHash, 43},
+		{"float32 hash", stored("block_hashes", []any{float32(1.5)}), SkipStored, ReasonHash, 43},
+		{"bool hash", stored("block_hashes", []any{true}), SkipStored, ReasonHash, 43},
+		{"nil in block_hashes", stored("block_hashes", []any{nil}), SkipStored, ReasonHash, 43},
+		{"array hash", stored("block_hashes", []any{[]any{1}}), SkipStored, ReasonHash, 43},
+		{"map hash", stored("block_hashes", []any{kvs{}}), SkipStored, ReasonHash, 43},
+		{"ext hash", stored("block_hashes", []any{raw{0xd4, 1, 1}}), SkipStored, ReasonHash, 43},
+		{"float parent", stored("parent_block_hash", 2.5), SkipStored, ReasonHash, 47},
+		{"block_hashes not a list", stored("block_hashes", 5), SkipStored, ReasonField, 42},
+		{"negative token", stored("token_ids", []any{1, -1}), SkipStored, ReasonToken, 41},
+		{"token > 2^32-1", stored("token_ids", []any{int64(math.MaxUint32) + 1}), SkipStored, ReasonToken, 40},
+		{"float token", stored("token_ids", []any{1.0}), SkipStored, ReasonToken, 40},
+		{"EAGLE bigram token", stored("token_ids", []any{[]any{1, 2}}), SkipStored, ReasonToken, 40},
+		{"medium is an int", stored("medium", 1), SkipStored, ReasonField, 36},
+		{"block_size is a string", stored("block_size", "16"), SkipStored, ReasonField, 40},
+		{"lora_id overflows int64", stored("lora_id", uint64(1<<63)), SkipStored, ReasonField, 37},
+		{"group_idx is a float", stored("group_idx", 0.0), SkipStored, ReasonField, 39},
+		{"mocker layout, group_idx is a string",
+			[]any{"BlockStored", []any{H}, nil, []any{}, 4, "GPU", "x"}, SkipStored, ReasonField, -1},
+		{"vLLM layout, medium is an int",
+			[]any{"BlockStored", []any{H}, nil, []any{}, 4, nil, 5}, SkipStored, ReasonField, -1},
+		{"SGLang metadata, cache_salt is an int",
+			[]any{"BlockStored", []any{H}, nil, []any{}, 4, nil, "GPU", kvs{"cache_salt", 5}}, SkipStored, ReasonField, -1},
+		{"position 7 is an int", []any{"BlockStored", []any{H}, nil, []any{}, 4, nil, "GPU", 7}, SkipStored, ReasonField, -1},
+		{"BlockRemoved medium is an int", []any{"BlockRemoved", []any{H}, 5.5}, SkipRemoved, ReasonField, -1},
+		{"BlockRemoved float hash", kvs{"type", "BlockRemoved", "block_hashes", []any{1.5}}, SkipRemoved, ReasonHash, -1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			check := func(b *Batch, p []byte) {
+				t.Helper()
+				if got := b.Skipped.N[tc.kind][slices.Index(SkipReasons[:], tc.reason)]; got != 1 || b.Skipped.Total() != 1 {
+					t.Fatalf("skips %+v, want one %v/%s", b.Skipped.N, tc.kind, tc.reason)
+				}
+				if want := tc.kind != SkipStored; b.Skipped.Lossy() != want {
+					t.Errorf("Lossy() = %v, want %v", b.Skipped.Lossy(), want)
+				}
+				f := b.Skipped.First
+				if f == nil || f.Reason != tc.reason || !errors.Is(f, ErrMalformed) || f.Offset < 0 || f.Offset > len(p) {
+					t.Fatalf("First = %v, want reason %s", f, tc.reason)
+				}
+			}
+			var d Decoder
+			alone := mp([]any{ts15, []any{tc.event}, 0})
+			b := cloneBatch(typicalBatch())
+			if err := d.Decode(alone, b); err != nil {
+				t.Fatalf("Decode: %v", err)
+			}
+			check(b, alone)
+			if tc.offset >= 0 && b.Skipped.First.Offset != tc.offset {
+				t.Errorf("offset %d, want %d (%v; payload %x)", b.Skipped.First.Offset, tc.offset, b.Skipped.First, alone)
+			}
+			if len(b.Events) != 0 || !b.HasDPRank {
+				t.Errorf("batch %+v", b)
+			}
+			// Between good events of both eras, twice: the rest decodes.
+			mixed := mp([]any{ts15, []any{map91(), tc.event, []any{"BlockRemoved", []any{H}, "GPU"}}, 1})
+			for range 2 {
+				if err := d.Decode(mixed, b); err != nil {
+					t.Fatalf("Decode: %v", err)
+				}
+				check(b, mixed)
+				if diff := diffBatch(batchOf(1, true, stored91(), removedH), b); diff != "" {
+					t.Fatal(diff)
+				}
+			}
+			// A clean batch after it reports nothing skipped.
+			if err := d.Decode(mp([]any{ts15, []any{map91()}, 0}), b); err != nil || b.Skipped.Total() != 0 || b.Skipped.First != nil {
+				t.Fatalf("clean batch after a skip: %v %+v", err, b.Skipped)
+			}
+		})
+	}
+}
+
+// TestDecodeSkipsCounted: several skipped events of every kind in one batch
+// are all counted, the first one's error kept; unknown tags are counted
+// apart (Unknown) and do not make a batch lossy.
+func TestDecodeSkipsCounted(t *testing.T) {
+	p := mp([]any{ts15, []any{
+		kvs{"type", "BlockStored", "token_ids", []any{-1}},
+		map91(),
+		kvs{"type", "BlockStored", "medium", 1},
+		[]any{"BlockMoved", 1},
+		kvs{"type", "BlockStored", "block_hashes", []any{1.5}},
+	}, 0})
+	var d Decoder
+	var b Batch
+	if err := d.Decode(p, &b); err != nil {
+		t.Fatal(err)
+	}
+	want := Skips{}
+	want.N[SkipStored][2] = 1 // token
+	want.N[SkipStored][3] = 1 // field
+	want.N[SkipStored][1] = 1 // hash
+	if b.Skipped.N != want.N || b.Skipped.Lossy() || b.Skipped.First.Reason != ReasonToken || len(b.Events) != 1 || b.Unknown != 1 {
+		t.Fatalf("batch %+v skips %+v first %v", b, b.Skipped.N, b.Skipped.First)
+	}
+	p = mp([]any{ts15, []any{kvs{"type", "BlockRemoved", "block_hashes", 1}, []any{"AllBlocksCleared"}, 7, map91(), []any{"AllBlocksCleared"}}, 0})
+	if err := d.Decode(p, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Skipped.Kind(SkipRemoved) != 1 || b.Skipped.Kind(SkipUntagged) != 1 || !b.Skipped.Lossy() || len(b.Events) != 3 {
+		t.Fatalf("batch %+v skips %+v", b, b.Skipped.N)
+	}
+	if SkipStored.String() != "stored" || SkipUntagged.String() != "untagged" || SkipKind(9).String() != "SkipKind(9)" {
+		t.Error("SkipKind.String")
 	}
 }
 
@@ -454,6 +619,42 @@ func TestDecodeHostile(t *testing.T) {
 	}
 }
 
+// TestDecodeHostileSkips: a batch of 100,000 tiny undecodable events of
+// every kind is skipped event by event at a cost that does not grow with
+// their number: only the first one's error is built.
+func TestDecodeHostileSkips(t *testing.T) {
+	const n = 100_000
+	var evs bytes.Buffer
+	bad := [][]byte{
+		{0x05},                    // not an array or map
+		{0x90},                    // empty array
+		{0x91, 0x07},              // tag not a string
+		{0x80},                    // map without type
+		mp([]any{"BlockRemoved"}), // too short
+		mp(kvs{"type", "BlockStored", "medium", 1}),
+		mp(kvs{"type", "BlockStored", "block_size", "16"}),
+		mp(kvs{"type", "BlockStored", "block_hashes", []any{1.5}}),
+		mp(kvs{"type", "BlockStored", "token_ids", []any{-1}}),
+		mp(kvs{"type", "BlockStored", "token_ids", []any{"x"}}),
+		mp([]any{"BlockStored", []any{1}, nil, []any{1}, 4, nil, "GPU", 5}),
+	}
+	for i := 0; i < n; i++ {
+		evs.Write(bad[i%len(bad)])
+	}
+	p := bytes.Join([][]byte{{0x93, 0xcb, 0x3f, 0xf8, 0, 0, 0, 0, 0, 0, 0xdd, 0, 0x01, 0x86, 0xa0}, evs.Bytes(), {0}}, nil)
+	var d Decoder
+	var b Batch
+	if err := d.Decode(p, &b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Skipped.Total() != n || !b.Skipped.Lossy() || len(b.Events) != 0 || cap(b.Events) > 1 {
+		t.Fatalf("skips %+v, %d events (cap %d)", b.Skipped.N, len(b.Events), cap(b.Events))
+	}
+	if a := measure(5, func() { _ = d.Decode(p, &b) }); a > 4<<10 {
+		t.Errorf("%d bytes allocated per decode of %d skipped events", a, n)
+	}
+}
+
 // TestDecodeZeroAllocs: decoding typical batches repeatedly into a reused
 // Batch allocates nothing, including interned and repeated strings.
 func TestDecodeZeroAllocs(t *testing.T) {
@@ -506,6 +707,44 @@ func TestDecodeZeroAllocs(t *testing.T) {
 				t.Error(diff)
 			}
 		})
+	}
+}
+
+// TestDecodeZeroAllocsSGLang: SGLang's salted positional events (the
+// metadata map at position 7) decode into a reused Batch without
+// allocating, like the layouts the Encoder writes.
+func TestDecodeZeroAllocsSGLang(t *testing.T) {
+	var evs []any
+	for i := range 4 {
+		hashes := make([]any, 16)
+		for j := range hashes {
+			hashes[j] = int64(i*16 + j - 40) // signed, some negative
+		}
+		tokens := make([]any, 16*16)
+		for j := range tokens {
+			tokens[j] = 1000 + j
+		}
+		var meta any = kvs{"cache_salt", "tenant-" + string(rune('a'+i)), "session_id", "session-0123456789"}
+		ev := []any{"BlockStored", hashes, nil, tokens, 16, nil, "GPU", meta}
+		if i == 3 {
+			ev = ev[:7] // unsalted: the 7-element layout
+		}
+		evs = append(evs, ev)
+	}
+	evs = append(evs, []any{"BlockRemoved", []any{1, 2}, "CPU_PINNED"})
+	p := mp([]any{ts15, evs, 1})
+	var d Decoder
+	var b Batch
+	allocs := testing.AllocsPerRun(100, func() {
+		if err := d.Decode(p, &b); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Errorf("%v allocs per decode, want 0", allocs)
+	}
+	if b.Events[0].CacheSalt != "tenant-a" || b.Events[2].SessionID != "session-0123456789" || b.Events[3].CacheSalt != "" {
+		t.Errorf("events %+v", b.Events)
 	}
 }
 

@@ -2,6 +2,7 @@ package events
 
 import (
 	"errors"
+	"slices"
 	"testing"
 )
 
@@ -20,6 +21,8 @@ func FuzzDecode(f *testing.F) {
 	f.Add(mp([]any{ts15, []any{[]any{"BlockStored", []any{H}, nil, []any{1, 2}, 4, "GPU", 0}, []any{"BlockRemoved", []any{H}}}}))
 	f.Add(mp(kvs{"events", []any{append(map91()[2:], "type", "BlockStored", "extra_keys", []any{[]any{CacheSaltPrefix + "x"}})}, "dp_rank", 1, "ts", 2}))
 	f.Add(mp([]any{ts15, []any{kvs{"type", "BlockMoved", "x", 1}, kvs{"type", "BlockRemoved", "block_hashes", []any{raw{0xc4, 4, 1, 2, 3, 4}}, "locality", "REMOTE"}}, nil, 7}))
+	f.Add(mp([]any{ts15, []any{[]any{"BlockStored", []any{-5}, nil, []any{1, 2}, 2, nil, "GPU", kvs{"cache_salt", "s", "session_id", "x"}},
+		kvs{"type", "BlockStored", "token_ids", []any{-1}}, 5, []any{"BlockRemoved", []any{1.5}}, []any{"BlockRemoved", []any{1}, "DISK"}}, 3}))
 
 	dirty := cloneBatch(typ)
 	f.Fuzz(func(t *testing.T, p []byte) {
@@ -53,6 +56,17 @@ func FuzzDecode(f *testing.F) {
 		if diff := diffBatch(&fresh, reused); diff != "" {
 			t.Fatalf("reused batch differs from fresh: %s", diff)
 		}
-		checkReencode(t, &fresh)
+		if fs, rs := fresh.Skipped, reused.Skipped; fs.N != rs.N || (fs.First == nil) != (rs.First == nil) ||
+			(fs.First != nil && (fs.First.Reason != rs.First.Reason || fs.First.Offset != rs.First.Offset)) {
+			t.Fatalf("skips: fresh %+v, reused %+v", fresh.Skipped, reused.Skipped)
+		}
+		if f := fresh.Skipped.First; (f == nil) != (fresh.Skipped.Total() == 0) ||
+			(f != nil && (f.Offset < 0 || f.Offset > len(p) || !errors.Is(f, ErrMalformed) || !slices.Contains(SkipReasons[:], f.Reason))) {
+			t.Fatalf("skips %+v, first %v", fresh.Skipped.N, f)
+		}
+		if len(fresh.Events)+fresh.Unknown+fresh.Skipped.Total() > len(p) {
+			t.Fatalf("%d events, %d unknown, %d skipped from %d bytes", len(fresh.Events), fresh.Unknown, fresh.Skipped.Total(), len(p))
+		}
+		checkReencode(t, &fresh) // the re-encoding has only the decoded events
 	})
 }

@@ -62,6 +62,56 @@ func TestGoldenConstants(t *testing.T) {
 	}
 }
 
+// TestGoldenConstantsProducers pins the SGLang and TensorRT-LLM vectors'
+// key expectations (salts, signed hashes, ranks, media) independently of
+// the JSON file.
+func TestGoldenConstantsProducers(t *testing.T) {
+	byName := map[string]*Batch{}
+	for _, v := range loadVectors(t) {
+		var d Decoder
+		var b Batch
+		if err := d.Decode(v.payload(t), &b); err != nil {
+			t.Fatalf("%s: %v", v.Name, err)
+		}
+		if b.Skipped.Total() != 0 || b.Unknown != 0 {
+			t.Errorf("%s: skipped %+v, unknown %d", v.Name, b.Skipped.N, b.Unknown)
+		}
+		byName[v.Name] = &b
+	}
+	get := func(name string) *Batch {
+		b, ok := byName[name]
+		if !ok {
+			t.Fatalf("no vector %q", name)
+		}
+		return b
+	}
+	if b := get("SGLang positional BlockStored, unsalted (7 elements), attn_dp_rank 0"); b.Events[0].BlockHashes[0] != H || b.Events[0].CacheSalt != "" || b.Events[0].LoraName != "" {
+		t.Errorf("SGLang unsalted: %+v", b.Events[0])
+	}
+	if b := get("SGLang BlockStoredWithMetadata, salted (8 elements, metadata map), attn_dp_rank 1"); b.DPRank != 1 ||
+		b.Events[0].CacheSalt != "tenant-a" || b.Events[0].LoraName != "" || b.Events[0].ParentHash != 0xFFFFFFFFFFFFFFF9 {
+		t.Errorf("SGLang salted: rank %d %+v", b.DPRank, b.Events[0])
+	}
+	if b := get("SGLang BlockRemoved (3 elements) on every medium, AllBlocksCleared, attn_dp_rank 2"); b.DPRank != 2 || len(b.Events) != 4 ||
+		b.Events[0].Medium != "CPU_PINNED" || b.Events[1].Medium != "DISK" || b.Events[2].Medium != "EXTERNAL" || b.Events[3].Kind != KindAllBlocksCleared {
+		t.Errorf("SGLang removes: %+v", b)
+	}
+	if b := get("SGLang mixed batch: unsalted store, salted store with session_id, remove, attn_dp_rank 3"); b.DPRank != 3 ||
+		b.Events[0].CacheSalt != "" || b.Events[1].CacheSalt != "tenant-b" || b.Events[1].SessionID != "sess-1" || b.Events[1].ParentHash != H {
+		t.Errorf("SGLang mixed: %+v", b)
+	}
+	if b := get("SGLang map-tagged BlockStored with cache_salt and session_id, rank 0"); b.Events[0].CacheSalt != "tenant-a" || b.Events[0].BlockHashes[0] != H {
+		t.Errorf("SGLang map: %+v", b.Events[0])
+	}
+	if b := get("TensorRT-LLM coalesced BlockStored with parent, BlockRemoved, data_parallel_rank 1"); b.DPRank != 1 ||
+		b.Events[0].BlockHashes[1] != 0x9999aaaabbbbcccc || b.Events[0].ParentHash != 0x7777 || b.Events[1].BlockHashes[0] != H {
+		t.Errorf("TensorRT-LLM coalesced: %+v", b)
+	}
+	if b := get("TensorRT-LLM BlockStored with mm_keys, data_parallel_rank 0"); len(b.Events) != 1 || b.Events[0].BlockHashes[0] != 5 {
+		t.Errorf("TensorRT-LLM mm_keys: %+v", b)
+	}
+}
+
 // TestGoldenEncode re-encodes the decoded meaning of every vector that the
 // Encoder can reproduce and compares byte for byte.
 func TestGoldenEncode(t *testing.T) {
@@ -102,8 +152,8 @@ func TestGoldenEncode(t *testing.T) {
 			}
 		})
 	}
-	if encoded != 9 {
-		t.Fatalf("%d vectors encoded byte for byte, want 9 (all but the 00..1f digest)", encoded)
+	if encoded != 12 {
+		t.Fatalf("%d vectors encoded byte for byte, want 12 (9 of vLLM: all but the 00..1f digest; SGLang's removes; TensorRT-LLM's two without mm_keys)", encoded)
 	}
 }
 
@@ -120,6 +170,10 @@ func TestGoldenEquivalence(t *testing.T) {
 		{"9.1 map-era minimal BlockStored, rank 0", "9.4 array-era BlockStored, rank 0"},
 		{"9.3 map-era BlockRemoved, rank 1", "9.4 array-era BlockRemoved, rank 1"},
 		{"9.3 map-era AllBlocksCleared, rank 0", "9.4 array-era AllBlocksCleared, rank 0"},
+		// SGLang's 7-element store (signed hash, no lora_name) is vLLM's
+		// array-era store; TensorRT-LLM's map (signed hash) is vLLM's map.
+		{"9.4 array-era BlockStored, rank 0", "SGLang positional BlockStored, unsalted (7 elements), attn_dp_rank 0"},
+		{"9.1 map-era minimal BlockStored, rank 0", "TensorRT-LLM BlockStored (map, signed 64-bit hash), data_parallel_rank 0"},
 	}
 	for _, p := range pairs {
 		a, ok1 := byName[p[0]]

@@ -149,5 +149,15 @@ func readHash(p []byte) (uint64, []byte, error) {
 		}
 		return HashFromBytes(b), rest, nil
 	}
-	return 0, p, wireTypeError{want: "hash (int, bin or str)", got: c}
+	return 0, p, hashTypeErrs[c]
 }
+
+// hashTypeErrs are readHash's errors for each first byte, made once, so
+// that a batch of events with bad hashes (each skipped) costs no
+// allocation per event.
+var hashTypeErrs = func() (errs [256]error) {
+	for c := range errs {
+		errs[c] = wireTypeError{want: "hash (int, bin or str)", got: byte(c)}
+	}
+	return errs
+}()

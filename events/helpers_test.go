@@ -10,16 +10,20 @@ import (
 	"reflect"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
 )
 
-// vector is one entry of testdata/vectors.json (msgspec 0.21.1 output,
-// verbatim hex).
+// vector is one entry of testdata/vectors.json: msgspec 0.21.1 output for
+// vLLM's structs (sections 9.x), or bytes derived by hand from another
+// producer's struct declarations (sections sglang, trtllm; Source says
+// how).
 type vector struct {
 	Name       string   `json:"name"`
 	Section    string   `json:"section"`
+	Source     string   `json:"source"`
 	Len        int      `json:"len"`
 	Hex        string   `json:"hex"`
 	Encode     *vecEnc  `json:"encode"`
@@ -73,8 +77,13 @@ func loadVectors(tb testing.TB) []vector {
 	if err := json.Unmarshal(data, &doc); err != nil {
 		tb.Fatal(err)
 	}
-	if len(doc.Vectors) != 10 {
-		tb.Fatalf("testdata/vectors.json has %d vectors, want the 10 msgspec payload vectors", len(doc.Vectors))
+	if len(doc.Vectors) != 18 {
+		tb.Fatalf("testdata/vectors.json has %d vectors, want 18: the 10 msgspec payload vectors, 5 SGLang, 3 TensorRT-LLM", len(doc.Vectors))
+	}
+	for _, v := range doc.Vectors {
+		if !strings.HasPrefix(v.Section, "9.") && v.Source == "" {
+			tb.Fatalf("vector %q (section %s) does not say where its bytes come from", v.Name, v.Section)
+		}
 	}
 	return doc.Vectors
 }

@@ -16,6 +16,7 @@ type Metrics struct {
 	restarts   *prometheus.CounterVec
 	replays    *prometheus.CounterVec
 	dropped    *prometheus.CounterVec
+	skipped    *prometheus.CounterVec
 	replayTime prometheus.Histogram
 }
 
@@ -43,10 +44,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Help: "Replay outcomes: ok (every gap closed), partial (an attempt ended incomplete and was retried), failed (history lost)."}, append(wr, "result")),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_dropped_total",
 			Help: "Messages and batches dropped, by reason."}, append(wr, "reason")),
+		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_events_skipped_total",
+			Help: "Events that could not be decoded and were left out of their batch, by kind (stored, removed, cleared, untagged) and reason (event, hash, token, field). A skipped stored event leaves the rank a strict subset (degraded); any other makes the batch lossy (dropped, reason lossy: the rank is reset and degraded)."},
+			append(wr, "kind", "reason")),
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.replayTime)
 	return m
 }
 
@@ -63,4 +67,5 @@ func (m *Metrics) forget(worker, rank string) {
 	m.restarts.DeletePartialMatch(l)
 	m.replays.DeletePartialMatch(l)
 	m.dropped.DeletePartialMatch(l)
+	m.skipped.DeletePartialMatch(l)
 }

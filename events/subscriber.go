@@ -35,9 +35,12 @@ type Source struct {
 	Resume *Watermark
 }
 
-// Watermark is a rank's last applied batch and its digest.
+// Watermark is a rank's last applied batch and its digest, and whether
+// the rank was degraded there (and why).
 type Watermark struct {
 	Seq, Digest uint64
+	Degraded    bool
+	Reason      string
 }
 
 func (s Source) rank() indexer.Rank { return indexer.Rank{WorkerID: s.Worker, DPRank: s.Rank} }
@@ -52,12 +55,15 @@ func registered(own uint32, ranks []uint32, r uint32) bool {
 // goroutine; an Applier shared by several Subscribers must be safe for
 // concurrent use.
 type Applier interface {
-	// ApplyBatch applies one decoded batch for rank r as batch seq, whose
-	// payload had the given digest (to record with the watermark). The
-	// batch and its slices are only valid during the call.
-	ApplyBatch(r indexer.Rank, seq, digest uint64, b *Batch) error
-	// ResetRank drops everything rank r holds.
-	ResetRank(r indexer.Rank) error
+	// ApplyBatch applies one decoded batch for rank r and records m with
+	// it: the batch's seq and payload digest (the watermark), and whether
+	// the rank is degraded after it, and why. The batch and its slices are
+	// only valid during the call.
+	ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error
+	// ResetRank drops everything rank r holds, its watermark too, and
+	// records whether it is now degraded (lost history) and why, or not (a
+	// new engine incarnation).
+	ResetRank(r indexer.Rank, degraded bool, reason string) error
 }
 
 // truncation is implemented by Appliers that can tell when the index
@@ -246,8 +252,9 @@ type run struct {
 	replayFrom   uint64      // the latest replay request's first seq
 	wasDegraded  bool
 	wasTruncated bool
-	corrupt      bool // the last reset came from a batch that could not be decoded
-	expired      bool // the session deadline timer fired
+	corrupt      string // why the last reset came from a bad batch ("" if it did not)
+	degradedWhy  string // why the cursor is degraded, recorded with each batch
+	expired      bool   // the session deadline timer fired
 	session      replaySession
 	logs         logLimiter
 }
@@ -262,6 +269,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		cur:      newCursorFor(s),
 		labels:   [2]string{strconv.FormatUint(s.src.Worker, 10), strconv.FormatUint(uint64(s.src.Rank), 10)},
 		replayCh: make(chan replayMsg, 64),
+	}
+	if w := s.src.Resume; w != nil && w.Degraded && s.src.ReplayEndpoint != "" {
+		r.degradedWhy = w.Reason // restored degraded: it stays so until lifted here
+		r.wasDegraded = true
 	}
 	r.idle = time.NewTimer(time.Hour)
 	r.idle.Stop()
@@ -302,7 +313,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 func newCursorFor(s *Subscriber) *Cursor {
 	c := NewCursor(s.cfg.Cursor)
 	if w := s.src.Resume; w != nil && s.src.ReplayEndpoint != "" {
-		c.Resume(w.Seq, w.Digest)
+		c.Resume(w.Seq, w.Digest, w.Degraded)
 	}
 	return c
 }
@@ -457,7 +468,13 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 				return
 			}
 		case ActReset:
-			if err := r.s.app.ResetRank(src.rank()); err != nil && !errors.Is(err, ErrFenced) {
+			// The cursor's state after this call says whether the reset is
+			// a loss (degraded) or a new start (a new incarnation).
+			r.degradedWhy = ""
+			if r.cur.Degraded() {
+				r.degradedWhy = "lost history: " + r.lossReason(r.cur.Stats(), r.prev)
+			}
+			if err := r.s.app.ResetRank(src.rank(), r.cur.Degraded(), r.degradedWhy); err != nil && !errors.Is(err, ErrFenced) {
 				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", src.Rank, "err", err)
 			}
 		case ActReplay:
@@ -480,15 +497,22 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 	r.publish()
 }
 
-// apply decodes and applies one batch. A batch that cannot be decoded is
-// dropped and the cursor told: it returns the cursor's reset actions.
+// apply decodes and applies one batch. A batch that cannot be decoded, or
+// that left out an event that may have removed blocks (Skips.Lossy), is
+// dropped and the cursor told: it returns the cursor's reset actions. A
+// batch that left out only BlockStored events is applied, and the rank
+// marked degraded (a strict subset) without a reset.
 func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
-		r.corrupt = true
+		r.corrupt = "a batch could not be decoded"
 		r.log(slog.LevelWarn, "corrupt", time.Minute, "batch cannot be decoded: rank reset and marked degraded", "seq", seq, "err", err)
 		return r.cur.Corrupt()
+	}
+	skips := &r.batch.Skipped
+	if skips.First != nil {
+		r.countSkips(skips)
 	}
 	rank := src.rank()
 	if r.batch.HasDPRank && uint32(r.batch.DPRank) != src.Rank {
@@ -498,41 +522,97 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 		}
 		rank.DPRank = uint32(r.batch.DPRank)
 	}
-	if err := r.s.app.ApplyBatch(rank, seq, digest, &r.batch); err != nil {
+	if skips.Lossy() {
+		// Applying the rest would keep what the skipped event removed.
+		// Resetting clears everything anyway, so nothing is applied.
+		r.drop("lossy")
+		r.corrupt = "a batch had an undecodable event that may have removed blocks"
+		r.log(slog.LevelWarn, "lossy", time.Minute, "batch has undecodable events that may have removed blocks: rank reset and marked degraded",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
+		if rank != src.rank() {
+			// Stamped with another registered rank: that rank may hold
+			// what was removed too.
+			if err := r.s.app.ResetRank(rank, true, "lost history: "+r.corrupt); err != nil && !errors.Is(err, ErrFenced) {
+				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", rank.DPRank, "err", err)
+			}
+		}
+		return r.cur.Corrupt()
+	}
+	var stored, removed, clears float64
+	for i := range r.batch.Events {
+		switch r.batch.Events[i].Kind {
+		case KindBlockStored:
+			stored++
+		case KindBlockRemoved:
+			removed++
+		case KindAllBlocksCleared:
+			clears++
+		}
+	}
+	// A store skipped after the batch's last AllBlocksCleared is missing
+	// from the rank whatever came before: degraded, without a reset.
+	subset := skips.First != nil && skippedAfterClear(&r.batch)
+	// The rank's state after the batch goes in with it: an AllBlocksCleared
+	// lifts degraded (ObserveCleared below), a skipped store sets it.
+	mark := indexer.Mark{Seq: seq, Digest: digest, Degraded: r.cur.Degraded() && clears == 0}
+	switch {
+	case subset:
+		mark.Degraded, mark.Reason = true, "a BlockStored event could not be decoded: the rank lacks its blocks"
+	case mark.Degraded:
+		mark.Reason = r.degradedWhy
+	}
+	if err := r.s.app.ApplyBatch(rank, mark, &r.batch); err != nil {
 		if !errors.Is(err, ErrFenced) { // fenced: the stream is being stopped
 			r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
 			r.drop("apply_error")
 		}
 		return nil
 	}
-	cleared := false
 	if m := r.s.cfg.Metrics; m != nil {
 		m.batches.WithLabelValues(r.labels[0], r.labels[1], "applied").Inc()
-		var stored, removed, clears float64
-		for i := range r.batch.Events {
-			switch r.batch.Events[i].Kind {
-			case KindBlockStored:
-				stored++
-			case KindBlockRemoved:
-				removed++
-			case KindAllBlocksCleared:
-				clears++
-			}
-		}
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "stored").Add(stored)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "removed").Add(removed)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "cleared").Add(clears)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "unknown").Add(float64(r.batch.Unknown))
-		cleared = clears > 0
-	} else {
-		for i := range r.batch.Events {
-			cleared = cleared || r.batch.Events[i].Kind == KindAllBlocksCleared
-		}
 	}
-	if cleared {
+	if clears > 0 {
 		r.cur.ObserveCleared()
+		r.degradedWhy = ""
+	}
+	if subset {
+		r.cur.Degrade() // after ObserveCleared, which it overrides
+		r.degradedWhy = mark.Reason
+		r.log(slog.LevelWarn, "subset", time.Minute, "batch has undecodable BlockStored events: applied without them, rank marked degraded (it lacks their blocks)",
+			"seq", seq, "skipped", skips.Total(), "first_err", skips.First)
 	}
 	return nil
+}
+
+// skippedAfterClear reports whether b skipped an event after its last
+// AllBlocksCleared (or has none): a skip before a clear leaves nothing
+// missing.
+func skippedAfterClear(b *Batch) bool {
+	for i := len(b.Events) - 1; i >= 0; i-- {
+		if b.Events[i].Kind == KindAllBlocksCleared {
+			return b.Skipped.Last > i
+		}
+	}
+	return b.Skipped.Total() > 0
+}
+
+// countSkips counts a batch's skipped events in the metrics.
+func (r *run) countSkips(s *Skips) {
+	m := r.s.cfg.Metrics
+	if m == nil {
+		return
+	}
+	for k := range s.N {
+		for i, n := range s.N[k] {
+			if n > 0 {
+				m.skipped.WithLabelValues(r.labels[0], r.labels[1], SkipKind(k).String(), SkipReasons[i]).Add(float64(n))
+			}
+		}
+	}
 }
 
 // errPreempted ends a replay attempt whose slot was given to a waiting
@@ -720,6 +800,9 @@ func (r *run) publish() {
 		}
 	}
 	r.logChanges(st, degraded, truncated)
+	if !c.Degraded() {
+		r.degradedWhy = ""
+	}
 	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == ModeLive {
 		r.started = time.Time{}
 	}
@@ -814,20 +897,9 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 		}
 	}
 	if st.LostHistory > p.LostHistory {
-		reason := "the engine no longer has the batches"
-		switch {
-		case r.corrupt:
-			reason = "a batch could not be decoded"
-		case !r.s.cfg.Cursor.HasReplay:
-			reason = "no replay endpoint"
-		case r.expired:
-			reason = "the replay ran past its deadline"
-		case st.ReplaysFailed > p.ReplaysFailed && st.Incomplete > p.Incomplete:
-			reason = "replay attempts ran out"
-		}
-		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", reason, "took", took)...)
+		r.log(slog.LevelWarn, "lost", 10*time.Second, "lost history: rank reset and marked degraded", seqs("reason", r.lossReason(st, p), "took", took)...)
 	}
-	r.corrupt, r.expired = false, false
+	r.corrupt, r.expired = "", false
 	if truncated && !r.wasTruncated {
 		r.log(slog.LevelWarn, "truncated", time.Minute, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", seqs()...)
 	}
@@ -838,6 +910,22 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 		}
 		r.wasDegraded = degraded
 	}
+}
+
+// lossReason says why the rank lost history between the counters p and
+// st.
+func (r *run) lossReason(st, p CursorStats) string {
+	switch {
+	case r.corrupt != "":
+		return r.corrupt
+	case !r.s.cfg.Cursor.HasReplay:
+		return "no replay endpoint"
+	case r.expired:
+		return "the replay ran past its deadline"
+	case st.ReplaysFailed > p.ReplaysFailed && st.Incomplete > p.Incomplete:
+		return "replay attempts ran out"
+	}
+	return "the engine no longer has the batches"
 }
 
 // replaySession is what logChanges remembers of the session in progress.

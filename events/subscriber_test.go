@@ -660,3 +660,156 @@ func TestSubscriberReplaySlots(t *testing.T) {
 		}
 	}
 }
+
+// mapEvent is op as the msgpack value of a map-era event (what vLLM and
+// the Encoder write), for hand-built payloads.
+func mapEvent(op indexer.Op) kvs {
+	switch op.Kind {
+	case indexer.OpStore:
+		s := op.Store
+		var parent any
+		if s.HasParent {
+			parent = s.Parent
+		}
+		hashes := make([]any, len(s.Hashes))
+		for i, h := range s.Hashes {
+			hashes[i] = h
+		}
+		tokens := make([]any, len(s.Tokens))
+		for i, tok := range s.Tokens {
+			tokens[i] = int64(tok)
+		}
+		return kvs{"type", "BlockStored", "block_hashes", hashes, "parent_block_hash", parent, "token_ids", tokens,
+			"block_size", s.BlockSize, "lora_id", nil, "medium", "GPU", "lora_name", nil}
+	case indexer.OpRemove:
+		hashes := make([]any, len(op.Remove.Hashes))
+		for i, h := range op.Remove.Hashes {
+			hashes[i] = h
+		}
+		return kvs{"type", "BlockRemoved", "block_hashes", hashes, "medium", "GPU"}
+	}
+	return kvs{"type", "AllBlocksCleared"}
+}
+
+// publishRaw publishes a hand-built payload; truth gets ops.
+func (e *e2eEngine) publishRaw(payload []byte, ops ...indexer.Op) {
+	e.t.Helper()
+	for _, op := range ops {
+		_ = e.truth.Apply(e.rank, op)
+		for _, h := range op.Store.Hashes {
+			e.hashes[h] = true
+		}
+	}
+	seq, err := e.pub.Publish(context.Background(), payload)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.last = seq
+}
+
+// TestSubscriberSkippedEvents: an event that cannot be decoded fails
+// small. A batch whose only undecodable events are BlockStored (here an
+// SGLang EAGLE store, bigram token ids) is applied without them: the rank
+// keeps everything else and is marked degraded (a strict subset) until
+// AllBlocksCleared. A batch with an undecodable BlockRemoved is lossy:
+// nothing of it is applied, the rank is reset and degraded. Both are
+// counted by kind and reason.
+func TestSubscriberSkippedEvents(t *testing.T) {
+	ops := e2eOps(t, 15, 1, 400)[0]
+	var roots []indexer.Op
+	for _, op := range ops {
+		if op.Kind == indexer.OpStore && !op.Store.HasParent {
+			roots = append(roots, op)
+		}
+	}
+	if len(roots) < 4 {
+		t.Fatalf("%d root stores", len(roots))
+	}
+	rank := indexer.Rank{WorkerID: 6}
+	e := startEngine(t, rank, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ix, app := newE2EIndex(t)
+	reg := prometheus.NewRegistry()
+	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
+		SubscriberConfig{Metrics: NewMetrics(reg)})
+	e.feed(ops[:120])
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+
+	// Without the skipped store, the index must equal this.
+	want := &e2eEngine{t: t, rank: rank, truth: indexer.NewTree(16), hashes: e.hashes}
+	for _, op := range ops[:120] {
+		_ = want.truth.Apply(rank, op)
+	}
+	eagle := mapEvent(roots[1])
+	for i := 0; i < len(eagle); i += 2 {
+		if eagle[i] == "token_ids" {
+			eagle[i+1] = []any{[]any{1, 2}, []any{3, 4}} // SGLang EAGLE: bigram pairs
+		}
+	}
+	_ = want.truth.Apply(rank, roots[0])
+	e.publishRaw(mp([]any{1.5, []any{mapEvent(roots[0]), eagle}, 0}), roots[0], roots[1])
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, true)
+	checkIndex(t, ix, want, false) // nothing else lost: no reset
+	if !s.s.State().Degraded {
+		t.Fatal("a skipped store did not degrade the rank")
+	}
+	e.publish([]indexer.Op{{Kind: indexer.OpClear}})
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+	if s.s.State().Degraded {
+		t.Fatal("AllBlocksCleared did not lift degraded")
+	}
+
+	// A store, then a clear, then an undecodable store: still a subset.
+	e.publishRaw(mp([]any{1.5, []any{eagle, kvs{"type", "AllBlocksCleared"}, mapEvent(roots[2])}, 0}),
+		roots[1], indexer.Op{Kind: indexer.OpClear}, roots[2])
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+	if s.s.State().Degraded {
+		t.Fatal("a store skipped before a clear degraded the rank")
+	}
+
+	// Lossy: an undecodable remove. The good store in the batch is not
+	// applied either: the rank is reset.
+	badRemove := mapEvent(indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: roots[2].Store.Hashes}})
+	badRemove[3] = []any{1.5}
+	e.publishRaw(mp([]any{1.5, []any{mapEvent(roots[3]), badRemove}, 0}),
+		roots[3], indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: roots[2].Store.Hashes}})
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, true)
+	if err := ix.Read(e2eKey, func(tr *indexer.Tree) {
+		if n := tr.RankBlocks(rank); n != 0 {
+			t.Errorf("the rank holds %d blocks after a lossy batch, want 0 (reset)", n)
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !s.s.State().Degraded {
+		t.Fatal("a lossy batch did not degrade the rank")
+	}
+	e.feed(ops[120:200])
+	e.publish([]indexer.Op{{Kind: indexer.OpClear}})
+	e.feed(ops[200:240])
+	caughtUp(t, s, e)
+	checkIndex(t, ix, e, false)
+	if s.s.State().Degraded {
+		t.Fatal("degraded after AllBlocksCleared")
+	}
+
+	m := s.s.cfg.Metrics
+	for _, c := range []struct {
+		kind, reason string
+		want         float64
+	}{{"stored", "token", 2}, {"removed", "hash", 1}, {"untagged", "event", 0}} {
+		if got := testutil.ToFloat64(m.skipped.WithLabelValues("6", "0", c.kind, c.reason)); got != c.want {
+			t.Errorf("skipped{kind=%s,reason=%s} = %v, want %v", c.kind, c.reason, got, c.want)
+		}
+	}
+	if got := testutil.ToFloat64(m.dropped.WithLabelValues("6", "0", "lossy")); got != 1 {
+		t.Errorf("dropped{reason=lossy} = %v, want 1", got)
+	}
+	if st := s.s.State().Stats; st.Subsets != 1 || st.LostHistory != 1 {
+		t.Errorf("stats %+v, want 1 subset, 1 lost history", st)
+	}
+}

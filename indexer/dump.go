@@ -53,6 +53,11 @@ type RankWatermark struct {
 	// Truncated: the rank had lost entries to the memory cap or its
 	// capacity (Tree.Truncated); a restored rank keeps the flag.
 	Truncated bool
+	// Degraded and DegradedReason: the stream layer's word on the rank
+	// (Mark); a restored rank keeps it until the event that would lift it
+	// on the replica that dumped it.
+	Degraded       bool
+	DegradedReason string
 }
 
 // DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
@@ -92,7 +97,8 @@ func (t *Tree) Dump() *Snapshot {
 	all := make([]DumpBlock, 0, t.entries)
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
-		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated})
+		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated,
+			Degraded: st.degraded, DegradedReason: st.degradedWhy})
 	}
 	slices.SortFunc(s.Ranks, func(a, b RankWatermark) int { // a dump of one state is one byte string
 		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
@@ -388,6 +394,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 		rid := t.rankID(w.Rank)
 		rs := &t.ranks[rid]
 		rs.seq, rs.hasSeq, rs.digest, rs.truncated = w.Seq, w.HasSeq, w.Digest, w.Truncated
+		rs.degraded, rs.degradedWhy = w.Degraded, w.DegradedReason
 	}
 	for i := range s.Events {
 		ev := &s.Events[i]
@@ -516,13 +523,16 @@ type jsonWatermark struct {
 	DPRank   uint32  `json:"dp_rank"`
 	Seq      *uint64 `json:"last_event_id"`
 	Digest   uint64  `json:"digest,omitempty"`
-	// Truncated is absent when false, so dumps of untruncated ranks are
-	// what they were before the flag existed.
-	Truncated bool `json:"truncated,omitempty"`
+	// Truncated and Degraded are absent when false, so dumps of exact
+	// ranks are what they were before the flags existed.
+	Truncated      bool   `json:"truncated,omitempty"`
+	Degraded       bool   `json:"degraded,omitempty"`
+	DegradedReason string `json:"degraded_reason,omitempty"`
 }
 
 func (w *jsonWatermark) watermark() RankWatermark {
-	rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest, Truncated: w.Truncated}
+	rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest, Truncated: w.Truncated,
+		Degraded: w.Degraded, DegradedReason: w.DegradedReason}
 	if w.Seq != nil {
 		rw.Seq, rw.HasSeq = *w.Seq, true
 	}

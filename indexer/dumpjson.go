@@ -149,6 +149,13 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 		if wm.Truncated {
 			b = append(b, `,"truncated":true`...)
 		}
+		if wm.Degraded {
+			b = append(b, `,"degraded":true`...)
+		}
+		if wm.DegradedReason != "" {
+			reason, _ := json.Marshal(wm.DegradedReason) // a string always marshals
+			b = append(append(b, `,"degraded_reason":`...), reason...)
+		}
 		b = append(b, '}')
 		if err := flush(); err != nil {
 			return err

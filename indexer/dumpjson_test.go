@@ -119,7 +119,7 @@ func richSnapshots(t testing.TB) map[string]*Snapshot {
 					}
 				}
 			}
-			_, err := ix.ApplyBatch(testKey, r, uint64(i), uint64(rng.IntN(3))*rng.Uint64(), ops)
+			_, err := ix.ApplyBatch(testKey, r, Mark{Seq: uint64(i), Digest: uint64(rng.IntN(3)) * rng.Uint64(), Degraded: i%5 == 0, Reason: []string{"", "lost \"history\""}[i%2]}, ops)
 			must(t, err)
 		}
 		for _, r := range ranks {

@@ -242,7 +242,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 			if rs.main.kind == "" { // learned from a snapshot without a layout
 				rs.main.kind, rs.main.window = g.Kind, g.Window
 			}
-			return t.storeMain(r, s)
+			return t.storeMain(r, rid, true, s)
 		}
 	}
 	if g.Attention == AttentionFull && (!known || !rs.hasMain || g.Idx < rs.main.idx) &&
@@ -250,7 +250,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 		if known && rs.hasMain {
 			t.demoteMain(rid)
 		}
-		err := t.storeMain(r, s)
+		err := t.storeMain(r, rid, known, s)
 		if rid, ok := t.rankIDs[r]; ok {
 			rs := &t.ranks[rid]
 			rs.main, rs.hasMain = infoOf(g), true
@@ -308,14 +308,14 @@ func (t *Tree) storeSet(r Rank, g Group, s Stored) error {
 func (t *Tree) removeGroup(r Rank, g Group, rm Removed) error {
 	rid, ok := t.rankIDs[r]
 	if !ok {
-		return t.removeMain(r, rm)
+		return t.removeMain(r, 0, false, rm)
 	}
 	rs := &t.ranks[rid]
 	if !rs.hasMain && rs.groups == nil {
-		return t.removeMain(r, rm) // nothing learned: the rank holds nothing
+		return t.removeMain(r, rid, true, rm) // nothing learned: the rank holds nothing
 	}
 	if rs.hasMain && g.Idx == rs.main.idx {
-		return t.removeMain(r, rm)
+		return t.removeMain(r, rid, true, rm)
 	}
 	gs := t.group(rid, g.Idx, nil, 0)
 	if gs == nil {

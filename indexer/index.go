@@ -242,16 +242,27 @@ type BatchResult struct {
 // Apply applies the ops of one engine batch for rank r in order and records
 // seq as r's watermark, atomically with respect to Snapshot and Match.
 func (ix *Index) Apply(k PartitionKey, r Rank, seq uint64, ops []Op) (BatchResult, error) {
-	return ix.ApplyBatch(k, r, seq, 0, ops)
+	return ix.ApplyBatch(k, r, Mark{Seq: seq}, ops)
 }
 
-// ApplyBatch is Apply that also records the batch's digest with the
-// watermark (see Tree.SetWatermarkDigest). After the ops it enforces r's
+// Mark is what a batch records for its rank together with its ops, under
+// the same lock, so that a Snapshot sees a rank's state as of one batch:
+// the watermark (the batch's seq and the digest of its payload) and the
+// stream layer's word on the rank after it — degraded (its history is
+// known to be incomplete) and why.
+type Mark struct {
+	Seq, Digest uint64
+	Degraded    bool
+	Reason      string // why it is degraded; "" when it is not
+}
+
+// ApplyBatch is Apply that records m with the batch (see Mark and
+// Tree.SetWatermarkDigest). After the ops it enforces r's
 // capacity (SetRankCapacity). Then, with partition k's lock released, if
 // the index is over its cap it evicts the least recently stored or
 // matched leaves of the whole index (Index.evict); so the cap may be
 // exceeded briefly by batches in flight, never by a returned one.
-func (ix *Index) ApplyBatch(k PartitionKey, r Rank, seq, digest uint64, ops []Op) (BatchResult, error) {
+func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResult, error) {
 	var res BatchResult
 	p, err := ix.lock(k)
 	if err != nil {
@@ -272,7 +283,8 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, seq, digest uint64, ops []Op
 	}
 	rid := t.rankID(r)
 	rs := &t.ranks[rid]
-	rs.seq, rs.hasSeq, rs.digest = seq, true, digest
+	rs.seq, rs.hasSeq, rs.digest = m.Seq, true, m.Digest
+	rs.degraded, rs.degradedWhy = m.Degraded, m.Reason
 	t.enforceCapacity(rid)
 	for i := range res.Skipped {
 		res.Skipped[i] = t.counts[i] - before[i]
@@ -386,6 +398,21 @@ func (ix *Index) mutate(k PartitionKey, f func(*Tree)) error {
 // flag (its watermark and capacity stay).
 func (ix *Index) Clear(k PartitionKey, r Rank) error {
 	return ix.mutate(k, func(t *Tree) { t.Clear(r) })
+}
+
+// Reset starts rank r of partition k over, as the stream layer does when
+// the rank's history is lost or a new engine incarnation begins: its
+// blocks and its watermark go, its capacity stays, and it is recorded as
+// degraded (with why) or not, in one step — a Snapshot never sees the
+// old watermark over the emptied blocks, nor the blocks without the
+// flag.
+func (ix *Index) Reset(k PartitionKey, r Rank, degraded bool, reason string) error {
+	return ix.mutate(k, func(t *Tree) {
+		t.Clear(r)
+		rs := &t.ranks[t.rankID(r)]
+		rs.seq, rs.hasSeq, rs.digest = 0, false, 0
+		rs.degraded, rs.degradedWhy = degraded, reason
+	})
 }
 
 // RemoveRank removes r from partition k: its blocks, its watermark, its
@@ -531,6 +558,11 @@ type RankState struct {
 	// of what the engine holds. The stream layer reports such a rank
 	// degraded.
 	Truncated bool
+	// Degraded and DegradedReason are the stream layer's word on the rank
+	// as of its last batch or reset (Mark, Reset); a rank restored from a
+	// dump has the dumping replica's.
+	Degraded       bool
+	DegradedReason string
 }
 
 // Rank reports what partition k knows of r.
@@ -548,7 +580,7 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	}
 	rs := &t.ranks[rid]
 	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
-		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated}, nil
+		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: rs.degraded, DegradedReason: rs.degradedWhy}, nil
 }
 
 // Groups returns what partition k learned of r's KV-cache groups (see

@@ -462,3 +462,46 @@ func TestIndexPartitions(t *testing.T) {
 		t.Fatalf("partitions %v", keys)
 	}
 }
+
+// TestDegradedTravels: the stream layer's degraded word is recorded with a
+// batch (Mark) or a Reset under the partition's lock, so a Snapshot sees
+// it with the state it describes, and a restore — through JSON too —
+// keeps it; Reset also drops the watermark, so a dump never pairs the old
+// watermark with the emptied blocks.
+func TestDegradedTravels(t *testing.T) {
+	ix := New(Options{})
+	must(t, ix.AddPartition(testKey, 4))
+	r := Rank{WorkerID: 3}
+	st := Stored{Hashes: []uint64{10}, Tokens: []uint32{1, 2, 3, 4}, BlockSize: 4, Seed: BaseSeed}
+	_, err := ix.ApplyBatch(testKey, r, Mark{Seq: 4, Digest: 44}, []Op{{Kind: OpStore, Store: st}})
+	must(t, err)
+	must(t, ix.Reset(testKey, r, true, "lost history: the engine no longer has the batches"))
+	if rs, _ := ix.Rank(testKey, r); rs.HasSeq || rs.Blocks != 0 || !rs.Degraded || rs.DegradedReason == "" {
+		t.Fatalf("after Reset: %+v", rs)
+	}
+	_, err = ix.ApplyBatch(testKey, r, Mark{Seq: 9, Digest: 99, Degraded: true, Reason: "lost history: the engine no longer has the batches"},
+		[]Op{{Kind: OpStore, Store: st}})
+	must(t, err)
+	snap, err := ix.Snapshot(testKey)
+	must(t, err)
+	raw, err := snap.MarshalJSON()
+	must(t, err)
+	if !strings.Contains(string(raw), `"degraded":true,"degraded_reason":"lost history: the engine no longer has the batches"`) {
+		t.Fatalf("dump lacks the degraded flag: %s", raw)
+	}
+	var back Snapshot
+	must(t, back.UnmarshalJSON(raw))
+	other := New(Options{})
+	must(t, other.Restore(testKey, &back))
+	rs, err := other.Rank(testKey, r)
+	must(t, err)
+	if !rs.Degraded || rs.DegradedReason != "lost history: the engine no longer has the batches" || rs.Watermark != 9 || rs.Digest != 99 || rs.Blocks != 1 {
+		t.Fatalf("restored rank: %+v", rs)
+	}
+	// A batch that says otherwise (the stream saw AllBlocksCleared) lifts it.
+	_, err = other.ApplyBatch(testKey, r, Mark{Seq: 10}, []Op{{Kind: OpClear}})
+	must(t, err)
+	if rs, _ := other.Rank(testKey, r); rs.Degraded || rs.DegradedReason != "" {
+		t.Fatalf("after a batch marked exact: %+v", rs)
+	}
+}

@@ -152,6 +152,11 @@ type rankState struct {
 	main    groupInfo
 	hasMain bool
 	groups  *rankGroups
+	// degraded is the stream layer's word, recorded with each batch and
+	// reset (Mark, Index.Reset): the rank's history is known to be
+	// incomplete, and why. It travels in dumps.
+	degraded    bool
+	degradedWhy string
 }
 
 type ovKey struct {
@@ -396,11 +401,13 @@ func (t *Tree) fail(r Rank, reason Reason, h uint64, blocks int) error {
 // (the zero Group), for r: Apply of an OpStore with no Group.
 func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, Group{}, s) }
 
-// storeMain applies a store of r's main group to the tree.
-func (t *Tree) storeMain(r Rank, s Stored) error {
+// storeMain applies a store of r's main group to the tree. rid is r's
+// slot if known (the caller looked it up); an unknown rank gets one only
+// once the store is valid.
+func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	t.clock += 2 // odd ticks are for matches (see now)
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
-		return t.offload(r, s)
+		return t.offload(r, rid, known, s)
 	}
 	if s.BlockSize != t.blockSize {
 		return t.fail(r, ReasonBlockSize, s.Hashes[0], len(s.Hashes))
@@ -408,7 +415,9 @@ func (t *Tree) storeMain(r Rank, s Stored) error {
 	if t.selfReferencing(s) {
 		return t.fail(r, ReasonSelfReference, s.Hashes[0], len(s.Hashes))
 	}
-	rid := t.rankID(r)
+	if !known {
+		rid = t.rankID(r)
+	}
 	lk := t.ranks[rid].lookup
 	cur := loc{0, ^uint32(0)} // the last placed block; at the root, before its (empty) edge
 	prevExt, hasPrev := s.Parent, s.HasParent
@@ -561,9 +570,8 @@ func (t *Tree) selfReferencing(s Stored) bool {
 
 // offload adds s.Tier to blocks r already holds (an offload event carries
 // no tokens); unknown blocks are skipped and counted.
-func (t *Tree) offload(r Rank, s Stored) error {
-	rid, ok := t.rankIDs[r]
-	if !ok {
+func (t *Tree) offload(r Rank, rid uint32, known bool, s Stored) error {
+	if !known {
 		return t.fail(r, ReasonOffloadUnknown, s.Hashes[0], len(s.Hashes))
 	}
 	lk := t.ranks[rid].lookup
@@ -593,10 +601,10 @@ func (t *Tree) offload(r Rank, s Stored) error {
 // hold there are skipped and counted.
 func (t *Tree) Remove(r Rank, rm Removed) error { return t.removeGroup(r, Group{}, rm) }
 
-// removeMain applies a remove of r's main group to the tree.
-func (t *Tree) removeMain(r Rank, rm Removed) error {
-	rid, ok := t.rankIDs[r]
-	if !ok {
+// removeMain applies a remove of r's main group to the tree; rid is r's
+// slot if known.
+func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
+	if !known {
 		if len(rm.Hashes) == 0 {
 			return nil
 		}

@@ -180,6 +180,10 @@ type Listener struct {
 	// Degraded: a gap could not be replayed, so the rank's index may miss
 	// blocks until the engine clears or the gap ages out.
 	Degraded bool `json:"degraded"`
+	// DegradedReason says why, when Degraded: lost history (and its
+	// cause), or the index's own truncation (memory cap, capacity). A
+	// replica restored from a peer keeps the peer's reason.
+	DegradedReason string `json:"degraded_reason,omitempty"`
 	// LastSeq (the last batch applied, null before the first) and Blocks
 	// (blocks indexed for the rank) are filled in by the handler from the
 	// index; implementations leave them zero.

@@ -34,7 +34,7 @@ func bootstrapSource(t *testing.T, n int) *indexer.Index {
 					st.Tokens = append(st.Tokens, uint32(1000*i+100*int(w)+4*b+j))
 				}
 			}
-			if _, err := ix.ApplyBatch(k, indexer.Rank{WorkerID: w}, 7, 99, []indexer.Op{{Kind: indexer.OpStore, Store: st}}); err != nil {
+			if _, err := ix.ApplyBatch(k, indexer.Rank{WorkerID: w}, indexer.Mark{Seq: 7, Digest: 99}, []indexer.Op{{Kind: indexer.OpStore, Store: st}}); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/api"
 )
 
 type testDaemon struct {
@@ -400,5 +401,49 @@ func TestDataDirInUse(t *testing.T) {
 	err = Run(sctx, Config{DataDir: t.TempDir(), EmbeddedURL: etcdURL, Listen: "127.0.0.1:0"})
 	if err == nil || !strings.Contains(err.Error(), "pass --embedded-etcd-url with a free port") {
 		t.Fatalf("second daemon on the same etcd port: %v", err)
+	}
+}
+
+// TestPeerBootstrapKeepsDegraded: a replica restored from a peer whose
+// copy of a rank is degraded (its history was lost) reports the rank
+// degraded too, with the peer's reason — the dump carries the flag — and
+// both lift it on the same event, the engine's AllBlocksCleared.
+func TestPeerBootstrapKeepsDegraded(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	a := startDaemon(t, etcd.Endpoints(), "")
+	e := startTestEngineBuffer(t, 3)
+	for range 8 {
+		e.store(1) // more than the 3-batch replay buffer holds
+	}
+	if code, body := register(t, a, map[string]any{"instance_id": 1, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
+		t.Fatalf("register: %d %s", code, body)
+	}
+	degraded := func(d *testDaemon) (api.Listener, bool) {
+		l, ok := listener(t, d, "m", 1, 0)
+		return l, ok && l.Degraded && l.LastSeq != nil && *l.LastSeq == e.last
+	}
+	storetest.Eventually(t, 20*time.Second, "a's rank degraded: its history was lost", func() bool { _, ok := degraded(a); return ok })
+	la, _ := degraded(a)
+	if !strings.HasPrefix(la.DegradedReason, "lost history: ") {
+		t.Fatalf("a's reason: %q", la.DegradedReason)
+	}
+	b := startDaemon(t, etcd.Endpoints(), "", a.url)
+	storetest.Eventually(t, 20*time.Second, "b ready", func() bool { code, _ := call(t, "GET", b.url+"/ready", "", nil); return code == 200 })
+	storetest.Eventually(t, 20*time.Second, "b's restored rank following the engine", func() bool {
+		l, ok := listener(t, b, "m", 1, 0)
+		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Status == api.StatusActive
+	})
+	if lb, ok := degraded(b); !ok || lb.DegradedReason != la.DegradedReason {
+		t.Fatalf("b restored the rank as %+v; want degraded, with a's reason %q", lb, la.DegradedReason)
+	}
+	// The engine clears its cache: both replicas lift the flag.
+	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
+	e.store(2)
+	for _, d := range []*testDaemon{a, b} {
+		storetest.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {
+			l, ok := listener(t, d, "m", 1, 0)
+			return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.DegradedReason == "" && l.Blocks == 2
+		})
 	}
 }

@@ -41,7 +41,11 @@ type RankStatus struct {
 	// or the rank's capacity), so it holds a strict subset of the engine's
 	// cache: the rank is degraded whatever its stream says.
 	Truncated bool
-	Err       string // why the rank is not indexed, if it is not
+	// DegradedReason is why the stream says the rank is degraded, as the
+	// index recorded it with the rank's last batch (restored from a peer
+	// with its dump).
+	DegradedReason string
+	Err            string // why the rank is not indexed, if it is not
 }
 
 // Streams runs one events.Subscriber per worker rank and keeps the index
@@ -413,7 +417,7 @@ func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, par
 	// A rank the index already holds (restored from a peer's dump) resumes
 	// after its watermark once the engine confirms the batch's digest.
 	if rs, err := s.ix.Rank(part, r); err == nil && rs.HasSeq && rs.Digest != 0 {
-		src.Resume = &events.Watermark{Seq: rs.Watermark, Digest: rs.Digest}
+		src.Resume = &events.Watermark{Seq: rs.Watermark, Digest: rs.Digest, Degraded: rs.Degraded, Reason: rs.DegradedReason}
 	}
 	if err := s.ix.SetRankCapacity(part, r, capacity); err != nil {
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
@@ -472,7 +476,7 @@ func (s *Streams) Status() []RankStatus {
 	s.mu.Unlock()
 	for i := range out {
 		if rs, err := s.ix.Rank(out[i].Partition, indexer.Rank{WorkerID: out[i].Worker, DPRank: out[i].Rank}); err == nil {
-			out[i].Blocks, out[i].Truncated = rs.Blocks, rs.Truncated
+			out[i].Blocks, out[i].Truncated, out[i].DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
 		}
 	}
 	slices.SortFunc(out, func(a, b RankStatus) int {

@@ -266,6 +266,13 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			switch st, ok := status[streamKey{w.WorkerID, r}]; {
 			case ok && st.Running:
 				l.Degraded = st.Degraded || st.Truncated
+				switch {
+				case !l.Degraded:
+				case st.DegradedReason != "":
+					l.DegradedReason = st.DegradedReason
+				case st.Truncated:
+					l.DegradedReason = "truncated: the index dropped some of its blocks (the memory cap, or more than its capacity)"
+				}
 				if st.HasLive {
 					seen := st.LastLive
 					l.LastSeenSeq = &seen

@@ -68,6 +68,11 @@ func DefaultHost() (string, error) {
 // wildcard endpoints advertised. It is validated.
 func (o Options) Record() (catalog.Worker, error) {
 	w := o.Worker
+	for _, ep := range append([]string{w.EventsEndpoint, w.ReplayEndpoint}, mapValues(w.EventsEndpoints, w.ReplayEndpoints)...) {
+		if err := notPortZero(ep); err != nil {
+			return w, err
+		}
+	}
 	host := o.AdvertiseHost
 	wild := false
 	for _, ep := range append([]string{w.EventsEndpoint, w.ReplayEndpoint}, mapValues(w.EventsEndpoints, w.ReplayEndpoints)...) {
@@ -87,6 +92,24 @@ func (o Options) Record() (catalog.Worker, error) {
 	}
 	w = w.WithDefaults()
 	return w, w.Validate()
+}
+
+// notPortZero refuses an endpoint on port 0. vLLM binds each rank's
+// publisher to a port it picks at start when given tcp://*:0 (vLLM PR
+// #55844), and none of the engine interfaces the sidecar reads say which:
+// vLLM's HTTP server does not (only its Rust gRPC frontend reports the
+// bound sources, Control.GetKvEventSources from vLLM PR #50033, which the
+// sidecar does not speak). Registering the configured :0 would point
+// every replica at a port nothing listens on.
+func notPortZero(ep string) error {
+	rest, ok := strings.CutPrefix(ep, "tcp://")
+	if !ok {
+		return nil
+	}
+	if _, port, err := net.SplitHostPort(rest); err == nil && port == "0" {
+		return fmt.Errorf("%s: port 0 makes the engine pick its port at start, and no engine interface the sidecar reads reports the port it picked; give the engine fixed ports (e.g. tcp://*:5557 and tcp://*:5600)", ep)
+	}
+	return nil
 }
 
 func mapValues(ms ...map[uint32]string) []string {

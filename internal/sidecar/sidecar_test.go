@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -97,5 +98,23 @@ func TestRecordRejectsInvalid(t *testing.T) {
 	o := Options{Worker: catalog.Worker{WorkerID: 1, ModelName: "m", EventsEndpoint: "tcp://*:5557"}, AdvertiseHost: "10.0.0.1"}
 	if _, err := o.Record(); err == nil {
 		t.Fatal("a record without block_size was accepted")
+	}
+}
+
+// TestRecordRefusesPortZero: an engine told to bind tcp://*:0 picks its
+// ports at start and nothing the sidecar can read says which, so the
+// sidecar refuses to register the configured :0, saying why.
+func TestRecordRefusesPortZero(t *testing.T) {
+	for _, w := range []catalog.Worker{
+		{WorkerID: 1, ModelName: "m", BlockSize: 16, EventsEndpoint: "tcp://*:0"},
+		{WorkerID: 1, ModelName: "m", BlockSize: 16, EventsEndpoint: "tcp://*:5557", ReplayEndpoint: "tcp://0.0.0.0:0"},
+	} {
+		_, err := Options{Worker: w, AdvertiseHost: "10.0.0.2"}.Record()
+		if err == nil || !strings.Contains(err.Error(), "port 0 makes the engine pick its port at start") {
+			t.Errorf("Record(%s, %s) = %v", w.EventsEndpoint, w.ReplayEndpoint, err)
+		}
+	}
+	if _, err := (Options{Worker: catalog.Worker{WorkerID: 1, ModelName: "m", BlockSize: 16, EventsEndpoint: "tcp://*:5557"}, AdvertiseHost: "10.0.0.2"}).Record(); err != nil {
+		t.Fatal(err)
 	}
 }

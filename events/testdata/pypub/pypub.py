@@ -44,7 +44,8 @@ stdout line is {"endpoint": ..., "replay_endpoint": ...|null}. Commands:
         "lora_id":null,"lora_name":null}
        {"type":"BlockRemoved","block_hashes":[u64...],"medium":"GPU"|null}
        {"type":"AllBlocksCleared"}
-     medium, lora_id, lora_name default to null. In --era map, BlockStored
+     medium, lora_id, lora_name default to null. In --era sglang, BlockStored
+     takes cache_salt and session_id instead of lora_name. In --era map, BlockStored
      also takes extra_keys, group_idx, kv_cache_spec_kind,
      kv_cache_spec_sliding_window, locality, ownership, session_id, and
      BlockRemoved group_idx, locality, ownership (omitted when null, as
@@ -67,9 +68,18 @@ stdout line is {"endpoint": ..., "replay_endpoint": ...|null}. Commands:
   {"cmd":"quit"}    -> {"ok":true}, then the sockets are closed and it exits 0.
   EOF on stdin also exits 0. A bad command answers {"ok":false,"error":"..."}.
 
-Self-test: `pypub.py --self-test` checks the encoder against all ten msgspec
-0.21.1 payload vectors of events/testdata/vectors.json byte for byte and exits
-0 (all match) or 1.
+Eras (--era): map and array as vLLM (above); sglang is SGLang's positional
+layout: BlockStored [tag, block_hashes, parent_block_hash, token_ids,
+block_size, lora_id, medium], plus a metadata map {"cache_salt", "session_id"}
+as an eighth element when the event sets either (BlockStoredWithMetadata);
+BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag]; the rank is
+SGLang's attn_dp_rank. Use it with --layout legacy (SGLang's replay has no
+topic frame) and --hash signed (SGLang's hashes are signed int64).
+
+Self-test: `pypub.py --self-test` checks the encoder against the ten msgspec
+0.21.1 payload vectors of events/testdata/vectors.json and the SGLang and
+TensorRT-LLM vectors derived from their struct declarations, byte for byte,
+and exits 0 (all match) or 1.
 """
 
 import argparse
@@ -118,13 +128,16 @@ class EncodeError(ValueError):
 
 
 def wire_hash(h, mode):
-    """A block hash as vLLM >= v0.10.2 puts it on the wire (vLLM PR #23673)."""
+    """A block hash as vLLM >= v0.10.2 puts it on the wire (vLLM PR #23673),
+    or as a signed int64 (mode "signed": SGLang, TensorRT-LLM)."""
     if isinstance(h, bytes) or mode == "raw":  # self-test only: digests, signed ints
         return h
     if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= U64_MAX:
         raise EncodeError("block hash %r is not a uint64" % (h,))
     if mode == "int":
         return h
+    if mode == "signed":
+        return h - (1 << 64) if h >= 1 << 63 else h
     # VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=0 sends the 32-byte digest; the int
     # mode value is its last 8 bytes big-endian. Keep that relation.
     return b"\x00" * 24 + h.to_bytes(8, "big")
@@ -175,13 +188,64 @@ def encode_event(ev, era, hash_mode):
     return m
 
 
+# SGLang's positional structs (python/sglang/srt/disaggregation/kv_events.py,
+# array_like, tag=True): BlockStored [tag, block_hashes, parent_block_hash,
+# token_ids, block_size, lora_id, medium]; a salted store is
+# BlockStoredWithMetadata (tag "BlockStored", sgl-project/sglang PR #30827),
+# the same array plus a kw-only `metadata` BlockStoredMetadata, a map struct
+# with omit_defaults: {"cache_salt": ...} (and "session_id", PR #37482), left
+# out altogether when the request has neither. BlockRemoved [tag,
+# block_hashes, medium]; AllBlocksCleared [tag]. The batch's third element is
+# attn_dp_rank.
+SGLANG_SCHEMA = {
+    "BlockStored": ("block_hashes", "parent_block_hash", "token_ids", "block_size",
+                    "lora_id", "medium"),
+    "BlockRemoved": ("block_hashes", "medium"),
+    "AllBlocksCleared": (),
+}
+SGLANG_METADATA = ("cache_salt", "session_id")
+
+
+def encode_event_sglang(ev, hash_mode):
+    if not isinstance(ev, dict):
+        raise EncodeError("event %r is not an object" % (ev,))
+    tag = ev.get("type")
+    if tag not in SGLANG_SCHEMA:
+        raise EncodeError("unknown event type %r" % (tag,))
+    fields = SGLANG_SCHEMA[tag]
+    known = set(fields) | {"type"} | (set(SGLANG_METADATA) if tag == "BlockStored" else set())
+    extra = set(ev) - known
+    if extra:
+        raise EncodeError("%s: fields %s do not exist in SGLang's positional layout" % (tag, sorted(extra)))
+    out = [tag]
+    for name in fields:
+        if name not in ev and name not in NULLABLE:
+            raise EncodeError("%s: missing %s" % (tag, name))
+        v = ev.get(name)
+        if name == "block_hashes":
+            if not isinstance(v, list):
+                raise EncodeError("%s: block_hashes must be a list" % tag)
+            v = [wire_hash(h, hash_mode) for h in v]
+        elif name == "parent_block_hash" and v is not None:
+            v = wire_hash(v, hash_mode)
+        out.append(v)
+    meta = {k: ev[k] for k in SGLANG_METADATA if ev.get(k) is not None}
+    if meta:
+        out.append(meta)
+    return out
+
+
 def encode_batch(ts, events, rank, era, hash_mode):
     """msgspec-identical KVEventBatch: [ts, events, rank], never trimmed."""
-    if era not in ("map", "array"):
-        raise EncodeError("era must be map or array")
+    if era not in ("map", "array", "sglang"):
+        raise EncodeError("era must be map, array or sglang")
     if not isinstance(events, list):
         raise EncodeError("events must be a list")
-    body = [float(ts), [encode_event(e, era, hash_mode) for e in events], rank]
+    if era == "sglang":
+        evs = [encode_event_sglang(e, hash_mode) for e in events]
+    else:
+        evs = [encode_event(e, era, hash_mode) for e in events]
+    body = [float(ts), evs, rank]
     return msgpack.packb(body, use_bin_type=True, use_single_float=False)
 
 
@@ -193,6 +257,7 @@ H = 0xFEDCBA9876543210
 STORED_91 = {"type": "BlockStored", "block_hashes": [H], "parent_block_hash": None,
              "token_ids": [1, 2, 3, 4], "block_size": 4, "lora_id": None,
              "medium": "GPU", "lora_name": None}
+SGL_STORED = {k: v for k, v in STORED_91.items() if k != "lora_name"}
 VECTORS = [
     ("9.1 map BlockStored", "map", "int", [STORED_91], 0,
      "93cb3ff80000000000009188a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391"
@@ -232,6 +297,44 @@ VECTORS = [
      "93cb3ff80000000000009193ac426c6f636b52656d6f76656491cffedcba9876543210a347505501"),
     ("9.4 array AllBlocksCleared rank 0", "array", "int", [{"type": "AllBlocksCleared"}], 0,
      "93cb3ff80000000000009191b0416c6c426c6f636b73436c656172656400"),
+    # SGLang and TensorRT-LLM vectors of events/testdata/vectors.json (bytes
+    # derived from their struct declarations; see each vector's source).
+    ("sglang BlockStored unsalted", "sglang", "signed", [SGL_STORED], 0,
+     "93cb3ff80000000000009197ab426c6f636b53746f72656491d3fedcba9876543210c0940102030404c0a347505500"),
+    ("sglang BlockStoredWithMetadata salted", "sglang", "signed",
+     [dict(SGL_STORED, block_hashes=[H, 5], parent_block_hash=U64_MAX - 6,
+           token_ids=[1, 2, 3, 4, 5, 6, 7, 8], cache_salt="tenant-a")], 1,
+     "93cb3ff80000000000009198ab426c6f636b53746f72656492d3fedcba987654321005f998010203040506070804"
+     "c0a347505581aa63616368655f73616c74a874656e616e742d6101"),
+    ("sglang BlockRemoved media, AllBlocksCleared", "sglang", "signed",
+     [{"type": "BlockRemoved", "block_hashes": [H], "medium": "CPU_PINNED"},
+      {"type": "BlockRemoved", "block_hashes": [5, 6], "medium": "DISK"},
+      {"type": "BlockRemoved", "block_hashes": [7], "medium": "EXTERNAL"},
+      {"type": "AllBlocksCleared"}], 2,
+     "93cb3ff80000000000009493ac426c6f636b52656d6f76656491d3fedcba9876543210aa4350555f50494e4e45449"
+     "3ac426c6f636b52656d6f766564920506a44449534b93ac426c6f636b52656d6f7665649107a845585445524e41"
+     "4c91b0416c6c426c6f636b73436c656172656402"),
+    ("sglang mixed batch", "sglang", "signed",
+     [SGL_STORED, dict(SGL_STORED, block_hashes=[6], parent_block_hash=H, token_ids=[5, 6, 7, 8],
+                       medium="CPU_PINNED", cache_salt="tenant-b", session_id="sess-1"),
+      {"type": "BlockRemoved", "block_hashes": [H], "medium": "GPU"}], 3,
+     "93cb3ff80000000000009397ab426c6f636b53746f72656491d3fedcba9876543210c0940102030404c0a3475055"
+     "98ab426c6f636b53746f7265649106d3fedcba9876543210940506070804c0aa4350555f50494e4e454482aa6361"
+     "6368655f73616c74a874656e616e742d62aa73657373696f6e5f6964a6736573732d3193ac426c6f636b52656d6f"
+     "76656491d3fedcba9876543210a347505503"),
+    ("trtllm BlockStored signed hash", "map", "signed", [STORED_91], 0,
+     "93cb3ff80000000000009188a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391"
+     "d3fedcba9876543210b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f6964739401020304"
+     "aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c6f72615f6e616d65c000"),
+    ("trtllm coalesced BlockStored, BlockRemoved", "map", "signed",
+     [dict(STORED_91, block_hashes=[0x1111222233334444, 0x9999AAAABBBBCCCC], parent_block_hash=0x7777,
+           token_ids=[1, 2, 3, 4, 5, 6, 7, 8]),
+      {"type": "BlockRemoved", "block_hashes": [H], "medium": "GPU"}], 1,
+     "93cb3ff80000000000009288a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657392cf11"
+     "11222233334444d39999aaaabbbbccccb1706172656e745f626c6f636b5f68617368cd7777a9746f6b656e5f69"
+     "6473980102030405060708aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055a96c"
+     "6f72615f6e616d65c083a474797065ac426c6f636b52656d6f766564ac626c6f636b5f68617368657391d3fedc"
+     "ba9876543210a66d656469756da347505501"),
 ]
 
 
@@ -433,9 +536,9 @@ def main(argv):
     p.add_argument("--connect", action="store_true",
                    help="connect the PUB instead of binding it (centralised mode)")
     p.add_argument("--topic", default="")
-    p.add_argument("--era", choices=("map", "array"), default="map")
+    p.add_argument("--era", choices=("map", "array", "sglang"), default="map")
     p.add_argument("--layout", choices=("topic", "legacy"), default="topic")
-    p.add_argument("--hash", choices=("int", "bytes"), default="int")
+    p.add_argument("--hash", choices=("int", "bytes", "signed"), default="int")
     p.add_argument("--buffer-steps", type=int, default=10000)
     p.add_argument("--hwm", type=int, default=100000)
     p.add_argument("--rank", type=int, default=0)
