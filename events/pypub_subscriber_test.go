@@ -10,13 +10,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/pypub"
 )
 
 // pyEngine is an engine rank published by pypub.py (real libzmq): the
 // truth is tracked like e2eEngine's.
 type pyEngine struct {
 	*e2eEngine
-	py   *pyPub
+	py   *pypub.Pub
 	junk *rand.Rand
 }
 
@@ -61,7 +62,7 @@ func (e *pyEngine) feed(ops []indexer.Op, per, dropEvery, pad int) {
 			}
 		}
 		n++
-		e.last = e.py.publish(evs, dropEvery > 0 && n%dropEvery == 0)
+		e.last = e.py.Publish(evs, dropEvery > 0 && n%dropEvery == 0)
 		ops = ops[k:]
 	}
 }
@@ -91,12 +92,12 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 		{"array", "legacy", "bytes"},
 	} {
 		t.Run(tc.era+"-"+tc.layout+"-"+tc.hash, func(t *testing.T) {
-			py := startPyPub(t, "--era", tc.era, "--layout", tc.layout, "--hash", tc.hash, "--topic", "kv@w9@m")
+			py := pypub.Start(t, "--era", tc.era, "--layout", tc.layout, "--hash", tc.hash, "--topic", "kv@w9@m")
 			e := &pyEngine{e2eEngine: &e2eEngine{t: t, rank: indexer.Rank{WorkerID: 9}, truth: indexer.NewTree(16), hashes: map[uint64]bool{}}, py: py, junk: rand.New(rand.NewPCG(1, 2))}
 			// A long history first: more batches than the ROUTER's SNDHWM.
 			long := ops[:len(ops)*2/3]
 			e.feed(long, 1, 0, 400)
-			if st := py.state(); st.Seq < 3000 {
+			if st := py.State(); st.Seq < 3000 {
 				t.Fatalf("history of %d batches is too short to overflow the ROUTER", st.Seq)
 			}
 			ix, app := newE2EIndex(t)
@@ -106,7 +107,7 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 			gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
 			s := startSubscriber(t, Source{Worker: 9, Endpoint: py.Endpoint, ReplayEndpoint: py.ReplayEndpoint, Topic: "kv@w9"}, gated, SubscriberConfig{})
 			waitUntil(t, 30*time.Second, "pypub to send the whole replay", func() bool {
-				st := py.state()
+				st := py.State()
 				return st.LastReplay != nil && st.LastReplay.EndSent
 			})
 			close(gated.gate)
@@ -121,7 +122,7 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 			e.feed(rest[len(rest)/2:len(rest)/2+1], 4, 0, 0) // a last batch that arrives
 			caughtUp(t, s, e.e2eEngine)
 			checkIndex(t, ix, e.e2eEngine, false)
-			py.restart()
+			py.Restart()
 			e.truth = indexer.NewTree(16)
 			e.feed(rest[len(rest)/2+1:], 4, 0, 0)
 			caughtUp(t, s, e.e2eEngine)
@@ -141,7 +142,7 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 // truth's stores carry the seed the salt implies.
 type sglangEngine struct {
 	*e2eEngine
-	py    *pyPub
+	py    *pypub.Pub
 	salts map[uint64]string // engine hash → cache salt of its chain ("" = none)
 	nroot int               // distinct chain roots seen
 	roots []indexer.Op      // chain roots published, for lookups
@@ -213,7 +214,7 @@ func (e *sglangEngine) feed(ops []indexer.Op, per, dropEvery int) {
 			e.mixed++
 		}
 		n++
-		e.last = e.py.publish(evs, dropEvery > 0 && n%dropEvery == 0)
+		e.last = e.py.Publish(evs, dropEvery > 0 && n%dropEvery == 0)
 		ops = ops[k:]
 	}
 }
@@ -253,7 +254,7 @@ func (e *sglangEngine) checkLookups(t *testing.T, ix *indexer.Index) (salted int
 // namespace find exactly what the engine holds.
 func TestSubscriberInteropPyPubSGLang(t *testing.T) {
 	ops := e2eOps(t, 21, 1, 2500)[0]
-	py := startPyPub(t, "--era", "sglang", "--layout", "legacy", "--hash", "signed", "--topic", "kv@w12@m", "--rank", "0")
+	py := pypub.Start(t, "--era", "sglang", "--layout", "legacy", "--hash", "signed", "--topic", "kv@w12@m", "--rank", "0")
 	e := &sglangEngine{
 		e2eEngine: &e2eEngine{t: t, rank: indexer.Rank{WorkerID: 12}, truth: indexer.NewTree(16), hashes: map[uint64]bool{}},
 		py:        py, salts: map[uint64]string{},
@@ -271,7 +272,7 @@ func TestSubscriberInteropPyPubSGLang(t *testing.T) {
 	caughtUp(t, s, e.e2eEngine)
 	checkIndex(t, ix, e.e2eEngine, false)
 	salted, roots := e.checkLookups(t, ix), len(e.roots)
-	py.restart()
+	py.Restart()
 	e.truth = indexer.NewTree(16)
 	e.roots = nil
 	e.feed(ops[2*third+1:], 4, 0)

@@ -1,6 +1,6 @@
 package events
 
-// Interop tests against testdata/pypub/pypub.py, a clean-room vLLM-compatible
+// Interop tests against internal/pypub/pypub.py, a clean-room vLLM-compatible
 // publisher on real libzmq (pyzmq), consumed here with go-zeromq sockets and
 // the events Decoder. The publisher needs /usr/bin/python3 with the Debian
 // packages python3-zmq and python3-msgpack; without them these tests fail
@@ -8,315 +8,25 @@ package events
 // risk they exist to cover.
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
-	"io"
 	"os/exec"
 	"slices"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/pypub"
 )
 
 const (
-	pyPubPython = "/usr/bin/python3"
-	pyPubScript = "testdata/pypub/pypub.py"
 	// pyPubWait bounds every single wait (a command answer, one message).
-	pyPubWait = 10 * time.Second
+	pyPubWait = pypub.Wait
 	// pyPubTopic is the live topic the tests publish under (llm-d style).
 	pyPubTopic = "kv@w1@m"
 )
-
-var (
-	pyPubDepsOnce sync.Once
-	pyPubDepsErr  error
-)
-
-// pyPubRequireDeps fails t unless /usr/bin/python3 can import zmq and
-// msgpack.
-func pyPubRequireDeps(t testing.TB) {
-	t.Helper()
-	pyPubDepsOnce.Do(func() {
-		out, err := exec.Command(pyPubPython, "-c", "import zmq, msgpack").CombinedOutput()
-		if err != nil {
-			pyPubDepsErr = fmt.Errorf("%v: %s", err, bytes.TrimSpace(out))
-		}
-	})
-	if pyPubDepsErr != nil {
-		t.Fatalf("%s cannot run %s: %v\n"+
-			"`make test` installs python3-zmq python3-msgpack (Debian packages; or run "+
-			"`sudo apt-get install -y python3-zmq python3-msgpack`). The script must run with "+
-			"%s, not a pyenv/venv python that cannot see Debian packages.",
-			pyPubPython, pyPubScript, pyPubDepsErr, pyPubPython)
-	}
-}
-
-// pyPub drives one pypub.py process over its stdin/stdout JSON-line protocol.
-// Its methods must be called from the test goroutine.
-type pyPub struct {
-	t              testing.TB
-	cmd            *exec.Cmd
-	stdin          io.WriteCloser
-	lines          chan string   // stdout lines; closed at EOF
-	stop           chan struct{} // closed at cleanup: stop delivering lines
-	stderr         *pyPubBuffer
-	exited         bool
-	Endpoint       string // PUB endpoint as bound (LAST_ENDPOINT)
-	ReplayEndpoint string // ROUTER endpoint as bound; "" without one
-}
-
-// pyPubBuffer is a bytes.Buffer safe for the exec copier and the test.
-type pyPubBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *pyPubBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *pyPubBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
-// startPyPub starts pypub.py bound to ephemeral loopback ports (PUB and
-// ROUTER) plus args (later flags override earlier ones), waits for its
-// endpoints line and kills it when the test ends.
-func startPyPub(t testing.TB, args ...string) *pyPub {
-	t.Helper()
-	pyPubRequireDeps(t)
-	argv := append([]string{pyPubScript,
-		"--endpoint", "tcp://127.0.0.1:0", "--replay-endpoint", "tcp://127.0.0.1:0"}, args...)
-	cmd := exec.Command(pyPubPython, argv...)
-	p := &pyPub{
-		t:      t,
-		cmd:    cmd,
-		lines:  make(chan string, 16),
-		stop:   make(chan struct{}),
-		stderr: &pyPubBuffer{},
-	}
-	cmd.Stderr = p.stderr
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.stdin = stdin
-	if err := cmd.Start(); err != nil {
-		t.Fatalf("start %s: %v", pyPubPython, err)
-	}
-	go func() {
-		defer close(p.lines)
-		sc := bufio.NewScanner(stdout)
-		sc.Buffer(make([]byte, 64<<10), 256<<20)
-		for sc.Scan() {
-			select {
-			case p.lines <- sc.Text():
-			case <-p.stop:
-				for sc.Scan() { // drain until the process is gone
-				}
-				return
-			}
-		}
-	}()
-	t.Cleanup(p.cleanup)
-
-	var hello struct {
-		Endpoint       string  `json:"endpoint"`
-		ReplayEndpoint *string `json:"replay_endpoint"`
-	}
-	line := p.readLine()
-	if err := json.Unmarshal([]byte(line), &hello); err != nil || hello.Endpoint == "" {
-		t.Fatalf("pypub: bad startup line %q: %v", line, err)
-	}
-	p.Endpoint = hello.Endpoint
-	if hello.ReplayEndpoint != nil {
-		p.ReplayEndpoint = *hello.ReplayEndpoint
-	}
-	return p
-}
-
-func (p *pyPub) cleanup() {
-	close(p.stop)
-	p.stdin.Close()
-	if !p.exited {
-		p.cmd.Process.Kill()
-	}
-	for range p.lines { // EOF once the process is gone
-	}
-	p.cmd.Wait()
-}
-
-// readLine returns the next stdout line, failing the test on EOF or after
-// pyPubWait.
-func (p *pyPub) readLine() string {
-	p.t.Helper()
-	timer := time.NewTimer(pyPubWait)
-	defer timer.Stop()
-	select {
-	case line, ok := <-p.lines:
-		if !ok {
-			p.t.Fatalf("pypub exited early; stderr:\n%s", p.stderr)
-		}
-		return line
-	case <-timer.C:
-		p.t.Fatalf("pypub: no answer within %v; stderr:\n%s", pyPubWait, p.stderr)
-	}
-	return ""
-}
-
-// call sends one command and returns its answer, failing unless it is ok.
-func (p *pyPub) call(req map[string]any) map[string]any {
-	p.t.Helper()
-	line, err := json.Marshal(req)
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	if _, err := p.stdin.Write(append(line, '\n')); err != nil {
-		p.t.Fatalf("pypub: write %s: %v; stderr:\n%s", line, err, p.stderr)
-	}
-	answer := p.readLine()
-	dec := json.NewDecoder(strings.NewReader(answer))
-	dec.UseNumber()
-	var resp map[string]any
-	if err := dec.Decode(&resp); err != nil {
-		p.t.Fatalf("pypub: bad answer %q to %s: %v", answer, line, err)
-	}
-	if resp["ok"] != true {
-		p.t.Fatalf("pypub: %s failed: %s", line, answer)
-	}
-	return resp
-}
-
-func pyPubUint(t testing.TB, v any) uint64 {
-	t.Helper()
-	n, ok := v.(json.Number)
-	if !ok {
-		t.Fatalf("pypub: %v is not a number", v)
-	}
-	var u uint64
-	if _, err := fmt.Sscan(n.String(), &u); err != nil {
-		t.Fatalf("pypub: %v: %v", n, err)
-	}
-	return u
-}
-
-// publish encodes one batch of events (pypub's JSON event objects), buffers
-// it for replay and sends it on the PUB unless drop (a simulated high-water
-// mark loss). It returns the batch's seq.
-func (p *pyPub) publish(events []map[string]any, drop bool) uint64 {
-	p.t.Helper()
-	seq, _ := p.publishEcho(events, drop)
-	return seq
-}
-
-// publishEcho is publish that also returns the payload bytes.
-func (p *pyPub) publishEcho(events []map[string]any, drop bool) (uint64, []byte) {
-	p.t.Helper()
-	resp := p.call(map[string]any{"cmd": "publish", "events": events, "drop": drop, "echo": true})
-	payload, err := hex.DecodeString(resp["payload"].(string))
-	if err != nil {
-		p.t.Fatal(err)
-	}
-	return pyPubUint(p.t, resp["seq"]), payload
-}
-
-// restart starts a new engine incarnation: seq back to 0, buffer cleared.
-func (p *pyPub) restart() {
-	p.t.Helper()
-	p.call(map[string]any{"cmd": "restart"})
-}
-
-// dropReplay makes the ROUTER skip each replay message (batches and end
-// markers) with probability f, deterministically for a seed. f = 0 stops it.
-func (p *pyPub) dropReplay(f float64, seed int) {
-	p.t.Helper()
-	p.call(map[string]any{"cmd": "drop_replay", "fraction": f, "seed": seed})
-}
-
-// stallReplay leaves replay requests unserviced for d.
-func (p *pyPub) stallReplay(d time.Duration) {
-	p.t.Helper()
-	p.call(map[string]any{"cmd": "stall_replay", "seconds": d.Seconds()})
-}
-
-// pyPubState is the answer to {"cmd":"state"}.
-type pyPubState struct {
-	Seq        uint64    `json:"seq"`      // next seq
-	Buffered   *[2]int64 `json:"buffered"` // first, last buffered seq
-	Replays    int       `json:"replays"`  // requests serviced
-	LastReplay *struct {
-		Identity string `json:"identity"` // hex routing id libzmq saw
-		Start    uint64 `json:"start"`
-		Sent     int    `json:"sent"` // messages handed to libzmq, end included
-		Dropped  int    `json:"dropped"`
-		EndSent  bool   `json:"end_sent"`
-	} `json:"last_replay"`
-}
-
-func (p *pyPub) state() pyPubState {
-	p.t.Helper()
-	resp := p.call(map[string]any{"cmd": "state"})
-	raw, _ := json.Marshal(resp)
-	var st pyPubState
-	if err := json.Unmarshal(raw, &st); err != nil {
-		p.t.Fatal(err)
-	}
-	return st
-}
-
-// waitReplays polls state until n replay requests have been serviced.
-func (p *pyPub) waitReplays(n int) pyPubState {
-	p.t.Helper()
-	deadline := time.Now().Add(pyPubWait)
-	for {
-		st := p.state()
-		if st.Replays >= n {
-			return st
-		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("pypub serviced %d replay requests, want %d", st.Replays, n)
-		}
-	}
-}
-
-// quit asks pypub to exit and waits for it.
-func (p *pyPub) quit() {
-	p.t.Helper()
-	p.call(map[string]any{"cmd": "quit"})
-	p.stdin.Close()
-	timer := time.NewTimer(pyPubWait)
-	defer timer.Stop()
-	for {
-		select {
-		case _, ok := <-p.lines:
-			if ok {
-				continue
-			}
-			if err := p.cmd.Wait(); err != nil {
-				p.t.Fatalf("pypub exit: %v; stderr:\n%s", err, p.stderr)
-			}
-			p.exited = true
-			return
-		case <-timer.C:
-			p.t.Fatalf("pypub did not exit after quit")
-		}
-	}
-}
 
 // pyPubSock is a go-zeromq socket whose Recv runs in a goroutine, so that the
 // test can wait with a deadline.
@@ -606,12 +316,12 @@ func pyPubCheckPayload(t testing.TB, seq uint64, payload []byte, want []Event, r
 // pyPubJoin beats the slow joiner: it publishes probe batches until sub
 // receives one, then consumes the probes still in flight. It returns the last
 // seq received; every later batch reaches sub.
-func pyPubJoin(t testing.TB, p *pyPub, sub *pyPubSock) uint64 {
+func pyPubJoin(t testing.TB, p *pypub.Pub, sub *pyPubSock) uint64 {
 	t.Helper()
 	deadline := time.Now().Add(pyPubWait)
 	var first, last uint64
 	for n := 0; ; n++ {
-		last = p.publish(pyPubJSON(pyPubProbe), false)
+		last = p.Publish(pyPubJSON(pyPubProbe), false)
 		if n == 0 {
 			first = last
 		}
@@ -638,8 +348,8 @@ func pyPubJoin(t testing.TB, p *pyPub, sub *pyPubSock) uint64 {
 // ---------------------------------------------------------------------------
 
 func TestPyPubSelfTest(t *testing.T) {
-	pyPubRequireDeps(t)
-	out, err := exec.Command(pyPubPython, pyPubScript, "--self-test").CombinedOutput()
+	pypub.RequireDeps(t)
+	out, err := exec.Command(pypub.Python, pypub.Script, "--self-test").CombinedOutput()
 	if err != nil {
 		t.Fatalf("pypub --self-test: %v\n%s", err, out)
 	}
@@ -653,7 +363,7 @@ func TestPyPubLiveInterop(t *testing.T) {
 		for _, hash := range []HashType{HashInt, HashBytes} {
 			t.Run(era.String()+"/"+hash.String(), func(t *testing.T) {
 				const rank = 3
-				p := startPyPub(t, "--era", era.String(), "--hash", hash.String(),
+				p := pypub.Start(t, "--era", era.String(), "--hash", hash.String(),
 					"--topic", pyPubTopic, "--rank", fmt.Sprint(rank))
 				sub := pyPubSubscribe(t, p.Endpoint, "kv@w1@")
 				last := pyPubJoin(t, p, sub)
@@ -661,7 +371,7 @@ func TestPyPubLiveInterop(t *testing.T) {
 				want := map[uint64][]Event{}
 				var lastSeq uint64
 				for _, evs := range pyPubBatches() {
-					lastSeq = p.publish(pyPubJSON(evs), false)
+					lastSeq = p.Publish(pyPubJSON(evs), false)
 					want[lastSeq] = evs
 				}
 				enc := &Encoder{Era: era, Hash: hash}
@@ -675,7 +385,7 @@ func TestPyPubLiveInterop(t *testing.T) {
 					}
 					pyPubCheckPayload(t, m.seq, m.payload, want[m.seq], rank, enc)
 				}
-				p.quit()
+				p.Quit()
 			})
 		}
 	}
@@ -684,19 +394,19 @@ func TestPyPubLiveInterop(t *testing.T) {
 func TestPyPubReplayInterop(t *testing.T) {
 	for _, layout := range []string{"topic", "legacy"} {
 		t.Run(layout, func(t *testing.T) {
-			p := startPyPub(t, "--layout", layout, "--buffer-steps", "5", "--topic", pyPubTopic)
+			p := pypub.Start(t, "--layout", layout, "--buffer-steps", "5", "--topic", pyPubTopic)
 			batches := pyPubBatches()
 			payloads := map[uint64][]byte{}
 			events := map[uint64][]Event{}
 			for i := range 8 {
 				evs := batches[i%len(batches)]
-				seq, payload := p.publishEcho(pyPubJSON(evs), false)
+				seq, payload := p.PublishEcho(pyPubJSON(evs), false)
 				if seq != uint64(i) {
 					t.Fatalf("publish %d got seq %d", i, seq)
 				}
 				payloads[seq], events[seq] = payload, evs
 			}
-			if st := p.state(); st.Seq != 8 || st.Buffered == nil || *st.Buffered != [2]int64{3, 7} {
+			if st := p.State(); st.Seq != 8 || st.Buffered == nil || *st.Buffered != [2]int64{3, 7} {
 				t.Fatalf("state %+v, want seq 8 buffered [3 7]", st)
 			}
 
@@ -737,20 +447,20 @@ func TestPyPubReplayInterop(t *testing.T) {
 				}
 				replays++
 			}
-			st := p.state()
+			st := p.State()
 			if st.Replays != replays {
 				t.Fatalf("pypub serviced %d requests, want %d (the invalid one must not count)", st.Replays, replays)
 			}
 			if st.LastReplay == nil || st.LastReplay.Identity != hex.EncodeToString([]byte(id)) {
 				t.Fatalf("ROUTER saw identity %+v, want %x", st.LastReplay, id)
 			}
-			p.quit()
+			p.Quit()
 		})
 	}
 }
 
 func TestPyPubRestartAndDrops(t *testing.T) {
-	p := startPyPub(t, "--topic", pyPubTopic, "--layout", "topic", "--era", "map")
+	p := pypub.Start(t, "--topic", pyPubTopic, "--layout", "topic", "--era", "map")
 	sub := pyPubSubscribe(t, p.Endpoint, pyPubTopic)
 	d := pyPubDealer(t, p.ReplayEndpoint, "prefixd-restart")
 	last := pyPubJoin(t, p, sub)
@@ -764,8 +474,8 @@ func TestPyPubRestartAndDrops(t *testing.T) {
 	}
 
 	// A simulated PUB HWM drop: the seq is consumed and replayable, never live.
-	dropped := p.publish(pyPubJSON(batches[0]), true)
-	sent := p.publish(pyPubJSON(batches[1]), false)
+	dropped := p.Publish(pyPubJSON(batches[0]), true)
+	sent := p.Publish(pyPubJSON(batches[1]), false)
 	if dropped != last+1 || sent != last+2 {
 		t.Fatalf("seqs %d, %d after %d", dropped, sent, last)
 	}
@@ -780,14 +490,14 @@ func TestPyPubRestartAndDrops(t *testing.T) {
 	pyPubCheckPayload(t, sent, got[1].payload, batches[1], 0, nil)
 
 	// A new incarnation on the same sockets: seq restarts at 0, buffer empty.
-	p.restart()
-	if st := p.state(); st.Seq != 0 || st.Buffered != nil {
+	p.Restart()
+	if st := p.State(); st.Seq != 0 || st.Buffered != nil {
 		t.Fatalf("after restart: %+v", st)
 	}
 	if got := replay(0); len(got) != 0 {
 		t.Fatalf("replay after restart returned %d batches, want only the end marker", len(got))
 	}
-	if seq := p.publish(pyPubJSON(batches[2]), false); seq != 0 {
+	if seq := p.Publish(pyPubJSON(batches[2]), false); seq != 0 {
 		t.Fatalf("first seq after restart %d, want 0", seq)
 	}
 	m := pyPubParseLive(t, sub.recv(t))
@@ -798,7 +508,7 @@ func TestPyPubRestartAndDrops(t *testing.T) {
 
 	// A stalled replay servicer answers only after the stall.
 	const stall = 300 * time.Millisecond
-	p.stallReplay(stall)
+	p.StallReplay(stall)
 	begin := time.Now()
 	if got := replay(0); len(got) != 1 || got[0].seq != 0 {
 		t.Fatalf("replay after stall returned %d batches, want seq 0", len(got))
@@ -810,17 +520,17 @@ func TestPyPubRestartAndDrops(t *testing.T) {
 	// Simulated ROUTER loss: deterministic per seed, counted by pypub so the
 	// test knows how many messages to expect (no idle timeout needed).
 	for range 30 {
-		p.publish(pyPubJSON(batches[3]), false)
+		p.Publish(pyPubJSON(batches[3]), false)
 	}
 	for range 30 {
 		pyPubParseLive(t, sub.recv(t))
 	}
 	lossy := func() (seqs []uint64, end bool) {
 		t.Helper()
-		p.dropReplay(0.5, 1)
+		p.DropReplay(0.5, 1)
 		d.requestReplay(t, 0)
 		replays++
-		st := p.waitReplays(replays)
+		st := p.WaitReplays(replays)
 		lr := st.LastReplay
 		if lr.Sent+lr.Dropped != 32 { // 31 batches + end marker
 			t.Fatalf("lossy replay: %+v, want 32 messages in all", lr)
@@ -857,9 +567,9 @@ func TestPyPubRestartAndDrops(t *testing.T) {
 	}
 	t.Logf("drop_replay 0.5 seed 1: kept %d of 31 batches %v, end marker %v", len(a), a, endA)
 
-	p.dropReplay(0, 0)
+	p.DropReplay(0, 0)
 	if got := replay(0); len(got) != 31 {
 		t.Fatalf("replay after drop_replay 0 returned %d batches, want 31", len(got))
 	}
-	p.quit()
+	p.Quit()
 }
