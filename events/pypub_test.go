@@ -353,7 +353,7 @@ func TestPyPubSelfTest(t *testing.T) {
 	if err != nil {
 		t.Fatalf("pypub --self-test: %v\n%s", err, out)
 	}
-	if !bytes.Contains(out, []byte("PASS")) || bytes.Count(out, []byte("ok ")) < 16 {
+	if !bytes.Contains(out, []byte("PASS")) || bytes.Count(out, []byte("ok ")) < 18 {
 		t.Fatalf("pypub --self-test output:\n%s", out)
 	}
 }

@@ -75,6 +75,8 @@ as an eighth element when the event sets either (BlockStoredWithMetadata);
 BlockRemoved [tag, block_hashes, medium]; AllBlocksCleared [tag]; the rank is
 SGLang's attn_dp_rank. Use it with --layout legacy (SGLang's replay has no
 topic frame) and --hash signed (SGLang's hashes are signed int64).
+sglang-map is SGLang's newer tagged maps: the same fields by name, then
+cache_salt and session_id when set (no lora_name).
 
 Self-test: `pypub.py --self-test` checks the encoder against the ten msgspec
 0.21.1 payload vectors of events/testdata/vectors.json and the SGLang and
@@ -235,14 +237,35 @@ def encode_event_sglang(ev, hash_mode):
     return out
 
 
+def encode_event_sglang_map(ev, hash_mode):
+    """SGLang's newer tagged maps (sgl-project/sglang PR #37482): "type", the
+    positional fields by name, then cache_salt and session_id only when set.
+    The field order is an assumption (no struct declaration was available);
+    the decoder reads maps by name."""
+    out = encode_event_sglang(ev, hash_mode)
+    tag, fields = out[0], SGLANG_SCHEMA[out[0]]
+    m = {"type": tag}
+    for name, v in zip(fields, out[1:]):
+        m[name] = v
+    for k in SGLANG_METADATA:
+        if ev.get(k) is not None:
+            m[k] = ev[k]
+    return m
+
+
+ERAS = ("map", "array", "sglang", "sglang-map")
+
+
 def encode_batch(ts, events, rank, era, hash_mode):
     """msgspec-identical KVEventBatch: [ts, events, rank], never trimmed."""
-    if era not in ("map", "array", "sglang"):
-        raise EncodeError("era must be map, array or sglang")
+    if era not in ERAS:
+        raise EncodeError("era must be one of %s" % ", ".join(ERAS))
     if not isinstance(events, list):
         raise EncodeError("events must be a list")
     if era == "sglang":
         evs = [encode_event_sglang(e, hash_mode) for e in events]
+    elif era == "sglang-map":
+        evs = [encode_event_sglang_map(e, hash_mode) for e in events]
     else:
         evs = [encode_event(e, era, hash_mode) for e in events]
     body = [float(ts), evs, rank]
@@ -322,6 +345,12 @@ VECTORS = [
      "98ab426c6f636b53746f7265649106d3fedcba9876543210940506070804c0aa4350555f50494e4e454482aa6361"
      "6368655f73616c74a874656e616e742d62aa73657373696f6e5f6964a6736573732d3193ac426c6f636b52656d6f"
      "76656491d3fedcba9876543210a347505503"),
+    ("sglang map-tagged BlockStored", "sglang-map", "signed",
+     [dict(SGL_STORED, cache_salt="tenant-a", session_id="sess-1")], 0,
+     "93cb3ff80000000000009189a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391"
+     "d3fedcba9876543210b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f6964739401020304"
+     "aa626c6f636b5f73697a6504a76c6f72615f6964c0a66d656469756da3475055aa63616368655f73616c74"
+     "a874656e616e742d61aa73657373696f6e5f6964a6736573732d3100"),
     ("trtllm BlockStored signed hash", "map", "signed", [STORED_91], 0,
      "93cb3ff80000000000009188a474797065ab426c6f636b53746f726564ac626c6f636b5f68617368657391"
      "d3fedcba9876543210b1706172656e745f626c6f636b5f68617368c0a9746f6b656e5f6964739401020304"
@@ -536,7 +565,7 @@ def main(argv):
     p.add_argument("--connect", action="store_true",
                    help="connect the PUB instead of binding it (centralised mode)")
     p.add_argument("--topic", default="")
-    p.add_argument("--era", choices=("map", "array", "sglang"), default="map")
+    p.add_argument("--era", choices=ERAS, default="map")
     p.add_argument("--layout", choices=("topic", "legacy"), default="topic")
     p.add_argument("--hash", choices=("int", "bytes", "signed"), default="int")
     p.add_argument("--buffer-steps", type=int, default=10000)
