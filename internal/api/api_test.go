@@ -110,9 +110,15 @@ func TestQueryHybrid(t *testing.T) {
 			t.Fatal(err, res.Errs)
 		}
 	}
-	s := newServer(t, Config{Index: ix})
+	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{list: []WorkerInfo{{InstanceID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16,
+		Listeners: map[uint32]Listener{0: {Endpoint: "tcp://h:1", Status: StatusActive}}}}}})
 	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
 		`{"scores":{"1":{"0":32}},"frequencies":[],"instances":{"1":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`)
+	// /workers lists the groups the index learned, by group_idx.
+	s.get("/workers").expect(t, 200, `[{"instance_id":1,"source":"zmq","status":"active","model_name":"m","routing_group":"default","block_size":16,`+
+		`"endpoints":{"0":"tcp://h:1"},"listeners":{"0":{"endpoint":"tcp://h:1","status":"active","degraded":false,"last_seq":1,"blocks":4,"last_seen_seq":null,`+
+		`"kv_cache_groups":[{"group_idx":0,"attention":"sliding_window","kind":"sliding_window","sliding_window":18,"tracked":true,"blocks":3},`+
+		`{"group_idx":1,"attention":"full","kind":"full_attention","main":true,"tracked":true,"blocks":4}]}}}]`)
 }
 
 func TestQueryUnknownPartition(t *testing.T) {
@@ -432,7 +438,8 @@ func TestWorkers(t *testing.T) {
 	s := newServer(t, Config{Index: ix, Workers: fw})
 	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
 		`"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"},` +
-		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"last_seen_seq":9},` +
+		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"last_seen_seq":9,` +
+		`"kv_cache_groups":[{"group_idx":0,"attention":"full","main":true,"tracked":true,"blocks":3}]},` +
 		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0,"last_seen_seq":null}},` +
 		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","data_parallel_size":2,"total_kv_blocks":1000}`
 	w4 := `{"instance_id":4,"source":"zmq","status":"paused","model_name":"other","routing_group":"g","block_size":32,"endpoints":{},"listeners":{}}`

@@ -200,6 +200,29 @@ type Listener struct {
 	Replay string `json:"replay,omitempty"`
 	// ReplayQueuedSeconds is how long the rank has waited for its slot.
 	ReplayQueuedSeconds float64 `json:"replay_queued_seconds,omitempty"`
+	// KVCacheGroups are the rank's KV-cache groups as the index learned
+	// them from its stores, by group_idx (absent before the first store):
+	// one for most models, one per attention type for a hybrid model
+	// (docs/index.md, "Hybrid models"). Filled in by the handler.
+	KVCacheGroups []KVCacheGroup `json:"kv_cache_groups,omitempty"`
+}
+
+// KVCacheGroup is one KV-cache group of a rank in /workers.
+type KVCacheGroup struct {
+	GroupIdx int `json:"group_idx"`
+	// Attention is how the group's blocks make a hit: "full",
+	// "sliding_window" or "other" (a rule the index does not model).
+	Attention     string `json:"attention"`
+	Kind          string `json:"kind,omitempty"`           // kv_cache_spec_kind as sent
+	SlidingWindow int    `json:"sliding_window,omitempty"` // tokens
+	// Main: the group the radix tree indexes (the lowest-numbered
+	// full-attention group); Blocks of the listener are its blocks.
+	Main bool `json:"main,omitempty"`
+	// Tracked: the index keeps the group's blocks and limits the hit it
+	// reports by the group's rule; an untracked group makes the reported
+	// hit an upper bound.
+	Tracked bool `json:"tracked"`
+	Blocks  int  `json:"blocks"` // blocks held, in any tier
 }
 
 // statusOrder lists listener statuses best first.
@@ -300,6 +323,13 @@ func (h *handler) fillWorker(wi *WorkerInfo) {
 			if st.HasSeq {
 				seq := st.Watermark
 				l.LastSeq = &seq
+			}
+		}
+		if gs, err := h.cfg.Index.Groups(key, indexer.Rank{WorkerID: wi.InstanceID, DPRank: rank}); err == nil && len(gs) > 0 {
+			l.KVCacheGroups = make([]KVCacheGroup, len(gs))
+			for i, g := range gs {
+				l.KVCacheGroups[i] = KVCacheGroup{GroupIdx: g.Idx, Attention: g.Attention.String(), Kind: g.Kind,
+					SlidingWindow: g.Window, Main: g.Main, Tracked: g.Tracked, Blocks: g.Blocks}
 			}
 		}
 		listeners[rank] = l
