@@ -554,12 +554,23 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 	subset := skips.First != nil && skippedAfterClear(&r.batch)
 	// The rank's state after the batch goes in with it: an AllBlocksCleared
 	// lifts degraded (ObserveCleared below), a skipped store sets it.
-	mark := indexer.Mark{Seq: seq, Digest: digest, Degraded: r.cur.Degraded() && clears == 0}
+	//
+	// A batch stamped with another registered rank (a publisher that
+	// carries several ranks) is that rank's: it records no watermark there
+	// (the seq is this stream's), it marks the rank degraded when this
+	// stream lost history it may have carried or skipped one of its stores,
+	// and it neither lifts this stream's flag (its AllBlocksCleared clears
+	// the other rank) nor sets it (its skipped stores are the other rank's).
+	foreign := rank != src.rank()
+	mark := indexer.Mark{Seq: seq, Digest: digest, Degraded: r.cur.Degraded() && clears == 0, Foreign: foreign}
 	switch {
 	case subset:
 		mark.Degraded, mark.Reason = true, "a BlockStored event could not be decoded: the rank lacks its blocks"
 	case mark.Degraded:
 		mark.Reason = r.degradedWhy
+		if foreign {
+			mark.Reason = fmt.Sprintf("rank %d's stream, which carries this rank's events, lost history: %s", src.Rank, r.degradedWhy)
+		}
 	}
 	if err := r.s.app.ApplyBatch(rank, mark, &r.batch); err != nil {
 		if !errors.Is(err, ErrFenced) { // fenced: the stream is being stopped
@@ -574,6 +585,13 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "removed").Add(removed)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "cleared").Add(clears)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "unknown").Add(float64(r.batch.Unknown))
+	}
+	if foreign {
+		if subset {
+			r.log(slog.LevelWarn, "subset", time.Minute, "batch for another rank has undecodable BlockStored events: applied without them, that rank marked degraded",
+				"seq", seq, "batch_rank", rank.DPRank, "skipped", skips.Total(), "first_err", skips.First)
+		}
+		return nil
 	}
 	if clears > 0 {
 		r.cur.ObserveCleared()

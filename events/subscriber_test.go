@@ -813,3 +813,86 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 		t.Errorf("stats %+v, want 1 subset, 1 lost history", st)
 	}
 }
+
+// TestSubscriberForeignRankDegraded: batches stamped with another
+// registered rank (a publisher that carries several ranks) say the truth
+// about both ranks: a store skipped from such a batch degrades that rank,
+// not the stream's; the stream's lost history degrades the ranks it
+// carries; that rank's AllBlocksCleared lifts its flag but not the
+// stream's; and the stream's seqs never become that rank's watermark.
+func TestSubscriberForeignRankDegraded(t *testing.T) {
+	ops := e2eOps(t, 17, 1, 300)[0]
+	var roots []indexer.Op
+	for _, op := range ops {
+		if op.Kind == indexer.OpStore && !op.Store.HasParent {
+			roots = append(roots, op)
+		}
+	}
+	if len(roots) < 4 {
+		t.Fatalf("%d root stores", len(roots))
+	}
+	own, two := indexer.Rank{WorkerID: 8}, indexer.Rank{WorkerID: 8, DPRank: 2}
+	e := startEngine(t, own, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ix, app := newE2EIndex(t)
+	s := startSubscriber(t, Source{Worker: 8, Ranks: []uint32{0, 2}, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app, SubscriberConfig{})
+	e.feed(ops[:60])
+	caughtUp(t, s, e)
+	ownSeq := e.last
+	state := func(r indexer.Rank) indexer.RankState {
+		t.Helper()
+		st, err := ix.Rank(e2eKey, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	publish := func(evs ...any) {
+		t.Helper()
+		e.publishRaw(mp([]any{1.5, evs, 2}))
+		caughtUp(t, s, e)
+	}
+	eagle := mapEvent(roots[1])
+	for i := 0; i < len(eagle); i += 2 {
+		if eagle[i] == "token_ids" {
+			eagle[i+1] = []any{[]any{1, 2}, []any{3, 4}}
+		}
+	}
+
+	// Rank 2's batch with an undecodable store: rank 2 lacks it.
+	publish(mapEvent(roots[0]), eagle)
+	if st := state(two); !st.Degraded || st.HasSeq || st.Blocks != len(roots[0].Store.Hashes) {
+		t.Fatalf("rank 2 after a skipped store: %+v; want degraded, no watermark, the good store's blocks", st)
+	}
+	if st := state(own); st.Degraded || s.s.State().Degraded || st.Watermark != ownSeq {
+		t.Fatalf("the stream's own rank after rank 2's skipped store: %+v, stream degraded %v; want exact at seq %d", st, s.s.State().Degraded, ownSeq)
+	}
+	// Rank 2's AllBlocksCleared lifts rank 2's flag.
+	publish(kvs{"type", "AllBlocksCleared"}, mapEvent(roots[2]))
+	if st := state(two); st.Degraded || st.Blocks != len(roots[2].Store.Hashes) {
+		t.Fatalf("rank 2 after its clear: %+v; want exact", st)
+	}
+
+	// The stream loses history (an undecodable batch): its rank is reset
+	// and degraded; a later batch of rank 2 is degraded too (the lost
+	// batch may have been rank 2's), and rank 2's clear lifts rank 2 only.
+	seq, err := e.pub.Publish(context.Background(), []byte{0xc1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.last = seq
+	caughtUp(t, s, e)
+	if !s.s.State().Degraded {
+		t.Fatal("an undecodable batch did not degrade the stream")
+	}
+	publish(mapEvent(roots[3]))
+	if st := state(two); !st.Degraded || !strings.Contains(st.DegradedReason, "rank 0's stream") {
+		t.Fatalf("rank 2 after the stream lost history: %+v; want degraded, saying why", st)
+	}
+	publish(kvs{"type", "AllBlocksCleared"})
+	if st := state(two); st.Degraded || st.Blocks != 0 {
+		t.Fatalf("rank 2 after its clear: %+v; want exact and empty", st)
+	}
+	if st := state(own); !st.Degraded || !s.s.State().Degraded {
+		t.Fatalf("rank 2's clear lifted the stream's own rank: %+v, stream degraded %v", st, s.s.State().Degraded)
+	}
+}

@@ -97,8 +97,9 @@ func (t *Tree) Dump() *Snapshot {
 	all := make([]DumpBlock, 0, t.entries)
 	for r, rid := range t.rankIDs {
 		st := &t.ranks[rid]
+		deg, why := st.degradedState()
 		s.Ranks = append(s.Ranks, RankWatermark{Rank: r, Seq: st.seq, HasSeq: st.hasSeq, Digest: st.digest, Truncated: st.truncated,
-			Degraded: st.degraded, DegradedReason: st.degradedWhy})
+			Degraded: deg, DegradedReason: why})
 	}
 	slices.SortFunc(s.Ranks, func(a, b RankWatermark) int { // a dump of one state is one byte string
 		return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))

@@ -254,6 +254,12 @@ type Mark struct {
 	Seq, Digest uint64
 	Degraded    bool
 	Reason      string // why it is degraded; "" when it is not
+	// Foreign: the batch came on another rank's stream, stamped with r by
+	// a publisher that carries several ranks. r's watermark is not that
+	// stream's and stays as it is; Degraded marks r degraded (until an
+	// AllBlocksCleared of r empties it) but a foreign batch never lifts
+	// the flag r's own stream set.
+	Foreign bool
 }
 
 // ApplyBatch is Apply that records m with the batch (see Mark and
@@ -283,8 +289,13 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	}
 	rid := t.rankID(r)
 	rs := &t.ranks[rid]
-	rs.seq, rs.hasSeq, rs.digest = m.Seq, true, m.Digest
-	rs.degraded, rs.degradedWhy = m.Degraded, m.Reason
+	switch {
+	case !m.Foreign:
+		rs.seq, rs.hasSeq, rs.digest = m.Seq, true, m.Digest
+		rs.degraded, rs.degradedWhy = m.Degraded, m.Reason
+	case m.Degraded && rs.foreignWhy == "":
+		rs.foreignWhy = m.Reason
+	}
 	t.enforceCapacity(rid)
 	for i := range res.Skipped {
 		res.Skipped[i] = t.counts[i] - before[i]
@@ -579,8 +590,9 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 		return RankState{}, nil
 	}
 	rs := &t.ranks[rid]
+	deg, why := rs.degradedState()
 	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
-		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: rs.degraded, DegradedReason: rs.degradedWhy}, nil
+		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why}, nil
 }
 
 // Groups returns what partition k learned of r's KV-cache groups (see

@@ -505,3 +505,42 @@ func TestDegradedTravels(t *testing.T) {
 		t.Fatalf("after a batch marked exact: %+v", rs)
 	}
 }
+
+// TestForeignMark: a batch carried by another rank's stream (Mark.Foreign)
+// leaves the rank's watermark alone, can mark it degraded but not lift the
+// flag, and its mark outlives the rank's own exact batches until an
+// AllBlocksCleared empties the rank; dumps carry it.
+func TestForeignMark(t *testing.T) {
+	ix := New(Options{})
+	must(t, ix.AddPartition(testKey, 4))
+	r := Rank{WorkerID: 3, DPRank: 1}
+	st := Stored{Hashes: []uint64{10}, Tokens: []uint32{1, 2, 3, 4}, BlockSize: 4, Seed: BaseSeed}
+	apply := func(m Mark, ops ...Op) RankState {
+		t.Helper()
+		_, err := ix.ApplyBatch(testKey, r, m, ops)
+		must(t, err)
+		rs, err := ix.Rank(testKey, r)
+		must(t, err)
+		return rs
+	}
+	if rs := apply(Mark{Seq: 5, Digest: 55}, Op{Kind: OpStore, Store: st}); rs.Degraded || rs.Watermark != 5 {
+		t.Fatalf("own batch: %+v", rs)
+	}
+	if rs := apply(Mark{Seq: 70, Foreign: true, Degraded: true, Reason: "a store was skipped"}); !rs.Degraded || rs.DegradedReason != "a store was skipped" || rs.Watermark != 5 || rs.Digest != 55 {
+		t.Fatalf("foreign degraded batch: %+v; want degraded, watermark 5 kept", rs)
+	}
+	if rs := apply(Mark{Seq: 71, Foreign: true}); !rs.Degraded {
+		t.Fatalf("a foreign exact batch lifted the flag: %+v", rs)
+	}
+	if rs := apply(Mark{Seq: 6}); !rs.Degraded || rs.Watermark != 6 {
+		t.Fatalf("the rank's own exact batch lifted a foreign batch's flag: %+v", rs)
+	}
+	snap, err := ix.Snapshot(testKey)
+	must(t, err)
+	if len(snap.Ranks) != 1 || !snap.Ranks[0].Degraded || snap.Ranks[0].DegradedReason != "a store was skipped" {
+		t.Fatalf("dump: %+v", snap.Ranks)
+	}
+	if rs := apply(Mark{Seq: 72, Foreign: true}, Op{Kind: OpClear}); rs.Degraded || rs.Watermark != 6 {
+		t.Fatalf("after the rank's clear: %+v; want exact, watermark 6", rs)
+	}
+}

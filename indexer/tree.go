@@ -157,6 +157,22 @@ type rankState struct {
 	// incomplete, and why. It travels in dumps.
 	degraded    bool
 	degradedWhy string
+	// foreignWhy: a batch of another rank's stream that carried r's
+	// events was degraded (Mark.Foreign), and why; "" if none was since
+	// r was last cleared.
+	foreignWhy string
+}
+
+// degradedState is the rank's degraded flag and reason: its own stream's
+// word, or else a foreign batch's.
+func (rs *rankState) degradedState() (bool, string) {
+	switch {
+	case rs.degraded:
+		return true, rs.degradedWhy
+	case rs.foreignWhy != "":
+		return true, rs.foreignWhy
+	}
+	return false, ""
 }
 
 type ovKey struct {
@@ -681,7 +697,7 @@ func (t *Tree) clearRank(rid uint32) {
 	t.clearMain(rid)
 	t.clearGroups(rid)
 	rs := &t.ranks[rid]
-	rs.truncated, rs.main, rs.hasMain = false, groupInfo{}, false
+	rs.truncated, rs.main, rs.hasMain, rs.foreignWhy = false, groupInfo{}, false, ""
 }
 
 // clearMain drops rid's tree holdings (its main group's blocks).
