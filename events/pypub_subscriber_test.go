@@ -21,21 +21,7 @@ type pyEngine struct {
 	junk *rand.Rand
 }
 
-func pyEvent(op indexer.Op) map[string]any {
-	switch op.Kind {
-	case indexer.OpStore:
-		s := op.Store
-		var parent any
-		if s.HasParent {
-			parent = s.Parent
-		}
-		return map[string]any{"type": "BlockStored", "block_hashes": s.Hashes, "parent_block_hash": parent,
-			"token_ids": s.Tokens, "block_size": s.BlockSize, "medium": "GPU"}
-	case indexer.OpRemove:
-		return map[string]any{"type": "BlockRemoved", "block_hashes": op.Remove.Hashes, "medium": "GPU"}
-	}
-	return map[string]any{"type": "AllBlocksCleared"}
-}
+func pyEvent(op indexer.Op) map[string]any { return pypub.Event(op) }
 
 // feed publishes ops in batches of up to per; every dropEvery-th batch is
 // dropped on the PUB (a high-water-mark loss the subscriber must replay).

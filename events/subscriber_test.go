@@ -692,6 +692,34 @@ func mapEvent(op indexer.Op) kvs {
 }
 
 // publishRaw publishes a hand-built payload; truth gets ops.
+// rootStores returns the stores of ops that start a chain, failing t
+// unless there are at least n.
+func rootStores(t *testing.T, ops []indexer.Op, n int) []indexer.Op {
+	t.Helper()
+	var roots []indexer.Op
+	for _, op := range ops {
+		if op.Kind == indexer.OpStore && !op.Store.HasParent {
+			roots = append(roots, op)
+		}
+	}
+	if len(roots) < n {
+		t.Fatalf("%d root stores, want %d", len(roots), n)
+	}
+	return roots
+}
+
+// eagleEvent is op's map event with SGLang EAGLE's bigram token pairs,
+// which the decoder cannot turn into token ids: a skipped store.
+func eagleEvent(op indexer.Op) kvs {
+	ev := mapEvent(op)
+	for i := 0; i < len(ev); i += 2 {
+		if ev[i] == "token_ids" {
+			ev[i+1] = []any{[]any{1, 2}, []any{3, 4}}
+		}
+	}
+	return ev
+}
+
 func (e *e2eEngine) publishRaw(payload []byte, ops ...indexer.Op) {
 	e.t.Helper()
 	for _, op := range ops {
@@ -716,15 +744,7 @@ func (e *e2eEngine) publishRaw(payload []byte, ops ...indexer.Op) {
 // counted by kind and reason.
 func TestSubscriberSkippedEvents(t *testing.T) {
 	ops := e2eOps(t, 15, 1, 400)[0]
-	var roots []indexer.Op
-	for _, op := range ops {
-		if op.Kind == indexer.OpStore && !op.Store.HasParent {
-			roots = append(roots, op)
-		}
-	}
-	if len(roots) < 4 {
-		t.Fatalf("%d root stores", len(roots))
-	}
+	roots := rootStores(t, ops, 4)
 	rank := indexer.Rank{WorkerID: 6}
 	e := startEngine(t, rank, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
@@ -740,12 +760,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 	for _, op := range ops[:120] {
 		_ = want.truth.Apply(rank, op)
 	}
-	eagle := mapEvent(roots[1])
-	for i := 0; i < len(eagle); i += 2 {
-		if eagle[i] == "token_ids" {
-			eagle[i+1] = []any{[]any{1, 2}, []any{3, 4}} // SGLang EAGLE: bigram pairs
-		}
-	}
+	eagle := eagleEvent(roots[1])
 	_ = want.truth.Apply(rank, roots[0])
 	e.publishRaw(mp([]any{1.5, []any{mapEvent(roots[0]), eagle}, 0}), roots[0], roots[1])
 	caughtUp(t, s, e)
@@ -822,15 +837,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 // stream's; and the stream's seqs never become that rank's watermark.
 func TestSubscriberForeignRankDegraded(t *testing.T) {
 	ops := e2eOps(t, 17, 1, 300)[0]
-	var roots []indexer.Op
-	for _, op := range ops {
-		if op.Kind == indexer.OpStore && !op.Store.HasParent {
-			roots = append(roots, op)
-		}
-	}
-	if len(roots) < 4 {
-		t.Fatalf("%d root stores", len(roots))
-	}
+	roots := rootStores(t, ops, 4)
 	own, two := indexer.Rank{WorkerID: 8}, indexer.Rank{WorkerID: 8, DPRank: 2}
 	e := startEngine(t, own, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
@@ -851,12 +858,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 		e.publishRaw(mp([]any{1.5, evs, 2}))
 		caughtUp(t, s, e)
 	}
-	eagle := mapEvent(roots[1])
-	for i := 0; i < len(eagle); i += 2 {
-		if eagle[i] == "token_ids" {
-			eagle[i+1] = []any{[]any{1, 2}, []any{3, 4}}
-		}
-	}
+	eagle := eagleEvent(roots[1])
 
 	// Rank 2's batch with an undecodable store: rank 2 lacks it.
 	publish(mapEvent(roots[0]), eagle)

@@ -95,22 +95,7 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 			b = append(b, `,"tokens_hash":`...)
 			b = strconv.AppendUint(b, bl.TokensHash, 10)
 			b = append(b, `,"mm_extra_info":null`...)
-			if bl.Counts != single && bl.Counts != ([NumTiers]uint32{}) {
-				b = append(b, `,"counts":{`...)
-				first := true
-				for _, tier := range tierKeyOrder {
-					if c := bl.Counts[tier]; c > 0 {
-						if !first {
-							b = append(b, ',')
-						}
-						first = false
-						b = strconv.AppendQuote(b, tier.String())
-						b = append(b, ':')
-						b = strconv.AppendUint(b, uint64(c), 10)
-					}
-				}
-				b = append(b, '}')
-			}
+			b = appendCounts(b, bl.Counts, single)
 			b = append(b, '}')
 			if err := flush(); err != nil {
 				return err
@@ -231,22 +216,7 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 					}
 					b = append(b, `{"block_hash":`...)
 					b = strconv.AppendUint(b, bl.Hash, 10)
-					if bl.Counts != one && bl.Counts != ([NumTiers]uint32{}) {
-						b = append(b, `,"counts":{`...)
-						first := true
-						for _, tier := range tierKeyOrder {
-							if c := bl.Counts[tier]; c > 0 {
-								if !first {
-									b = append(b, ',')
-								}
-								first = false
-								b = strconv.AppendQuote(b, tier.String())
-								b = append(b, ':')
-								b = strconv.AppendUint(b, uint64(c), 10)
-							}
-						}
-						b = append(b, '}')
-					}
+					b = appendCounts(b, bl.Counts, one)
 					b = append(b, '}')
 					if err := flush(); err != nil {
 						return err
@@ -268,6 +238,29 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 
 // appendJSONString appends s as a JSON string, escaped as encoding/json
 // escapes it (HTML characters included).
+// appendCounts appends `,"counts":{…}` (the tiers with copies, in
+// tierKeyOrder) unless counts is def, what a block without "counts"
+// means, or empty.
+func appendCounts(b []byte, counts, def [NumTiers]uint32) []byte {
+	if counts == def || counts == ([NumTiers]uint32{}) {
+		return b
+	}
+	b = append(b, `,"counts":{`...)
+	first := true
+	for _, tier := range tierKeyOrder {
+		if c := counts[tier]; c > 0 {
+			if !first {
+				b = append(b, ',')
+			}
+			first = false
+			b = strconv.AppendQuote(b, tier.String())
+			b = append(b, ':')
+			b = strconv.AppendUint(b, uint64(c), 10)
+		}
+	}
+	return append(b, '}')
+}
+
 func appendJSONString(b []byte, s string) []byte {
 	q, _ := json.Marshal(s) // a string always marshals
 	return append(b, q...)

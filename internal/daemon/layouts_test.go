@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -84,23 +85,14 @@ func newLayoutEngine(t *testing.T, lay engineLayout, worker uint64, r uint32) *l
 
 // event is the pypub event object for op in the engine's layout.
 func (e *layoutEngine) event(op indexer.Op) map[string]any {
-	ev := map[string]any{}
+	ev := pypub.Event(op)
 	switch op.Kind {
+	case indexer.OpClear:
+		return ev
 	case indexer.OpStore:
-		s := op.Store
-		var parent any
-		if s.HasParent {
-			parent = s.Parent
-		}
-		ev = map[string]any{"type": "BlockStored", "block_hashes": s.Hashes, "parent_block_hash": parent,
-			"token_ids": s.Tokens, "block_size": s.BlockSize, "medium": "GPU"}
-		if salt := e.salt[s.Hashes[0]]; salt != "" {
+		if salt := e.salt[op.Store.Hashes[0]]; salt != "" {
 			ev["cache_salt"] = salt
 		}
-	case indexer.OpRemove:
-		ev = map[string]any{"type": "BlockRemoved", "block_hashes": op.Remove.Hashes, "medium": "GPU"}
-	case indexer.OpClear:
-		return map[string]any{"type": "AllBlocksCleared"}
 	}
 	if e.lay.hybrid {
 		ev["group_idx"] = op.Group.Idx
@@ -287,7 +279,7 @@ func rankDumps(s *indexer.Snapshot) map[indexer.Rank]*layoutRankDump {
 	}
 	for _, g := range s.Groups {
 		g.Blocks = slices.Clone(g.Blocks)
-		slices.SortFunc(g.Blocks, func(a, b indexer.DumpGroupBlock) int { return cmpU64(a.Hash, b.Hash) })
+		slices.SortFunc(g.Blocks, func(a, b indexer.DumpGroupBlock) int { return cmp.Compare(a.Hash, b.Hash) })
 		rd := get(g.Rank)
 		rd.Groups = append(rd.Groups, g)
 	}
@@ -300,16 +292,6 @@ func rankDumps(s *indexer.Snapshot) map[indexer.Rank]*layoutRankDump {
 		slices.SortFunc(rd.Groups, func(a, b indexer.DumpGroup) int { return a.Idx - b.Idx })
 	}
 	return out
-}
-
-func cmpU64(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // sameRank says how got's rank r differs from want's ("" if not at all).

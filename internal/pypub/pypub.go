@@ -24,6 +24,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/indexer"
 )
 
 const (
@@ -321,4 +323,22 @@ func (p *Pub) Quit() {
 			p.t.Fatalf("pypub did not exit after quit")
 		}
 	}
+}
+
+// Event is pypub's event object for op, as a single-group vLLM engine on
+// the GPU sends it (lora_name nil; no salt, no KV-cache group).
+func Event(op indexer.Op) map[string]any {
+	switch op.Kind {
+	case indexer.OpStore:
+		s := op.Store
+		var parent any
+		if s.HasParent {
+			parent = s.Parent
+		}
+		return map[string]any{"type": "BlockStored", "block_hashes": s.Hashes, "parent_block_hash": parent,
+			"token_ids": s.Tokens, "block_size": s.BlockSize, "medium": "GPU"}
+	case indexer.OpRemove:
+		return map[string]any{"type": "BlockRemoved", "block_hashes": op.Remove.Hashes, "medium": "GPU"}
+	}
+	return map[string]any{"type": "AllBlocksCleared"}
 }
