@@ -28,17 +28,26 @@ var _ Applier = (*IndexApplier)(nil)
 
 // ApplyBatch implements Applier.
 func (a *IndexApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error {
+	_, err := a.ApplyBatchResult(r, m, b)
+	return err
+}
+
+// ApplyBatchResult is ApplyBatch that also returns what the index made of
+// the batch: the blocks it skipped and the blocks of its redundant stores
+// (indexer.BatchResult). A Subscriber over an IndexApplier counts and logs
+// the redundant stores of each batch.
+func (a *IndexApplier) ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *Batch) (indexer.BatchResult, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.fenced {
-		return ErrFenced
+		return indexer.BatchResult{}, ErrFenced
 	}
 	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
 	res, err := a.Index.ApplyBatch(a.Partition, r, m, a.ops)
 	for i, n := range res.Skipped {
 		a.skipped[i] += n
 	}
-	return err
+	return res, err
 }
 
 // ResetRank implements Applier.

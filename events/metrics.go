@@ -17,6 +17,7 @@ type Metrics struct {
 	replays    *prometheus.CounterVec
 	dropped    *prometheus.CounterVec
 	skipped    *prometheus.CounterVec
+	redundant  *prometheus.CounterVec
 	replayTime prometheus.Histogram
 }
 
@@ -47,10 +48,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_events_skipped_total",
 			Help: "Events that could not be decoded and were left out of their batch, by kind (stored, removed, cleared, untagged) and reason (event, hash, token, field). A skipped stored event leaves the rank a strict subset (degraded); any other makes the batch lossy (dropped, reason lossy: the rank is reset and degraded)."},
 			append(wr, "kind", "reason")),
+		redundant: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_index_redundant_store_blocks_total",
+			Help: "Blocks of redundant BlockStored events: device copies of blocks the rank already held on the device, on the chain it held. Applied as copies; a steady rate under prefix-cache hits means the engine re-reports cached blocks (vLLM's kv_cache_report_mode=\"full\"), so its copy counts, and the index, may exceed the engine's."}, wr),
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.replayTime)
 	return m
 }
 
@@ -68,4 +71,5 @@ func (m *Metrics) forget(worker, rank string) {
 	m.replays.DeletePartialMatch(l)
 	m.dropped.DeletePartialMatch(l)
 	m.skipped.DeletePartialMatch(l)
+	m.redundant.DeletePartialMatch(l)
 }

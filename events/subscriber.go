@@ -74,6 +74,20 @@ type truncation interface {
 	Truncated(r indexer.Rank) bool
 }
 
+// batchResults is implemented by Appliers that say what the index made of
+// each batch (IndexApplier): the subscriber counts and logs its redundant
+// stores (indexer.BatchResult.Redundant).
+type batchResults interface {
+	ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *Batch) (indexer.BatchResult, error)
+}
+
+// redundantStoreMsg is the line a Subscriber logs at WARN the first time
+// its rank sends a redundant store — a BlockStored that only re-reports
+// blocks the rank already held on the device (see indexer.Tree.Redundant)
+// — and then at most once a minute, with the batch's blocks and the
+// running total. docs/operations.md quotes it.
+const redundantStoreMsg = `redundant BlockStored: the engine re-reported cached blocks (kv_cache_report_mode="full"?); copy counts may exceed the engine's`
+
 // SubscriberConfig tunes a Subscriber. Zero fields take the defaults noted.
 type SubscriberConfig struct {
 	Cursor      CursorConfig  // HasReplay and SeqBase are set from the Source
@@ -255,6 +269,7 @@ type run struct {
 	corrupt      string // why the last reset came from a bad batch ("" if it did not)
 	degradedWhy  string // why the cursor is degraded, recorded with each batch
 	expired      bool   // the session deadline timer fired
+	redundant    uint64 // blocks of redundant stores applied since Run started
 	session      replaySession
 	logs         logLimiter
 }
@@ -572,7 +587,14 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 			mark.Reason = fmt.Sprintf("rank %d's stream, which carries this rank's events, lost history: %s", src.Rank, r.degradedWhy)
 		}
 	}
-	if err := r.s.app.ApplyBatch(rank, mark, &r.batch); err != nil {
+	var res indexer.BatchResult
+	var err error
+	if br, ok := r.s.app.(batchResults); ok {
+		res, err = br.ApplyBatchResult(rank, mark, &r.batch)
+	} else {
+		err = r.s.app.ApplyBatch(rank, mark, &r.batch)
+	}
+	if err != nil {
 		if !errors.Is(err, ErrFenced) { // fenced: the stream is being stopped
 			r.s.cfg.Logger.Error("apply batch", "worker", src.Worker, "rank", rank.DPRank, "seq", seq, "err", err)
 			r.drop("apply_error")
@@ -585,6 +607,11 @@ func (r *run) apply(seq, digest uint64, payload []byte) []Action {
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "removed").Add(removed)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "cleared").Add(clears)
 		m.events.WithLabelValues(r.labels[0], r.labels[1], "unknown").Add(float64(r.batch.Unknown))
+		m.redundant.WithLabelValues(r.labels[0], r.labels[1]).Add(float64(res.Redundant))
+	}
+	if res.Redundant > 0 {
+		r.redundant += res.Redundant
+		r.log(slog.LevelWarn, "redundant", time.Minute, redundantStoreMsg, "seq", seq, "blocks", res.Redundant, "total", r.redundant)
 	}
 	if foreign {
 		if subset {

@@ -3,6 +3,7 @@ package events
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
+	"github.com/prefixd/prefixd/internal/testlog"
 )
 
 // e2eEngine is one simulated engine rank: a real Publisher on loopback,
@@ -896,5 +898,74 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 	}
 	if st := state(own); !st.Degraded || !s.s.State().Degraded {
 		t.Fatalf("rank 2's clear lifted the stream's own rank: %+v, stream degraded %v", st, s.s.State().Degraded)
+	}
+}
+
+// TestSubscriberRedundantStores: a chain published twice (vLLM with
+// kv_cache_report_mode="full" re-reporting a prefix-cache hit) is applied
+// as copies, its blocks are counted in
+// prefixd_index_redundant_store_blocks_total, and the WARN line is
+// logged the first time and then held back for a minute.
+func TestSubscriberRedundantStores(t *testing.T) {
+	var root indexer.Op
+	for _, op := range e2eOps(t, 15, 1, 300)[0] {
+		if op.Kind == indexer.OpStore && !op.Store.HasParent && len(op.Store.Hashes) > 1 {
+			root = op
+			break
+		}
+	}
+	n := len(root.Store.Hashes)
+	if n == 0 {
+		t.Fatal("no root store of several blocks")
+	}
+	rank := indexer.Rank{WorkerID: 7}
+	e := startEngine(t, rank, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	ix, app := newE2EIndex(t)
+	reg := prometheus.NewRegistry()
+	logs, log := testlog.New(t)
+	s := startSubscriber(t, Source{Worker: 7, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
+		SubscriberConfig{Metrics: NewMetrics(reg), Logger: log})
+	const msg = `redundant BlockStored: the engine re-reported cached blocks (kv_cache_report_mode="full"?); copy counts may exceed the engine's`
+	metric := func(v int) string {
+		return fmt.Sprintf(`
+# HELP prefixd_index_redundant_store_blocks_total Blocks of redundant BlockStored events: device copies of blocks the rank already held on the device, on the chain it held. Applied as copies; a steady rate under prefix-cache hits means the engine re-reports cached blocks (vLLM's kv_cache_report_mode="full"), so its copy counts, and the index, may exceed the engine's.
+# TYPE prefixd_index_redundant_store_blocks_total counter
+prefixd_index_redundant_store_blocks_total{rank="0",worker="7"} %d
+`, v)
+	}
+	check := func(step string, v int) {
+		t.Helper()
+		if err := testutil.GatherAndCompare(reg, strings.NewReader(metric(v)), "prefixd_index_redundant_store_blocks_total"); err != nil {
+			t.Fatalf("%s: %v", step, err)
+		}
+		rs, err := ix.Rank(e2eKey, rank)
+		if err != nil || rs.RedundantBlocks != uint64(v) {
+			t.Fatalf("%s: RankState.RedundantBlocks = %d (%v), want %d", step, rs.RedundantBlocks, err, v)
+		}
+	}
+
+	e.publish([]indexer.Op{root})
+	caughtUp(t, s, e)
+	check("first store", 0)
+	if c := logs.Count(msg); c != 0 {
+		t.Fatalf("%d redundant-store lines after a first store", c)
+	}
+
+	e.publish([]indexer.Op{root})
+	caughtUp(t, s, e)
+	check("the chain again", n)
+	rec := logs.Wait(t, 10*time.Second, msg, "worker=7", "rank=0", fmt.Sprintf("blocks=%d", n), fmt.Sprintf("total=%d", n))
+	if rec.Level != slog.LevelWarn {
+		t.Fatalf("logged at %v, want WARN", rec.Level)
+	}
+	// Applied as a copy: the engine's truth (which counts copies the
+	// same way) and the index agree.
+	checkIndex(t, ix, e, false)
+
+	e.publish([]indexer.Op{root})
+	caughtUp(t, s, e)
+	check("a third time", 2*n)
+	if c := logs.Count(msg); c != 1 {
+		t.Fatalf("%d redundant-store lines within a minute, want 1", c)
 	}
 }

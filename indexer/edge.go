@@ -235,17 +235,22 @@ func (t *Tree) tierCount(id uint32, h int, pos uint32, tier Tier) uint32 {
 	return c
 }
 
-func (t *Tree) incCount(id uint32, h int, pos uint32, tier Tier) {
+// incCount adds a copy of block pos of holder h in tier and reports
+// whether the tier already held one.
+func (t *Tree) incCount(id uint32, h int, pos uint32, tier Tier) (had bool) {
 	n := &t.nodes[id]
 	i := int(pos)*len(n.hold) + h
 	switch (n.cnt[i] >> (8 * tier)) & 0xff {
 	case 0xff:
 		t.overflow[ovKey{n.hold[h].rid, tier, n.ext[i]}]++
-		return
+		return true
 	case 0:
 		t.ranks[n.hold[h].rid].tiers[tier]++
+		n.cnt[i] += 1 << (8 * tier)
+		return false
 	}
 	n.cnt[i] += 1 << (8 * tier)
+	return true
 }
 
 // decCount decrements and reports whether the block is now held in no tier.

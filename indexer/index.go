@@ -236,7 +236,11 @@ type BatchResult struct {
 	// rank, Skipped[ReasonEvicted] by the memory cap from any partition
 	// (Stats counts each where it happened).
 	Skipped [NumReasons]uint64
-	Errs    []error // the *OpError of each op that skipped blocks
+	// Redundant counts the blocks of the batch's redundant stores:
+	// device copies of blocks the rank already held there, on the chain
+	// it already held (see Tree.Redundant). They were applied.
+	Redundant uint64
+	Errs      []error // the *OpError of each op that skipped blocks
 }
 
 // Apply applies the ops of one engine batch for rank r in order and records
@@ -281,7 +285,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		n := 2 * uint32(len(ops))
 		t.clock = ix.clock.Add(n) - n
 	}
-	before := t.counts
+	before, redundant := t.counts, t.redundant
 	for i := range ops {
 		if err := t.Apply(r, ops[i]); err != nil {
 			res.Errs = append(res.Errs, err)
@@ -300,6 +304,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	for i := range res.Skipped {
 		res.Skipped[i] = t.counts[i] - before[i]
 	}
+	res.Redundant = t.redundant - redundant
 	over := ix.publish(p)
 	p.mu.Unlock()
 	if over {
@@ -533,6 +538,9 @@ type PartitionStats struct {
 	BlockSize int
 	TreeStats
 	Counts [NumReasons]uint64
+	// Redundant counts the blocks of redundant stores the partition
+	// applied since it was made or restored (Tree.Redundant).
+	Redundant uint64
 }
 
 // Stats describes every partition, unordered.
@@ -544,7 +552,7 @@ func (ix *Index) Stats() []PartitionStats {
 			continue
 		}
 		p.mu.RLock()
-		out = append(out, PartitionStats{Key: k, BlockSize: p.blockSize, TreeStats: p.tree.Stats(), Counts: p.tree.counts})
+		out = append(out, PartitionStats{Key: k, BlockSize: p.blockSize, TreeStats: p.tree.Stats(), Counts: p.tree.counts, Redundant: p.tree.redundant})
 		p.mu.RUnlock()
 	}
 	return out
@@ -574,6 +582,13 @@ type RankState struct {
 	// dump has the dumping replica's.
 	Degraded       bool
 	DegradedReason string
+	// RedundantBlocks counts the blocks of the rank's redundant stores
+	// (see Tree.Redundant) since the partition first saw the rank: a
+	// Clear, an AllBlocksCleared op or a Reset keeps it, RemoveRank
+	// forgets it, and a rank restored from a dump starts at 0. A rising
+	// count means the engine re-reports cached blocks (vLLM's
+	// kv_cache_report_mode="full"), or computed blocks twice at once.
+	RedundantBlocks uint64
 }
 
 // Rank reports what partition k knows of r.
@@ -592,7 +607,8 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	rs := &t.ranks[rid]
 	deg, why := rs.degradedState()
 	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
-		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why}, nil
+		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why,
+		RedundantBlocks: rs.redundant}, nil
 }
 
 // Groups returns what partition k learned of r's KV-cache groups (see

@@ -68,6 +68,10 @@ type refRank struct {
 	byPath  map[uint64]uint64    // fingerprint of the entry's path → engine hash
 	seq     uint64
 	hasSeq  bool
+	// redundant counts the blocks of redundant stores: device stores
+	// that applied whole and only added a device copy to blocks the rank
+	// held on the device.
+	redundant uint64
 }
 
 // refModel is the reference: per rank, a map of engine hash → (path, counts).
@@ -76,6 +80,7 @@ type refModel struct {
 	paths     map[uint64]*refPath // interned paths by fingerprint
 	ranks     map[indexer.Rank]*refRank
 	counts    [indexer.NumReasons]uint64
+	redundant uint64 // Σ the ranks' redundant, including ranks since removed
 }
 
 func newRefModel(blockSize int) *refModel {
@@ -165,6 +170,7 @@ func (m *refModel) Store(r indexer.Rank, s indexer.Stored) *indexer.OpError {
 	}
 	usable := min(len(s.Hashes), len(s.Tokens)/m.blockSize)
 	local := indexer.HashBlocks(nil, s.Tokens[:usable*m.blockSize], m.blockSize, s.Seed)
+	redundant := s.Tier == indexer.TierDevice && usable == len(s.Hashes)
 	for i := 0; i < usable; i++ {
 		path = m.child(path, local[i])
 		x := s.Hashes[i]
@@ -177,7 +183,14 @@ func (m *refModel) Store(r indexer.Rank, s indexer.Stored) *indexer.OpError {
 			rr.entries[x] = e
 			rr.byPath[path.fp] = x
 		}
+		if e.counts[indexer.TierDevice] == 0 {
+			redundant = false
+		}
 		e.counts[s.Tier]++
+	}
+	if redundant {
+		rr.redundant += uint64(len(s.Hashes))
+		m.redundant += uint64(len(s.Hashes))
 	}
 	if usable < len(s.Hashes) {
 		return m.fail(r, indexer.ReasonShortTokens, s.Hashes[usable], len(s.Hashes)-usable)
@@ -423,6 +436,9 @@ func compareTree(tr *indexer.Tree, m *refModel, probes [][]uint64, extraRanks []
 	if got, want := tr.Counts(), m.counts; got != want {
 		return fmt.Errorf("Counts() = %v, model %v", got, want)
 	}
+	if got, want := tr.Redundant(), m.redundant; got != want {
+		return fmt.Errorf("Redundant() = %d, model %d", got, want)
+	}
 	for _, r := range extraRanks {
 		if _, known := m.ranks[r]; !known {
 			if n := tr.RankBlocks(r); n != 0 {
@@ -437,6 +453,9 @@ func compareTree(tr *indexer.Tree, m *refModel, probes [][]uint64, extraRanks []
 		rr := m.ranks[r]
 		if n := tr.RankBlocks(r); n != len(rr.entries) {
 			return fmt.Errorf("RankBlocks(%v) = %d, model %d", r, n, len(rr.entries))
+		}
+		if n := tr.RankRedundant(r); n != rr.redundant {
+			return fmt.Errorf("RankRedundant(%v) = %d, model %d", r, n, rr.redundant)
 		}
 		seq, ok := tr.Watermark(r)
 		if ok != rr.hasSeq || seq != rr.seq {

@@ -161,6 +161,9 @@ type rankState struct {
 	// events was degraded (Mark.Foreign), and why; "" if none was since
 	// r was last cleared.
 	foreignWhy string
+	// redundant counts the blocks of the rank's redundant stores since
+	// the rank was first seen (see Tree.Redundant); Clear keeps it.
+	redundant uint64
 }
 
 // degradedState is the rank's degraded flag and reason: its own stream's
@@ -213,10 +216,12 @@ type Tree struct {
 	shared   *atomic.Uint32
 	trackLRU bool // Match stamps the nodes it visits
 	counts   [NumReasons]uint64
-	localBuf []uint64
-	touched  []uint32
-	sortBuf  []uint64
-	trimBuf  []trimCand
+	// redundant counts the blocks of redundant stores (see Redundant).
+	redundant uint64
+	localBuf  []uint64
+	touched   []uint32
+	sortBuf   []uint64
+	trimBuf   []trimCand
 }
 
 // NewTree returns an empty tree for blocks of blockSize tokens.
@@ -237,6 +242,36 @@ func (t *Tree) BlockSize() int { return t.blockSize }
 
 // Counts returns how many blocks were skipped or evicted, by reason.
 func (t *Tree) Counts() [NumReasons]uint64 { return t.counts }
+
+// Redundant returns how many blocks of redundant stores the tree has
+// applied, over all ranks, since it was made (a restored tree starts at
+// 0). A redundant store is a device-tier BlockStored, with the tokens of
+// all its blocks, of a rank's main KV-cache group, every block of which
+// the rank already held on the device as the next block of the chain the
+// event continues: its parent (or the root, for an event without one)
+// and then each of its hashes in order — so the event applied whole,
+// adding one more device copy to every block and no new block. Events
+// with a new block, a block held only in other tiers, a skipped block
+// (hash_conflict, short_tokens, …), a store of another tier or an
+// offload never count; an event counts all its blocks or none.
+//
+// vLLM sends such stores for a request with kv_cache_report_mode="full"
+// (it re-reports the prefix-cache hits it reused), so a redundant store
+// is most likely that; but two requests that computed the same blocks
+// at once leave vLLM with real duplicate physical copies, which look the
+// same. They are applied as copies either way; only their blocks are
+// counted (docs/wire.md).
+func (t *Tree) Redundant() uint64 { return t.redundant }
+
+// RankRedundant returns how many blocks of redundant stores (see
+// Redundant) r has sent since the tree first saw it: Clear and
+// AllBlocksCleared keep the count, RemoveRank forgets it.
+func (t *Tree) RankRedundant(r Rank) uint64 {
+	if rid, ok := t.rankIDs[r]; ok {
+		return t.ranks[rid].redundant
+	}
+	return 0
+}
 
 // TreeStats describes the size of a tree.
 type TreeStats struct {
@@ -448,6 +483,9 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	t.localBuf = HashBlocks(t.localBuf[:0], s.Tokens[:usable*t.blockSize], t.blockSize, s.Seed)
 	local := t.localBuf
 	t.touched = t.touched[:0]
+	// red: every block so far was a device copy of a block the rank held
+	// on the device, as the next block of its chain (see Redundant).
+	red := s.Tier == TierDevice && usable == len(s.Hashes)
 	var err error
 	for i := 0; i < usable; i++ {
 		x := s.Hashes[i]
@@ -459,11 +497,14 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 				break
 			}
 			h := t.holderIndex(l.node, rid)
-			t.incCount(l.node, h, l.pos, s.Tier)
+			if !t.incCount(l.node, h, l.pos, s.Tier) {
+				red = false
+			}
 			t.afterCount(l, h)
 			cur, prevExt, hasPrev = l, x, true
 			continue
 		}
+		red = false
 		tgt := t.descend(cur, local[i], rid)
 		h := t.holderIndex(tgt.node, rid)
 		if h < 0 && tgt.pos == 0 {
@@ -497,6 +538,11 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	}
 	for _, id := range t.touched {
 		t.tidy(id)
+	}
+	if red && err == nil {
+		n := uint64(len(s.Hashes))
+		t.redundant += n
+		t.ranks[rid].redundant += n
 	}
 	if err == nil && usable < len(s.Hashes) {
 		err = t.fail(r, ReasonShortTokens, s.Hashes[usable], len(s.Hashes)-usable)

@@ -421,6 +421,8 @@ func TestUnregister(t *testing.T) {
 func TestWorkers(t *testing.T) {
 	ix := newIndex(t)
 	p := prompt(48, 1)
+	// The chain stored twice: a redundant store of its 3 blocks.
+	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 6, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
 	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 7, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
 	seen := uint64(9) // two batches behind last_seq 7, waiting for a replay
 	fw := &fakeWorkers{list: []WorkerInfo{
@@ -438,7 +440,7 @@ func TestWorkers(t *testing.T) {
 	s := newServer(t, Config{Index: ix, Workers: fw})
 	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
 		`"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"},` +
-		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"last_seen_seq":9,` +
+		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"redundant_store_blocks":3,"last_seen_seq":9,` +
 		`"kv_cache_groups":[{"group_idx":0,"attention":"full","main":true,"tracked":true,"blocks":3}]},` +
 		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0,"last_seen_seq":null}},` +
 		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","data_parallel_size":2,"total_kv_blocks":1000}`
@@ -451,7 +453,7 @@ func TestWorkers(t *testing.T) {
 	if !reflect.DeepEqual(fw.listArgs, want) {
 		t.Errorf("list args %v, want %v", fw.listArgs, want)
 	}
-	if l := fw.list[0].Listeners[0]; l.Blocks != 0 || l.LastSeq != nil || fw.list[1].Listeners != nil {
+	if l := fw.list[0].Listeners[0]; l.Blocks != 0 || l.RedundantStoreBlocks != 0 || l.LastSeq != nil || fw.list[1].Listeners != nil {
 		t.Errorf("the handler modified the maps List returned: %+v", fw.list)
 	}
 	// The response decodes into the exported type.

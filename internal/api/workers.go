@@ -189,6 +189,12 @@ type Listener struct {
 	// index; implementations leave them zero.
 	LastSeq *uint64 `json:"last_seq"`
 	Blocks  int     `json:"blocks"`
+	// RedundantStoreBlocks counts the blocks of the rank's redundant
+	// stores (indexer.RankState.RedundantBlocks): BlockStored events that
+	// only re-reported blocks the rank already held on the device, as
+	// vLLM's kv_cache_report_mode="full" does (docs/wire.md). Filled in by
+	// the handler from the index; absent when 0.
+	RedundantStoreBlocks uint64 `json:"redundant_store_blocks,omitempty"`
 	// LastSeenSeq is the last seq received on the rank's live socket
 	// since it last connected (null before the first live batch): while
 	// it is above LastSeq, that many batches wait for a replay. Filled in
@@ -301,7 +307,8 @@ func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
 }
 
 // fillWorker completes what the handler derives: source, aggregate status,
-// endpoints, and each rank's block count and watermark from the index.
+// endpoints, and each rank's block count, redundant-store count and
+// watermark from the index.
 func (h *handler) fillWorker(wi *WorkerInfo) {
 	if wi.Source == "" {
 		wi.Source = "zmq"
@@ -319,7 +326,7 @@ func (h *handler) fillWorker(wi *WorkerInfo) {
 	for rank, l := range wi.Listeners {
 		worst = max(worst, slices.Index(statusOrder, l.Status))
 		if st, err := h.cfg.Index.Rank(key, indexer.Rank{WorkerID: wi.InstanceID, DPRank: rank}); err == nil {
-			l.Blocks = st.Blocks
+			l.Blocks, l.RedundantStoreBlocks = st.Blocks, st.RedundantBlocks
 			if st.HasSeq {
 				seq := st.Watermark
 				l.LastSeq = &seq
