@@ -315,7 +315,7 @@ func TestEtcdWatcherStopsWhileDown(t *testing.T) {
 // with a wrong password fails at connect with an error that says so.
 func TestEtcdAuth(t *testing.T) {
 	e := storetest.StartEtcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	prefix := uniquePrefix()
 
@@ -340,7 +340,10 @@ func TestEtcdAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	cfg := catalog.EtcdConfig{Endpoints: e.Endpoints(), Prefix: prefix, Username: "root", Password: "s3cret", DialTimeout: 5 * time.Second}
+	// Connecting with credentials authenticates: etcd checks the password
+	// with bcrypt (cost 10), seconds under the race detector on a loaded
+	// machine, so the dial budget is generous here.
+	cfg := catalog.EtcdConfig{Endpoints: e.Endpoints(), Prefix: prefix, Username: "root", Password: "s3cret", DialTimeout: 30 * time.Second}
 	authed, err := catalog.NewEtcdStore(ctx, cfg)
 	if err != nil {
 		t.Fatalf("with credentials: %v", err)
@@ -383,7 +386,7 @@ func TestEtcdAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.expect(t, 10*time.Second, "removed m/g/1")
-	root, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 5 * time.Second, Username: "root", Password: "s3cret"})
+	root, err := clientv3.New(clientv3.Config{Endpoints: e.Endpoints(), DialTimeout: 30 * time.Second, Username: "root", Password: "s3cret"})
 	if err != nil {
 		t.Fatal(err)
 	}
