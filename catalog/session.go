@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/retry"
 )
 
 // DefaultSessionTTL is the lease TTL of a Session registered with ttl 0.
@@ -189,7 +191,7 @@ func (s *Session) keepAlive(ctx context.Context, lease LeaseID) error {
 	deadline := renewed.Add(ttl)
 	timer := time.NewTimer(time.Until(renewed.Add(ttl / 3)))
 	defer timer.Stop()
-	retry := 100 * time.Millisecond
+	bo := retry.Backoff(100*time.Millisecond, time.Second)
 	for {
 		select {
 		case <-ctx.Done():
@@ -215,7 +217,7 @@ func (s *Session) keepAlive(ctx context.Context, lease LeaseID) error {
 			if hook != nil {
 				hook(lease)
 			}
-			retry = 100 * time.Millisecond
+			bo.Reset()
 			timer.Reset(ttl / 3)
 			continue
 		}
@@ -226,8 +228,7 @@ func (s *Session) keepAlive(ctx context.Context, lease LeaseID) error {
 			return ctx.Err()
 		}
 		// Transient (store unreachable): try again soon, until the deadline.
-		timer.Reset(min(retry, max(time.Until(deadline), 0)))
-		retry = min(2*retry, time.Second)
+		timer.Reset(min(bo.NextBackOff(), max(time.Until(deadline), 0)))
 	}
 }
 
@@ -244,7 +245,7 @@ func (s *Session) markLost(lease LeaseID) {
 // reregister writes the record again with a new lease, retrying until it
 // succeeds, ctx ends or the session closes.
 func (s *Session) reregister(ctx context.Context, old LeaseID) error {
-	delay := 100 * time.Millisecond
+	bo := retry.Backoff(100*time.Millisecond, time.Second)
 	for attempt := 1; ; attempt++ {
 		s.mu.Lock()
 		w, ttl := s.w, s.ttl
@@ -280,9 +281,8 @@ func (s *Session) reregister(ctx context.Context, old LeaseID) error {
 			return ctx.Err()
 		case <-s.closing:
 			return errors.New("session closed")
-		case <-time.After(delay):
+		case <-time.After(bo.NextBackOff()):
 		}
-		delay = min(2*delay, time.Second)
 	}
 }
 

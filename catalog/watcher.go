@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/retry"
 )
 
 // ChangeKind says how a worker record changed.
@@ -155,7 +157,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if w.cfg.OnChange == nil {
 		return errors.New("catalog watcher: OnChange is required")
 	}
-	delay := w.cfg.RetryMin
+	bo := retry.Backoff(w.cfg.RetryMin, w.cfg.RetryMax)
 	first := true
 	for {
 		rev, err := w.sync(ctx)
@@ -163,11 +165,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return ctx.Err()
 			}
+			delay := bo.NextBackOff()
 			w.cfg.Logger.Warn("catalog: list workers failed", "err", err, "retry_in", delay)
 			if !w.wait(ctx, delay) {
 				return ctx.Err()
 			}
-			delay = min(2*delay, w.cfg.RetryMax)
 			continue
 		}
 		if !first {
@@ -182,20 +184,21 @@ func (w *Watcher) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, ErrCompacted):
 			w.cfg.Logger.Info("catalog: watch revision compacted; listing again", "err", err)
-			delay = w.cfg.RetryMin
+			bo.Reset()
 			continue
-		case errors.Is(err, ErrInterrupted):
-			w.cfg.Logger.Info("catalog: watch interrupted; listing again", "err", err)
-		default:
-			w.cfg.Logger.Warn("catalog: watch failed; listing again", "err", err, "retry_in", delay)
 		}
 		if time.Since(start) > w.cfg.RetryMax {
-			delay = w.cfg.RetryMin
+			bo.Reset() // the watch lasted: this failure is a new one
+		}
+		delay := bo.NextBackOff()
+		if errors.Is(err, ErrInterrupted) {
+			w.cfg.Logger.Info("catalog: watch interrupted; listing again", "err", err)
+		} else {
+			w.cfg.Logger.Warn("catalog: watch failed; listing again", "err", err, "retry_in", delay)
 		}
 		if !w.wait(ctx, delay) {
 			return ctx.Err()
 		}
-		delay = min(2*delay, w.cfg.RetryMax)
 	}
 }
 

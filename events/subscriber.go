@@ -15,6 +15,8 @@ import (
 
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
+
+	"github.com/prefixd/prefixd/internal/retry"
 )
 
 // Source is one engine publisher: the live socket of one worker rank.
@@ -305,7 +307,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			m.forget(r.labels[0], r.labels[1])
 		}
 	}()
-	delay := s.cfg.RetryMin
+	bo := retry.Backoff(s.cfg.RetryMin, s.cfg.RetryMax)
 	for {
 		start := time.Now()
 		err := r.connection(ctx)
@@ -313,15 +315,15 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		if time.Since(start) > s.cfg.RetryMax {
-			delay = s.cfg.RetryMin
+			bo.Reset() // the connection lasted: this failure is a new one
 		}
+		delay := bo.NextBackOff()
 		r.disconnected(err, delay)
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(delay):
 		}
-		delay = min(2*delay, s.cfg.RetryMax)
 	}
 }
 
