@@ -11,6 +11,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // blackhole is a TCP proxy that can stop forwarding without closing
@@ -137,13 +138,13 @@ func TestEtcdPartitionDuringWatch(t *testing.T) {
 	if _, err := operator.Put(ctx, storetest.Worker("m", "g", 3), catalog.NoLease); err != nil {
 		t.Fatal(err)
 	}
-	storetest.Eventually(t, 10*time.Second, "a failed header read", func() bool { return catalog.WatchCheckFailures(daemon) > 0 })
+	testsupport.Eventually(t, 10*time.Second, "a failed header read", func() bool { return catalog.WatchCheckFailures(daemon) > 0 })
 	if st := watcher.Stats(); st.Resyncs != 0 {
 		t.Fatalf("resynced during the partition: %+v", st)
 	}
 	proxy.set(false)
 	c.expect(t, 10*time.Second, "added m/g/3")
-	storetest.Eventually(t, 10*time.Second, "a resync after the partition", func() bool { return watcher.Stats().Resyncs >= 1 })
+	testsupport.Eventually(t, 10*time.Second, "a resync after the partition", func() bool { return watcher.Stats().Resyncs >= 1 })
 	if st := watcher.Stats(); st.Workers != 3 {
 		t.Fatalf("watcher stats %+v, want 3 workers", st)
 	}

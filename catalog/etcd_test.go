@@ -13,6 +13,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 var prefixes atomic.Int64
@@ -214,7 +215,7 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 	}
 	c.expect(t, 15*time.Second, "removed m/g/2", "added m/g/4")
 
-	storetest.Eventually(t, 15*time.Second, "the session to register again", func() bool {
+	testsupport.Eventually(t, 15*time.Second, "the session to register again", func() bool {
 		return sess.Lease() != oldLease
 	})
 	got, err := operator.Get(ctx, w1.Key())

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 func TestMemoryStoreConformance(t *testing.T) {
@@ -121,7 +122,7 @@ func TestSessionUpdateWhileLeaseLost(t *testing.T) {
 	for range 5 {
 		lease := sess.Lease()
 		reg.fail.Store(true)
-		storetest.Eventually(t, 10*time.Second, "registered again after failed renewals", func() bool { return sess.Lease() != lease })
+		testsupport.Eventually(t, 10*time.Second, "registered again after failed renewals", func() bool { return sess.Lease() != lease })
 		reg.fail.Store(false)
 	}
 	close(stop)

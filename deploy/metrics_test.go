@@ -26,6 +26,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // scrapeOnly are metrics the queries may use that the daemon does not
@@ -170,25 +171,6 @@ func (c apiClient) must(want int, method, path string, body any) []byte {
 	return out
 }
 
-// poll runs f every 20 ms until it returns nil or the deadline passes.
-func poll(ctx context.Context, timeout time.Duration, f func() error) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		err := f()
-		if err == nil {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-tick.C:
-		}
-	}
-}
-
 // TestMetricsExported runs the daemon on a real etcd with mock engines
 // (aggregated, decode and prefill in one KV-transfer domain, and one that
 // publishes an undecodable batch), drives the API the way routers do, and
@@ -274,7 +256,7 @@ func TestMetricsExported(t *testing.T) {
 
 	// The probes' paths answer.
 	for _, path := range probePaths(t) {
-		if err := poll(ctx, 20*time.Second, func() error {
+		if err := testsupport.Poll(ctx, 20*time.Second, func() error {
 			if code, body := api.call(http.MethodGet, path, nil); code != http.StatusOK {
 				return fmt.Errorf("probe GET %s: %d %s", path, code, body)
 			}
@@ -294,7 +276,7 @@ func TestMetricsExported(t *testing.T) {
 		t.Fatal(err)
 	}
 	query := map[string]any{"model_name": "mock-model", "token_ids": smoke}
-	if err := poll(ctx, 20*time.Second, func() error {
+	if err := testsupport.Poll(ctx, 20*time.Second, func() error {
 		if body := api.must(http.StatusOK, http.MethodPost, "/query", query); !bytes.Contains(body, []byte(smokeQueryCheck)) {
 			return fmt.Errorf("/query: %s lacks %s", body, smokeQueryCheck)
 		}
@@ -332,7 +314,7 @@ func TestMetricsExported(t *testing.T) {
 	api.must(http.StatusOK, http.MethodPost, "/disagg/plans/p2/prefill_failed", nil) // compensated
 
 	var missing []string
-	if err := poll(ctx, 30*time.Second, func() error {
+	if err := testsupport.Poll(ctx, 30*time.Second, func() error {
 		body := api.must(http.StatusOK, http.MethodGet, "/metrics", nil)
 		tp := expfmt.NewTextParser(model.UTF8Validation)
 		fams, err := tp.TextToMetricFamilies(bytes.NewReader(body))

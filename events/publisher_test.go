@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // Publisher tests run real go-zeromq sockets over TCP loopback. They never
@@ -136,20 +137,6 @@ func recvMsg(t *testing.T, ch <-chan zmq4.Msg) zmq4.Msg {
 	case <-time.After(waitFor):
 		t.Fatal("no message")
 		return zmq4.Msg{}
-	}
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(waitFor)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		<-tick.C
 	}
 }
 
@@ -463,7 +450,7 @@ func TestPublisherReplay(t *testing.T) {
 			}
 			// The counter moves after the write returns, possibly after
 			// the DEALER has read the message.
-			eventually(t, "40 replay messages counted", func() bool { return p.Stats().ReplaySent == 20+13+1+6 })
+			testsupport.Eventually(t, waitFor, "40 replay messages counted", func() bool { return p.Stats().ReplaySent == 20+13+1+6 })
 			if st := p.Stats(); st.ReplayRequests != 6 || st.InvalidRequests != 0 || st.ReplaySent != 20+13+1+6 {
 				t.Errorf("stats %+v", st)
 			}
@@ -515,7 +502,7 @@ func TestPublisherReplayInvalidRequest(t *testing.T) {
 	if err := d.SendMulti(zmq4.NewMsgFrom([]byte("x"), AppendSeq(nil, 1))); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "2 invalid requests counted", func() bool { return p.Stats().InvalidRequests == 2 })
+	testsupport.Eventually(t, waitFor, "2 invalid requests counted", func() bool { return p.Stats().InvalidRequests == 2 })
 
 	// The next reply on the same socket belongs to the valid request that
 	// follows: 3, 4, end — not 0.. or 1.. from the invalid ones.
@@ -593,7 +580,7 @@ func TestPublisherDropReplay(t *testing.T) {
 			publishN(t, p, "r", n)
 			d, replies := dialDealer(t, p.ReplayEndpoint())
 			requestReplay(t, d, 0)
-			eventually(t, "the replay to be written", func() bool {
+			testsupport.Eventually(t, waitFor, "the replay to be written", func() bool {
 				st := p.Stats()
 				return st.ReplaySent+st.ReplayDropped == n+1
 			})
@@ -670,7 +657,7 @@ func TestPublisherStall(t *testing.T) {
 	d, replies := dialDealer(t, p.ReplayEndpoint())
 	p.Stall(time.Hour)
 	requestReplay(t, d, 0)
-	eventually(t, "the request to be read", func() bool { return p.Stats().ReplayRequests == 1 })
+	testsupport.Eventually(t, waitFor, "the request to be read", func() bool { return p.Stats().ReplayRequests == 1 })
 	select {
 	case m := <-replies:
 		t.Fatalf("stalled publisher replied %q", m.Frames)
@@ -812,7 +799,7 @@ func TestPublisherRunStopsStalledReplay(t *testing.T) {
 		t.Fatal(err)
 	}
 	requestReplay(t, d, 0) // and never Recv
-	eventually(t, "the replay to start", func() bool { return p.Stats().ReplaySent > 0 })
+	testsupport.Eventually(t, waitFor, "the replay to start", func() bool { return p.Stats().ReplaySent > 0 })
 	stop() // fails the test if Run does not return
 	t.Logf("stopped with %d of 41 replay messages written", p.Stats().ReplaySent)
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/pypub"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // pyEngine is an engine rank published by pypub.py (real libzmq): the
@@ -92,7 +93,7 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 			// the ROUTER drops the rest silently, end marker included.
 			gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
 			s := startSubscriber(t, Source{Worker: 9, Endpoint: py.Endpoint, ReplayEndpoint: py.ReplayEndpoint, Topic: "kv@w9"}, gated, SubscriberConfig{})
-			waitUntil(t, 30*time.Second, "pypub to send the whole replay", func() bool {
+			testsupport.Eventually(t, 30*time.Second, "pypub to send the whole replay", func() bool {
 				st := py.State()
 				return st.LastReplay != nil && st.LastReplay.EndSent
 			})

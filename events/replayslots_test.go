@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestReplaySlotsFirstComeFirstServed: waiters get slots in arrival
@@ -26,7 +27,7 @@ func TestReplaySlotsFirstComeFirstServed(t *testing.T) {
 	var wg sync.WaitGroup
 	gone, cancel := context.WithCancel(ctx)
 	for i := range 3 {
-		eventually(t, "the queue to grow", func() bool { return s.Waiting() == i })
+		testsupport.Eventually(t, waitFor, "the queue to grow", func() bool { return s.Waiting() == i })
 		wg.Add(1)
 		wctx := ctx
 		if i == 1 {
@@ -42,9 +43,9 @@ func TestReplaySlotsFirstComeFirstServed(t *testing.T) {
 			sl.Release()
 		}()
 	}
-	eventually(t, "three waiters", func() bool { return s.Waiting() == 3 })
+	testsupport.Eventually(t, waitFor, "three waiters", func() bool { return s.Waiting() == 3 })
 	cancel()
-	eventually(t, "the cancelled waiter to leave", func() bool { return s.Waiting() == 2 })
+	testsupport.Eventually(t, waitFor, "the cancelled waiter to leave", func() bool { return s.Waiting() == 2 })
 	first.Release()
 	first.Release() // a second Release does nothing
 	wg.Wait()
@@ -73,7 +74,7 @@ func TestReplaySlotsPreemptOverBudget(t *testing.T) {
 	a, _ := s.Acquire(ctx, onPreempt)
 	b, _ := s.Acquire(ctx, onPreempt)
 	// Both are over budget soon; with no one waiting nothing happens.
-	eventually(t, "the budget to pass", func() bool {
+	testsupport.Eventually(t, waitFor, "the budget to pass", func() bool {
 		s.mu.Lock()
 		defer s.mu.Unlock()
 		return a.over && b.over
@@ -86,7 +87,7 @@ func TestReplaySlotsPreemptOverBudget(t *testing.T) {
 		sl, _ := s.Acquire(ctx, nil)
 		got <- sl
 	}()
-	eventually(t, "one holder preempted", func() bool { return preempted.Load() == 1 })
+	testsupport.Eventually(t, waitFor, "one holder preempted", func() bool { return preempted.Load() == 1 })
 	if a.Preempted() == b.Preempted() {
 		t.Fatalf("preempted a=%v b=%v; want exactly one for one waiter", a.Preempted(), b.Preempted())
 	}
@@ -181,7 +182,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 		subs = append(subs, startSubscriber(t, Source{Worker: uint64(40 + i), Endpoint: live.pub.Endpoint(), ReplayEndpoint: slowReplayServer(t, 200*time.Millisecond)},
 			app, SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: CursorConfig{Deadline: 6 * time.Second}}))
 	}
-	eventually(t, "the rogues to hold every slot", func() bool {
+	testsupport.Eventually(t, waitFor, "the rogues to hold every slot", func() bool {
 		for _, s := range subs {
 			if s.s.State().Replay != ReplayRunning {
 				return false
@@ -217,7 +218,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	}
 	checkIndex(t, ix, e, false)
 	for i, s := range subs {
-		waitUntil(t, 20*time.Second, "a rogue rank's session to hit its deadline", func() bool {
+		testsupport.Eventually(t, 20*time.Second, "a rogue rank's session to hit its deadline", func() bool {
 			st := s.s.State()
 			return st.Degraded && st.Replay == ReplayNone
 		})

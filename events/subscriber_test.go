@@ -18,6 +18,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // e2eEngine is one simulated engine rank: a real Publisher on loopback,
@@ -171,20 +172,6 @@ func startSubscriber(t *testing.T, src Source, app Applier, cfg SubscriberConfig
 	return es
 }
 
-// waitUntil polls cond until it holds or the deadline passes.
-func waitUntil(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
-
 // caughtUp waits until the subscriber applied the engine's last batch and
 // has no replay in flight.
 func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
@@ -322,7 +309,7 @@ func TestSubscriberChaos(t *testing.T) {
 	for r, e := range engines {
 		caughtUp(t, subs[r], e)
 		e.shutdown()
-		waitUntil(t, 10*time.Second, "disconnect", func() bool { return !subs[r].s.State().Connected })
+		testsupport.Eventually(t, 10*time.Second, "disconnect", func() bool { return !subs[r].s.State().Connected })
 		e.truth = indexer.NewTree(16)
 		e.start()
 		e.feed(third(streams[r], 2))
@@ -388,7 +375,7 @@ func TestSubscriberWithoutReplay(t *testing.T) {
 	witnessed(t, e, func() { e.feed(ops[:len(ops)/2]) })
 	ix, app := newE2EIndex(t)
 	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint()}, app, SubscriberConfig{})
-	waitUntil(t, 10*time.Second, "connect", func() bool { return s.s.State().Connected })
+	testsupport.Eventually(t, 10*time.Second, "connect", func() bool { return s.s.State().Connected })
 	// The slow joiner misses the first live batches: publish until one lands.
 	rest := ops[len(ops)/2:]
 	for len(rest) > 0 && !s.s.State().HasApplied {
@@ -540,12 +527,12 @@ func TestSubscriberBackpressure(t *testing.T) {
 			cfg := tc.cfg
 			cfg.Metrics = NewMetrics(reg)
 			s := startSubscriber(t, Source{Worker: 4, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, gated, cfg)
-			waitUntil(t, 10*time.Second, "join replay to finish", func() bool { return s.s.State().Synced })
+			testsupport.Eventually(t, 10*time.Second, "join replay to finish", func() bool { return s.s.State().Synced })
 			e.feed(ops) // the first apply blocks: the queue fills and drops
 			drops := func() float64 {
 				return testutil.ToFloat64(s.s.cfg.Metrics.dropped.WithLabelValues("4", "0", "queue_full"))
 			}
-			waitUntil(t, 10*time.Second, "the live queue to overflow", func() bool { return drops() > 0 })
+			testsupport.Eventually(t, 10*time.Second, "the live queue to overflow", func() bool { return drops() > 0 })
 			close(gated.gate)
 			caughtUp(t, s, e)
 			checkIndex(t, ix, e, false)
@@ -579,7 +566,7 @@ func TestSubscriberMetrics(t *testing.T) {
 	}
 	// The next batch must arrive live (the probe is off): wait for the
 	// subscription to reach the PUB first, or the PUB drops it.
-	waitUntil(t, 10*time.Second, "the subscription to reach the PUB", e.pub.Subscribed)
+	testsupport.Eventually(t, 10*time.Second, "the subscription to reach the PUB", e.pub.Subscribed)
 	e.publish([]indexer.Op{store(0)})
 	caughtUp(t, s, e)
 	if st := s.s.State(); !st.HasLive || st.LastLive != e.last {
@@ -639,17 +626,17 @@ func TestSubscriberReplaySlots(t *testing.T) {
 		subs = append(subs, startSubscriber(t, Source{Worker: e.rank.WorkerID, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()},
 			a, SubscriberConfig{ReplaySlots: slots, IdleTimeout: 200 * time.Millisecond}))
 		if i == 0 {
-			waitUntil(t, 10*time.Second, "the first replay to start", func() bool { return e.pub.Stats().ReplayRequests > 0 })
+			testsupport.Eventually(t, 10*time.Second, "the first replay to start", func() bool { return e.pub.Stats().ReplayRequests > 0 })
 			a = app
 		}
 	}
 	for _, s := range subs[1:] {
-		waitUntil(t, 10*time.Second, "the others to connect", func() bool { return s.s.State().Connected })
+		testsupport.Eventually(t, 10*time.Second, "the others to connect", func() bool { return s.s.State().Connected })
 	}
 	// Hold the slot for longer than two idle timeouts: waiting for a slot
 	// must not count as an idle replay.
 	held := time.Now()
-	waitUntil(t, 10*time.Second, "two idle timeouts to pass", func() bool { return time.Since(held) > 500*time.Millisecond })
+	testsupport.Eventually(t, 10*time.Second, "two idle timeouts to pass", func() bool { return time.Since(held) > 500*time.Millisecond })
 	if n := engines[1].pub.Stats().ReplayRequests + engines[2].pub.Stats().ReplayRequests; n != 0 {
 		t.Fatalf("%d replays ran while the only slot was taken", n)
 	}

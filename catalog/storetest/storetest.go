@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // Testable is a Store with the test hooks the suite needs; both stores in
@@ -88,21 +89,6 @@ func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
 	return ctx
-}
-
-// Eventually polls cond every 10 ms until it holds, failing t after
-// timeout.
-func Eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
 }
 
 func mustPut(t *testing.T, s catalog.Registrar, w catalog.Worker, lease catalog.LeaseID) int64 {
@@ -666,7 +652,7 @@ func testLeaseExpiry(t *testing.T, s Testable) {
 	w := Worker("m", "g", 1)
 	mustPut(t, s, w, lease)
 	start := time.Now()
-	Eventually(t, ttl+3*time.Second, "the record to expire", func() bool {
+	testsupport.Eventually(t, ttl+3*time.Second, "the record to expire", func() bool {
 		_, err := s.Get(ctx, w.Key())
 		return errors.Is(err, catalog.ErrNotFound)
 	})
@@ -747,7 +733,7 @@ func testSessionReregisters(t *testing.T, s Testable) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("Done not closed after the lease was revoked")
 	}
-	Eventually(t, 10*time.Second, "re-registration", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "re-registration", func() bool {
 		got, err := s.Get(ctx, w.Key())
 		return err == nil && got.Equal(w) && sess.Lease() != old
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 func TestMockerRejectsBadFlags(t *testing.T) {
@@ -57,7 +58,7 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	}
 	defer store.Close()
 	var snap catalog.Snapshot
-	storetest.Eventually(t, 30*time.Second, "two engines registered", func() bool {
+	testsupport.Eventually(t, 30*time.Second, "two engines registered", func() bool {
 		snap, err = store.List(context.Background(), 0)
 		return err == nil && len(snap.Records) == 2
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/mocker"
 	"github.com/prefixd/prefixd/internal/status"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 func TestStatusRejectsBadFlags(t *testing.T) {
@@ -125,7 +126,7 @@ func TestStatusAgainstDaemon(t *testing.T) {
 		l, ok := ws[0].Listeners[0]
 		return l, ok
 	}
-	storetest.Eventually(t, 20*time.Second, "worker 7's stream to be active", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "worker 7's stream to be active", func() bool {
 		l, ok := rank0()
 		return ok && l.Status == api.StatusActive
 	})
@@ -140,7 +141,7 @@ func TestStatusAgainstDaemon(t *testing.T) {
 	if !ok {
 		t.Fatal("the engine published nothing")
 	}
-	storetest.Eventually(t, 20*time.Second, fmt.Sprintf("seq %d applied and seen", last), func() bool {
+	testsupport.Eventually(t, 20*time.Second, fmt.Sprintf("seq %d applied and seen", last), func() bool {
 		l, ok := rank0()
 		return ok && l.LastSeq != nil && *l.LastSeq == last && l.LastSeenSeq != nil && *l.LastSeenSeq == last
 	})
@@ -192,7 +193,7 @@ func TestStatusAgainstDaemon(t *testing.T) {
 	cmd.SetArgs([]string{"status", "--server", url, "--interval", "20ms"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
-	storetest.Eventually(t, 10*time.Second, "two frames", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "two frames", func() bool {
 		return strings.Count(live.String(), "\n\nprefixd "+url) >= 2
 	})
 	cancel()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // listeningSockets are the socket types prefixd listens with.
@@ -45,7 +46,7 @@ func serves(t *testing.T, server zmq4.Socket) {
 		if err := client.SetOption(zmq4.OptionSubscribe, topic); err != nil {
 			t.Fatal(err)
 		}
-		waitFor(t, wait, "the subscription", func() bool {
+		testsupport.Eventually(t, wait, "the subscription", func() bool {
 			return slices.Contains(server.(zmq4.Topics).Topics(), topic)
 		})
 		if err := server.Send(zmq4.NewMsgString(topic)); err != nil {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // guarded is how every test names a guarded endpoint: the one place to
@@ -279,24 +280,10 @@ func within[T any](t testing.TB, d time.Duration, what string, ch <-chan T) T {
 	}
 }
 
-// waitFor polls cond until it holds, failing t after d.
-func waitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		<-tick.C
-	}
-}
-
 // subscribed waits until pub has a subscriber.
 func subscribed(t testing.TB, pub zmq4.Socket) {
 	t.Helper()
-	waitFor(t, wait, "a subscription", func() bool { return len(pub.(zmq4.Topics).Topics()) > 0 })
+	testsupport.Eventually(t, wait, "a subscription", func() bool { return len(pub.(zmq4.Topics).Topics()) > 0 })
 }
 
 // wantLimit fails t unless err is a *LimitError about what with at least

@@ -12,6 +12,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // liveServer serves h through NewServer(h, cfg) on a loopback listener
@@ -116,7 +118,7 @@ func TestSlowBodies(t *testing.T) {
 	for i := range slow {
 		slow[i] = rawPost(t, addr, "/query", claimed, `{"token_id`) // 10 bytes
 	}
-	eventually(t, time.Minute, "every slow body to reach its handler", func() bool { return probe.arrived.Load() == conns })
+	testsupport.Eventually(t, time.Minute, "every slow body to reach its handler", func() bool { return probe.arrived.Load() == conns })
 	runtime.GC()
 	runtime.ReadMemStats(&during)
 	growth := int64(during.HeapAlloc) - int64(before.HeapAlloc)
@@ -149,7 +151,7 @@ func TestSlowBodies(t *testing.T) {
 			t.Fatalf("slow body: %s %s", status, body)
 		}
 	}
-	eventually(t, 10*time.Second, "the budget to be given back", func() bool { return h.bodies.used.Load() == 0 })
+	testsupport.Eventually(t, 10*time.Second, "the budget to be given back", func() bool { return h.bodies.used.Load() == 0 })
 }
 
 // TestBodyBudget: a body that would take the bytes held by requests in
@@ -170,7 +172,7 @@ func TestBodyBudget(t *testing.T) {
 	// held, not only the bytes arrived).
 	a := rawPost(t, addr, "/query", len(held), held[:36<<10])
 	aHolds := int64(len(held) + 1)
-	eventually(t, time.Minute, "A's first 36 KiB to be read", func() bool { return h.bodies.used.Load() == aHolds })
+	testsupport.Eventually(t, time.Minute, "A's first 36 KiB to be read", func() bool { return h.bodies.used.Load() == aHolds })
 	// B's 30 KiB do not fit beside it.
 	resp, err := http.Post("http://"+addr+"/query", "application/json", strings.NewReader(other))
 	if err != nil {
@@ -190,7 +192,7 @@ func TestBodyBudget(t *testing.T) {
 	if status, body := readStatus(t, a); status != "200 OK" || !strings.Contains(body, `"longest_matched":48`) {
 		t.Fatalf("A: %s %s", status, body)
 	}
-	eventually(t, 10*time.Second, "A's bytes to be given back", func() bool { return h.bodies.used.Load() == 0 })
+	testsupport.Eventually(t, 10*time.Second, "A's bytes to be given back", func() bool { return h.bodies.used.Load() == 0 })
 	resp, err = http.Post("http://"+addr+"/query", "application/json", strings.NewReader(other))
 	if err != nil {
 		t.Fatal(err)

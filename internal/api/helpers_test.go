@@ -9,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/prefixd/prefixd/indexer"
 )
@@ -168,19 +167,4 @@ func tokensJSON(tokens []uint32) string {
 	}
 	b.WriteByte(']')
 	return b.String()
-}
-
-// eventually polls cond until it holds, failing t after timeout. It waits
-// on a condition, never for a fixed time.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(5 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
 }

@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestServeDrains: when Serve's context ends with a request in flight, the
@@ -54,7 +56,7 @@ func TestServeDrains(t *testing.T) {
 	<-entered
 	cancel()
 	// The listener closes while the request is still in its handler.
-	eventually(t, 10*time.Second, "the listener to refuse connections", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "the listener to refuse connections", func() bool {
 		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			return true

@@ -12,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestDaemonDisaggPlan: decode and prefill workers registered over HTTP
@@ -34,7 +35,7 @@ func TestDaemonDisaggPlan(t *testing.T) {
 			t.Fatalf("register %d: %d %s", id, code, body)
 		}
 	}
-	storetest.Eventually(t, 20*time.Second, "4 workers in the catalog view", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "4 workers in the catalog view", func() bool {
 		_, body := call(t, "GET", d.url+"/workers?model_name=m", "", nil)
 		var ws []api.WorkerInfo
 		return json.Unmarshal(body, &ws) == nil && len(ws) == 4
@@ -110,7 +111,7 @@ func TestDaemonDisaggPlan(t *testing.T) {
 		t.Fatalf("unregister: %d %s", code, body)
 	}
 	var got api.PlanInfo
-	storetest.Eventually(t, 20*time.Second, "the plan to be compensated", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the plan to be compensated", func() bool {
 		code, body := call(t, "GET", d.url+"/disagg/plans/lost", "", nil)
 		return code == 200 && json.Unmarshal(body, &got) == nil && got.State == "Compensated"
 	})

@@ -20,6 +20,7 @@ import (
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 type testDaemon struct {
@@ -130,11 +131,11 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	query := map[string]any{"token_ids": tokens, "model_name": "meta-llama/Llama-3-8B"}
-	storetest.Eventually(t, 20*time.Second, "the engine's blocks to be queryable", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the engine's blocks to be queryable", func() bool {
 		code, body := call(t, "POST", d.url+"/query", "", query)
 		return code == 200 && bytes.Contains(body, []byte(`"scores":{"42":{"0":64}}`))
 	})
-	storetest.Eventually(t, 20*time.Second, "ready", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "ready", func() bool {
 		code, _ := call(t, "GET", d.url+"/ready", "", nil)
 		return code == 200
 	})
@@ -154,7 +155,7 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 	if code, body := call(t, "POST", d.url+"/unregister", "s3cret", map[string]any{"instance_id": 42, "model_name": "meta-llama/Llama-3-8B"}); code != 200 {
 		t.Fatalf("unregister: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "the worker's blocks, and its now empty partition, to leave the index", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the worker's blocks, and its now empty partition, to leave the index", func() bool {
 		code, body := call(t, "POST", d.url+"/query", "", query)
 		return code == http.StatusNotFound && bytes.Contains(body, []byte(`no indexer for model=meta-llama/Llama-3-8B routing_group=default`))
 	})
@@ -186,12 +187,12 @@ func TestDaemonLeaseExpiry(t *testing.T) {
 		_, body := call(t, "GET", d.url+"/workers", "", nil)
 		return string(body)
 	}
-	storetest.Eventually(t, 20*time.Second, "the worker's 4 blocks", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the worker's 4 blocks", func() bool {
 		return bytes.Contains([]byte(blocks()), []byte(`"blocks":4`))
 	})
 	stopRenewing() // a crashed sidecar: no revoke, the lease lapses
 	start := time.Now()
-	storetest.Eventually(t, 10*time.Second, "the worker to leave", func() bool { return !bytes.Contains([]byte(blocks()), []byte(`"instance_id"`)) })
+	testsupport.Eventually(t, 10*time.Second, "the worker to leave", func() bool { return !bytes.Contains([]byte(blocks()), []byte(`"instance_id"`)) })
 	if el := time.Since(start); el > 4*time.Second {
 		t.Fatalf("worker left %v after its sidecar stopped; want within TTL + 2 s", el)
 	}
@@ -210,7 +211,7 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 	if code, body := call(t, "POST", a.url+"/register", "", reg); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "a ready", func() bool { code, _ := call(t, "GET", a.url+"/ready", "", nil); return code == 200 })
+	testsupport.Eventually(t, 20*time.Second, "a ready", func() bool { code, _ := call(t, "GET", a.url+"/ready", "", nil); return code == 200 })
 	rankLine := func(d *testDaemon) string {
 		_, body := call(t, "GET", d.url+"/workers", "", nil)
 		return string(body)
@@ -226,7 +227,7 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 		}
 		tokens = append(tokens, blk...)
 		e.storeTokens(blk)
-		storetest.Eventually(t, 20*time.Second, fmt.Sprintf("a to apply batch %d", i), func() bool {
+		testsupport.Eventually(t, 20*time.Second, fmt.Sprintf("a to apply batch %d", i), func() bool {
 			return bytes.Contains([]byte(rankLine(a)), []byte(fmt.Sprintf(`"last_seq":%d,`, i)))
 		})
 	}
@@ -237,12 +238,12 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 	b := startDaemon(t, etcd.Endpoints(), "", "dns+"+strings.Replace(a.url, "127.0.0.1", "localhost", 1))
 	c := startDaemon(t, etcd.Endpoints(), "")
 	for _, d := range []*testDaemon{b, c} {
-		storetest.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
+		testsupport.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
 	}
 	if l := rankLine(b); !bytes.Contains([]byte(l), []byte(`"degraded":false`)) || !bytes.Contains([]byte(l), []byte(`"last_seq":19`)) {
 		t.Fatalf("bootstrapped replica: %s", l)
 	}
-	storetest.Eventually(t, 20*time.Second, "c to give up on the rolled-over history", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "c to give up on the rolled-over history", func() bool {
 		return bytes.Contains([]byte(rankLine(c)), []byte(`"degraded":true`))
 	})
 	// The first block's chain: each batch stored one root block, so ask
@@ -320,12 +321,12 @@ func TestExpandPeers(t *testing.T) {
 func TestReadyLatches(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
-	storetest.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
+	testsupport.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
 	reg := map[string]any{"instance_id": 9, "endpoint": "tcp://127.0.0.1:1", "replay_endpoint": "tcp://127.0.0.1:2", "model_name": "m", "block_size": 16}
 	if code, body := call(t, "POST", d.url+"/register", "", reg); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "the unreachable worker's stream", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the unreachable worker's stream", func() bool {
 		_, body := call(t, "GET", d.url+"/workers", "", nil)
 		return bytes.Contains(body, []byte(`"instance_id":9`)) && !bytes.Contains(body, []byte(`"status":"active"`))
 	})
@@ -348,7 +349,7 @@ func TestRunListenInUse(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "pass --listen with a free port") {
 		t.Fatalf("Run on a taken address: %v", err)
 	}
-	storetest.Eventually(t, 10*time.Second, "no daemon goroutine left", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "no daemon goroutine left", func() bool {
 		var buf bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
 		for _, f := range []string{"catalog.(*Watcher).Run", "(*selector).runExpiry", "(*Streams).Run"} {
@@ -423,14 +424,14 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 		l, ok := listener(t, d, "m", 1, 0)
 		return l, ok && l.Degraded && l.LastSeq != nil && *l.LastSeq == e.last
 	}
-	storetest.Eventually(t, 20*time.Second, "a's rank degraded: its history was lost", func() bool { _, ok := degraded(a); return ok })
+	testsupport.Eventually(t, 20*time.Second, "a's rank degraded: its history was lost", func() bool { _, ok := degraded(a); return ok })
 	la, _ := degraded(a)
 	if !strings.HasPrefix(la.DegradedReason, "lost history: ") {
 		t.Fatalf("a's reason: %q", la.DegradedReason)
 	}
 	b := startDaemon(t, etcd.Endpoints(), "", a.url)
-	storetest.Eventually(t, 20*time.Second, "b ready", func() bool { code, _ := call(t, "GET", b.url+"/ready", "", nil); return code == 200 })
-	storetest.Eventually(t, 20*time.Second, "b's restored rank following the engine", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "b ready", func() bool { code, _ := call(t, "GET", b.url+"/ready", "", nil); return code == 200 })
+	testsupport.Eventually(t, 20*time.Second, "b's restored rank following the engine", func() bool {
 		l, ok := listener(t, b, "m", 1, 0)
 		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Status == api.StatusActive
 	})
@@ -441,7 +442,7 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
 	e.store(2)
 	for _, d := range []*testDaemon{a, b} {
-		storetest.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {
+		testsupport.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {
 			l, ok := listener(t, d, "m", 1, 0)
 			return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.DegradedReason == "" && l.Blocks == 2
 		})

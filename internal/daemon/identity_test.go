@@ -16,6 +16,7 @@ import (
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // workersOf returns GET /workers for model.
@@ -73,7 +74,7 @@ func TestWorkerIDIsOneEngine(t *testing.T) {
 		"model_name": "mock-model", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "worker 2's 4 blocks", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "worker 2's 4 blocks", func() bool {
 		l, ok := listener(t, d, "mock-model", 2, 0)
 		return ok && l.Blocks == 4 && l.Status == api.StatusActive
 	})
@@ -86,7 +87,7 @@ func TestWorkerIDIsOneEngine(t *testing.T) {
 		t.Fatalf("unregister id 2 from the other model: %d %s", code, body)
 	}
 	e.store(1)
-	storetest.Eventually(t, 20*time.Second, "worker 2 still indexed and following its engine", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "worker 2 still indexed and following its engine", func() bool {
 		l, ok := listener(t, d, "mock-model", 2, 0)
 		return ok && l.Blocks == 5 && l.Status == api.StatusActive && !l.Degraded
 	})
@@ -149,7 +150,7 @@ func TestRegisterSparseRanks(t *testing.T) {
 	if w, err := store.Get(context.Background(), k); err != nil || !slices.Equal(w.Ranks(), []uint32{0, 2, 5}) {
 		t.Fatalf("record %+v, %v; want ranks 0, 2, 5", w, err)
 	}
-	storetest.Eventually(t, 20*time.Second, "ranks 0, 2 and 5 listed", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "ranks 0, 2 and 5 listed", func() bool {
 		ws := workersOf(t, d, "m")
 		return len(ws) == 1 && len(ws[0].Listeners) == 3 && ws[0].Endpoints[5] == "tcp://127.0.0.1:21005"
 	})
@@ -212,7 +213,7 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 	}
 	for i := range 12 { // one at a time, so the 4-batch buffer always covers what the stream missed
 		e0.store(1)
-		storetest.Eventually(t, 20*time.Second, fmt.Sprintf("batch %d applied", i), func() bool {
+		testsupport.Eventually(t, 20*time.Second, fmt.Sprintf("batch %d applied", i), func() bool {
 			l, ok := listener(t, d, "m", 1, 0)
 			return ok && l.LastSeq != nil && *l.LastSeq == uint64(i)
 		})
@@ -231,7 +232,7 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 		"model_name": "m", "block_size": 16, "dp_rank": 1}); code != http.StatusCreated {
 		t.Fatalf("register rank 1: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "rank 1 indexed", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "rank 1 indexed", func() bool {
 		l, ok := listener(t, d, "m", 1, 1)
 		return ok && l.Blocks == 3
 	})
@@ -239,7 +240,7 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 	if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 1, "model_name": "m", "routing_group": "default", "dp_rank": 1}); code != 200 {
 		t.Fatalf("unregister rank 1: %d %s", code, body)
 	}
-	storetest.Eventually(t, 20*time.Second, "rank 1 gone", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "rank 1 gone", func() bool {
 		_, ok := listener(t, d, "m", 1, 1)
 		return !ok
 	})
@@ -262,7 +263,7 @@ func TestEmptyPartitionsGo(t *testing.T) {
 			"model_name": model, "block_size": 16}); code != http.StatusCreated {
 			t.Fatalf("register %s: %d %s", model, code, body)
 		}
-		storetest.Eventually(t, 20*time.Second, model+" indexed", func() bool {
+		testsupport.Eventually(t, 20*time.Second, model+" indexed", func() bool {
 			l, ok := listener(t, d, model, uint64(1000+i), 0)
 			return ok && l.Blocks == 3
 		})
@@ -270,7 +271,7 @@ func TestEmptyPartitionsGo(t *testing.T) {
 			t.Fatalf("unregister %s: %d %s", model, code, body)
 		}
 	}
-	storetest.Eventually(t, 20*time.Second, "every partition gone from /dump", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "every partition gone from /dump", func() bool {
 		code, body := call(t, "GET", d.url+"/dump", "", nil)
 		return code == 200 && strings.TrimSpace(string(body)) == "{}"
 	})
@@ -306,7 +307,7 @@ func TestRankCapacity(t *testing.T) {
 	for range 20 {
 		e.store(10) // 200 blocks in all
 	}
-	storetest.Eventually(t, 20*time.Second, "the rank trimmed and degraded", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the rank trimmed and degraded", func() bool {
 		l, ok := listener(t, d, "m", 9, 0)
 		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Degraded && l.Blocks <= limit && l.Blocks > 0
 	})
@@ -323,7 +324,7 @@ func TestRankCapacity(t *testing.T) {
 	// The engine clears its cache: the rank is exact again.
 	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
 	e.store(2)
-	storetest.Eventually(t, 20*time.Second, "the rank exact again", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the rank exact again", func() bool {
 		l, ok := listener(t, d, "m", 9, 0)
 		return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.Blocks == 2
 	})

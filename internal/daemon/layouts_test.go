@@ -17,6 +17,7 @@ import (
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/pypub"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // engineLayout is one layout of the wire a real engine emits, as pypub
@@ -399,7 +400,7 @@ func TestDaemonEngineLayouts(t *testing.T) {
 				e.feed(ops[len(ops)/2:], 6, 7)
 			}
 			for _, e := range engines {
-				storetest.Eventually(t, 30*time.Second, fmt.Sprintf("rank %d caught up at seq %d", e.rank.DPRank, e.last), func() bool {
+				testsupport.Eventually(t, 30*time.Second, fmt.Sprintf("rank %d caught up at seq %d", e.rank.DPRank, e.last), func() bool {
 					l, ok := listener(t, d, "m", worker, e.rank.DPRank)
 					return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Status == api.StatusActive
 				})

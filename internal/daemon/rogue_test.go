@@ -17,6 +17,7 @@ import (
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // rogue is a raw-TCP peer that speaks just enough ZMTP 3 to get a
@@ -164,14 +165,14 @@ func TestRogueEngines(t *testing.T) {
 
 	// Every rogue is dialled again after its connection was refused.
 	for id, r := range rogues {
-		storetest.Eventually(t, 30*time.Second, fmt.Sprintf("rogue %d dialled twice", id), func() bool { return r.accepted.Load() >= 2 })
+		testsupport.Eventually(t, 30*time.Second, fmt.Sprintf("rogue %d dialled twice", id), func() bool { return r.accepted.Load() >= 2 })
 	}
 	// A worker registered now is indexed at once: the stuck ones hold
 	// nothing up.
 	late := startTestEngine(t)
 	late.store(3)
 	reg(8, late.pub.Endpoint(), late.pub.ReplayEndpoint())
-	storetest.Eventually(t, 10*time.Second, "the late worker indexed", func() bool {
+	testsupport.Eventually(t, 10*time.Second, "the late worker indexed", func() bool {
 		l, ok := listener(t, d, "m", 8, 0)
 		return ok && l.Blocks == 3 && l.Status == api.StatusActive
 	})

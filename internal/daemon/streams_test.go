@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 type testEngine struct {
@@ -107,7 +107,7 @@ func TestStreamsLifecycle(t *testing.T) {
 		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
 	}}
 	s.Set(w)
-	storetest.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 0) == 3 && rankBlocks(ix, k, 7, 1) == 5
 	})
 	before := s.Status()
@@ -123,7 +123,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	e2.store(2)
 	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.pub.Endpoint(), e2.pub.ReplayEndpoint()
 	s.Set(w)
-	storetest.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
 	})
 	s.mu.Lock()
@@ -138,7 +138,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	bad.ID, bad.BlockSize = 8, 32
 	bad.Sources = []events.Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
 	s.Set(bad)
-	storetest.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
 		for _, st := range s.Status() {
 			if st.Worker == 8 && !st.Running && strings.Contains(st.Err, "block size") {
 				return true
@@ -154,7 +154,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	if n0, n1 := rankBlocks(ix, k, 7, 0), rankBlocks(ix, k, 7, 1); n0 > 0 || n1 > 0 {
 		t.Fatalf("after Remove the worker still holds %d and %d blocks", n0, n1)
 	}
-	storetest.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
+	testsupport.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
 		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
 	})
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestEndToEndFailures drives mock engines and the daemon through the
@@ -61,7 +62,7 @@ func TestEndToEndFailures(t *testing.T) {
 	defer emb2.Close()
 	traffic(60)
 	check("etcd restart", d.ix)
-	storetest.Eventually(t, 30*time.Second, "every engine registered after the etcd restart", func() bool {
+	testsupport.Eventually(t, 30*time.Second, "every engine registered after the etcd restart", func() bool {
 		ws, err := store.List(ctx, 0)
 		return err == nil && len(ws.Records) == len(engines)
 	})

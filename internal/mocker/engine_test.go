@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 var testKey = indexer.PartitionKey{Model: "m", Group: "default"}
@@ -36,7 +37,7 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 		t.Fatalf("engine run: %v", err)
 	}
 	// Run sets running just after Ready; wait for it.
-	storetest.Eventually(t, 30*time.Second, "engine running", func() bool {
+	testsupport.Eventually(t, 30*time.Second, "engine running", func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.running
@@ -235,7 +236,7 @@ func TestEngineHTTPAndRegistration(t *testing.T) {
 	store := catalog.NewMemoryStore("/prefixd")
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
 		Worker: catalog.Worker{WorkerID: 9, ModelName: "m"}, LeaseTTL: time.Second})
-	storetest.Eventually(t, 30*time.Second, "registration", func() bool { return e.Session() != nil })
+	testsupport.Eventually(t, 30*time.Second, "registration", func() bool { return e.Session() != nil })
 	w := e.Session().Worker()
 	if w.EventsEndpoint != e.Publisher().Endpoint() || w.ReplayEndpoint != e.Publisher().ReplayEndpoint() ||
 		w.BlockSize != testBS || w.TotalKVBlocks != 16 {
@@ -350,7 +351,7 @@ func TestEngineFaultEndpoints(t *testing.T) {
 	if c := call(http.MethodPost, "/faults/crash"); c != http.StatusNoContent {
 		t.Fatalf("crash: %d", c)
 	}
-	storetest.Eventually(t, 30*time.Second, "the crashed engine to stop serving", func() bool {
+	testsupport.Eventually(t, 30*time.Second, "the crashed engine to stop serving", func() bool {
 		_, err := e.Serve(context.Background(), Request{TokenIDs: toks(0, testBS)})
 		return errors.Is(err, ErrNotRunning)
 	})
@@ -414,7 +415,7 @@ func TestEngineCrash(t *testing.T) {
 	if _, err := crashed.Serve(ctx, Request{TokenIDs: toks(0, 8)}); !errors.Is(err, ErrNotRunning) {
 		t.Fatalf("serve after crash: %v, want ErrNotRunning", err)
 	}
-	storetest.Eventually(t, 10*time.Second, "the crashed engine's lease to expire", func() bool { return !present(crashed) })
+	testsupport.Eventually(t, 10*time.Second, "the crashed engine's lease to expire", func() bool { return !present(crashed) })
 }
 
 // TestEngineQueuesWhenFull: a request that needs blocks held by a running
@@ -439,7 +440,7 @@ func TestEngineQueuesWhenFull(t *testing.T) {
 	<-inPrefill
 	second := make(chan error, 1)
 	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(1000, 12*testBS)}); second <- err }()
-	storetest.Eventually(t, 30*time.Second, "the second request to queue", func() bool { return e.Queued() == 1 })
+	testsupport.Eventually(t, 30*time.Second, "the second request to queue", func() bool { return e.Queued() == 1 })
 	if _, err := e.Serve(ctx, Request{TokenIDs: toks(5000, 17*testBS)}); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("a prompt larger than the pool: %v, want ErrNoSpace", err)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 func TestAdvertise(t *testing.T) {
@@ -74,7 +75,7 @@ func TestSidecarLifecycle(t *testing.T) {
 		t.Fatal("registered before the engine was healthy")
 	}
 	healthy.Store(true)
-	storetest.Eventually(t, 10*time.Second, "registration", func() bool { _, ok := registered(); return ok })
+	testsupport.Eventually(t, 10*time.Second, "registration", func() bool { _, ok := registered(); return ok })
 	logs.Wait(t, 10*time.Second, "worker registered", "worker=11", "model=meta-llama/Llama-3-8B", "ranks=[0 1]",
 		"events=[0=tcp://10.1.2.3:5557 1=tcp://10.1.2.3:5558]", "replay=[0=tcp://10.1.2.3:5600 1=tcp://10.1.2.3:5601]")
 	w, _ := registered()
@@ -82,9 +83,9 @@ func TestSidecarLifecycle(t *testing.T) {
 		t.Fatalf("rank 1 events endpoint %q, want the advertised host with vLLM's port offset", ep)
 	}
 	healthy.Store(false)
-	storetest.Eventually(t, 10*time.Second, "deregistration of an unhealthy engine", func() bool { _, ok := registered(); return !ok })
+	testsupport.Eventually(t, 10*time.Second, "deregistration of an unhealthy engine", func() bool { _, ok := registered(); return !ok })
 	healthy.Store(true)
-	storetest.Eventually(t, 10*time.Second, "registration after recovery", func() bool { _, ok := registered(); return ok })
+	testsupport.Eventually(t, 10*time.Second, "registration after recovery", func() bool { _, ok := registered(); return ok })
 	cancel()
 	if err := <-done; err != nil {
 		t.Fatal(err)
