@@ -117,7 +117,7 @@ func TestEtcdPartitionDuringWatch(t *testing.T) {
 	proxy := newBlackhole(t, u.Host)
 	prefix := uniquePrefix()
 	daemon := storetest.NewEtcdStore(t, []string{proxy.endpoint()}, prefix)
-	catalog.SetWatchCheck(daemon, 200*time.Millisecond)
+	catalog.SetWatchCheck(daemon.EtcdStore, 200*time.Millisecond)
 	operator := storetest.NewEtcdStore(t, e.Endpoints(), prefix)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -138,7 +138,7 @@ func TestEtcdPartitionDuringWatch(t *testing.T) {
 	if _, err := operator.Put(ctx, storetest.Worker("m", "g", 3), catalog.NoLease); err != nil {
 		t.Fatal(err)
 	}
-	testsupport.Eventually(t, 10*time.Second, "a failed header read", func() bool { return catalog.WatchCheckFailures(daemon) > 0 })
+	testsupport.Eventually(t, 10*time.Second, "a failed header read", func() bool { return catalog.WatchCheckFailures(daemon.EtcdStore) > 0 })
 	if st := watcher.Stats(); st.Resyncs != 0 {
 		t.Fatalf("resynced during the partition: %+v", st)
 	}

@@ -32,7 +32,7 @@
 // EtcdStore implements it on etcd (client v3; EtcdConfig carries
 // endpoints, TLS files and credentials, and NewEtcdStore fails early with
 // an error that says whether etcd is unreachable, wants credentials or
-// rejected them). MemoryStore implements it in memory with etcd's
+// rejected them). storetest.MemoryStore (test support) implements it in memory with etcd's
 // revision, compaction and lease semantics. Package catalog/storetest is
 // the conformance suite both pass. Embedded runs a single-member etcd in
 // process for a daemon given no etcd endpoints.

@@ -130,21 +130,21 @@ func NewEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: connect: %w", eps, err)
 	}
-	s := &EtcdStore{cli: cli, prefix: normPrefix(cfg.Prefix), endpoints: cfg.Endpoints}
+	s := &EtcdStore{cli: cli, prefix: NormPrefix(cfg.Prefix), endpoints: cfg.Endpoints}
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
-	_, err = cli.Get(cctx, workersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	_, err = cli.Get(cctx, WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		cli.Close()
 		switch {
 		case errors.Is(err, rpctypes.ErrUserEmpty):
 			return nil, fmt.Errorf("etcd %s: the server requires authentication; set a username and password: %w", eps, err)
 		case errors.Is(err, rpctypes.ErrPermissionDenied):
-			return nil, fmt.Errorf("etcd %s: user %q may not read %s: %w", eps, cfg.Username, workersPrefix(s.prefix), err)
+			return nil, fmt.Errorf("etcd %s: user %q may not read %s: %w", eps, cfg.Username, WorkersPrefix(s.prefix), err)
 		case errors.Is(err, context.DeadlineExceeded):
 			return nil, fmt.Errorf("etcd %s: not reachable within %v (down, wrong address, or a TLS mismatch such as a missing client certificate): %w", eps, cfg.DialTimeout, err)
 		}
-		return nil, fmt.Errorf("etcd %s: read %s: %w", eps, workersPrefix(s.prefix), err)
+		return nil, fmt.Errorf("etcd %s: read %s: %w", eps, WorkersPrefix(s.prefix), err)
 	}
 	return s, nil
 }
@@ -155,7 +155,7 @@ func (s *EtcdStore) Prefix() string { return s.prefix }
 // Ping reads the catalog's key count (no values) and returns the store
 // revision: a cheap check that etcd answers, for health metrics.
 func (s *EtcdStore) Ping(ctx context.Context) (int64, error) {
-	resp, err := s.cli.Get(ctx, workersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	resp, err := s.cli.Get(ctx, WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, etcdErr("ping", err)
 	}
@@ -180,12 +180,12 @@ func etcdErr(op string, err error) error {
 
 // Put implements Registrar.
 func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, error) {
-	b, err := encodeForPut(w)
+	b, err := EncodeRecord(w)
 	if err != nil {
 		return 0, err
 	}
 	op := fmt.Sprintf("put %v lease %x", w.Key(), lease)
-	for range maxUpdateAttempts {
+	for range MaxUpdateAttempts {
 		st, err := s.read(ctx, w.Key())
 		if err != nil {
 			return 0, etcdErr(op, err)
@@ -195,13 +195,13 @@ func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, er
 			return rev, wrapOp(op, err)
 		}
 	}
-	return 0, fmt.Errorf("%s: %w", op, errContended)
+	return 0, fmt.Errorf("%s: %w", op, ErrContended)
 }
 
 // Update implements Store.
 func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error) {
 	op := fmt.Sprintf("update %v", k)
-	for range maxUpdateAttempts {
+	for range MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
 			return 0, etcdErr(op, err)
@@ -220,7 +220,7 @@ func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, er
 		case w.Key() != k:
 			return 0, fmt.Errorf("%s: the update moved the record to %v", op, w.Key())
 		default:
-			if b, err = encodeForPut(w); err != nil {
+			if b, err = EncodeRecord(w); err != nil {
 				return 0, err
 			}
 		}
@@ -229,11 +229,12 @@ func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, er
 			return rev, wrapOp(op, err)
 		}
 	}
-	return 0, fmt.Errorf("%s: %w", op, errContended)
+	return 0, fmt.Errorf("%s: %w", op, ErrContended)
 }
 
-// errContended: a write lost its compare-and-swap maxUpdateAttempts times.
-var errContended = errors.New("catalog: too many concurrent changes; try again")
+// ErrContended is returned (wrapped) by Update when its compare-and-swap
+// lost MaxUpdateAttempts times to concurrent writers.
+var ErrContended = errors.New("catalog: too many concurrent changes; try again")
 
 func wrapOp(op string, err error) error {
 	var inUse *IDInUseError
@@ -256,7 +257,7 @@ type keyState struct {
 
 // read reads k's record and claim at one revision.
 func (s *EtcdStore) read(ctx context.Context, k Key) (keyState, error) {
-	st := keyState{k: k, path: k.Path(s.prefix), claim: idPath(s.prefix, k.WorkerID)}
+	st := keyState{k: k, path: k.Path(s.prefix), claim: IDClaimPath(s.prefix, k.WorkerID)}
 	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(st.path), clientv3.OpGet(st.claim)).Commit()
 	if err != nil {
 		return st, err
@@ -285,7 +286,7 @@ func (st keyState) current(prefix string) (Worker, Current, error) {
 	if st.rec == nil {
 		return Worker{ModelName: st.k.Model, RoutingGroup: st.k.Group, WorkerID: st.k.WorkerID}, Current{}, nil
 	}
-	rec := decodeRecord(prefix, st.path, st.rec.Value, false, st.rec.ModRevision, LeaseID(st.rec.Lease))
+	rec := DecodeRecord(prefix, st.path, st.rec.Value, false, st.rec.ModRevision, LeaseID(st.rec.Lease))
 	if rec.Err != nil {
 		return Worker{}, Current{}, fmt.Errorf("stored record is bad: %w", rec.Err)
 	}
@@ -358,7 +359,7 @@ func (s *EtcdStore) Get(ctx context.Context, k Key) (Worker, error) {
 		return Worker{}, fmt.Errorf("get %v: %w", k, ErrNotFound)
 	}
 	kv := resp.Kvs[0]
-	rec := decodeRecord(s.prefix, path, kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))
+	rec := DecodeRecord(s.prefix, path, kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))
 	if rec.Err != nil {
 		return Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
 	}
@@ -369,7 +370,7 @@ func (s *EtcdStore) Get(ctx context.Context, k Key) (Worker, error) {
 // id claim, in one transaction.
 func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
 	op := fmt.Sprintf("delete %v", k)
-	for range maxUpdateAttempts {
+	for range MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
 			return false, etcdErr(op, err)
@@ -385,12 +386,12 @@ func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
 			return true, nil
 		}
 	}
-	return false, fmt.Errorf("%s: %w", op, errContended)
+	return false, fmt.Errorf("%s: %w", op, ErrContended)
 }
 
 // Keys implements Store.
 func (s *EtcdStore) Keys(ctx context.Context, model string, id uint64) ([]Key, error) {
-	resp, err := s.cli.Get(ctx, modelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+	resp, err := s.cli.Get(ctx, ModelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, etcdErr(fmt.Sprintf("keys of worker %d in model %q", id, model), err)
 	}
@@ -406,7 +407,7 @@ func (s *EtcdStore) Keys(ctx context.Context, model string, id uint64) ([]Key, e
 // List implements WatchSource. It reads in pages, all at the revision of
 // the first page.
 func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
-	wp := workersPrefix(s.prefix)
+	wp := WorkersPrefix(s.prefix)
 	end := clientv3.GetPrefixRangeEnd(wp)
 	from := wp
 	snap := Snapshot{Revision: rev}
@@ -423,7 +424,7 @@ func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
 			snap.Revision = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			snap.Records = append(snap.Records, decodeRecord(s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease)))
+			snap.Records = append(snap.Records, DecodeRecord(s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease)))
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return snap, nil
@@ -444,7 +445,7 @@ func (s *EtcdStore) Compact(ctx context.Context, rev int64) error {
 
 // Grant implements Registrar.
 func (s *EtcdStore) Grant(ctx context.Context, ttl time.Duration) (LeaseID, error) {
-	resp, err := s.cli.Grant(ctx, ttlSeconds(ttl))
+	resp, err := s.cli.Grant(ctx, TTLSeconds(ttl))
 	if err != nil {
 		return 0, etcdErr(fmt.Sprintf("grant lease of %v", ttl), err)
 	}
@@ -489,7 +490,7 @@ func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
 		s:           s,
 		from:        rev,
 		cancel:      cancel,
-		wch:         s.cli.Watch(wctx, workersPrefix(s.prefix), opts...),
+		wch:         s.cli.Watch(wctx, WorkersPrefix(s.prefix), opts...),
 		interrupted: make(chan struct{}),
 	}
 	w.wg.Add(2)
@@ -516,7 +517,7 @@ func (w *etcdWatch) check(ctx context.Context, listed int64) {
 	header := func() (cluster uint64, rev int64, err error) {
 		rctx, cancel := context.WithTimeout(ctx, every)
 		defer cancel()
-		resp, err := w.s.cli.Get(rctx, workersPrefix(w.s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := w.s.cli.Get(rctx, WorkersPrefix(w.s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return 0, 0, err
 		}
@@ -612,23 +613,13 @@ func (w *etcdWatch) Next(ctx context.Context) ([]Event, error) {
 			for i, e := range resp.Events {
 				kv := e.Kv
 				if e.Type == mvccpb.DELETE {
-					evs[i] = Event{Type: EventDelete, Record: decodeRecord(w.s.prefix, string(kv.Key), nil, true, kv.ModRevision, NoLease)}
+					evs[i] = Event{Type: EventDelete, Record: DecodeRecord(w.s.prefix, string(kv.Key), nil, true, kv.ModRevision, NoLease)}
 				} else {
-					evs[i] = Event{Type: EventPut, Record: decodeRecord(w.s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))}
+					evs[i] = Event{Type: EventPut, Record: DecodeRecord(w.s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))}
 				}
 			}
 			w.from = resp.Events[len(resp.Events)-1].Kv.ModRevision + 1
 			return evs, nil
 		}
 	}
-}
-
-// PutRaw writes value under path with no validation and no lease, for
-// tests that plant bad records.
-func (s *EtcdStore) PutRaw(ctx context.Context, path string, value []byte) (int64, error) {
-	resp, err := s.cli.Put(ctx, path, string(value))
-	if err != nil {
-		return 0, etcdErr("put "+path, err)
-	}
-	return resp.Header.Revision, nil
 }

@@ -28,20 +28,20 @@ func (k Key) String() string {
 // and group path-escaped (so "meta-llama/Llama-3-8B" is one segment,
 // "meta-llama%2FLlama-3-8B").
 func (k Key) Path(prefix string) string {
-	return modelPrefix(prefix, k.Model) + url.PathEscape(k.Group) + "/" + strconv.FormatUint(k.WorkerID, 10)
+	return ModelPrefix(prefix, k.Model) + url.PathEscape(k.Group) + "/" + strconv.FormatUint(k.WorkerID, 10)
 }
 
 // ParseKey is the inverse of Key.Path: it accepts only canonical keys
 // under prefix (the escaping Path produces, a decimal id without leading
 // zeros), so every record has exactly one key.
 func ParseKey(prefix, path string) (Key, error) {
-	rest, ok := strings.CutPrefix(path, workersPrefix(prefix))
+	rest, ok := strings.CutPrefix(path, WorkersPrefix(prefix))
 	if !ok {
-		return Key{}, fmt.Errorf("key %q is not under %q", path, workersPrefix(prefix))
+		return Key{}, fmt.Errorf("key %q is not under %q", path, WorkersPrefix(prefix))
 	}
 	parts := strings.Split(rest, "/")
 	if len(parts) != 3 {
-		return Key{}, fmt.Errorf("key %q: want <model>/<group>/<worker_id> after %q", path, workersPrefix(prefix))
+		return Key{}, fmt.Errorf("key %q: want <model>/<group>/<worker_id> after %q", path, WorkersPrefix(prefix))
 	}
 	model, err1 := url.PathUnescape(parts[0])
 	group, err2 := url.PathUnescape(parts[1])
@@ -53,9 +53,9 @@ func ParseKey(prefix, path string) (Key, error) {
 	return k, nil
 }
 
-// normPrefix returns prefix without trailing slashes, DefaultPrefix if
+// NormPrefix returns prefix without trailing slashes, DefaultPrefix if
 // empty.
-func normPrefix(prefix string) string {
+func NormPrefix(prefix string) string {
 	prefix = strings.TrimRight(prefix, "/")
 	if prefix == "" {
 		return DefaultPrefix
@@ -63,18 +63,18 @@ func normPrefix(prefix string) string {
 	return prefix
 }
 
-// workersPrefix is the prefix every worker key starts with.
-func workersPrefix(prefix string) string { return normPrefix(prefix) + "/workers/" }
+// WorkersPrefix is the prefix every worker key starts with.
+func WorkersPrefix(prefix string) string { return NormPrefix(prefix) + "/workers/" }
 
-// idPath is the key that claims worker id for one record: its value is
+// IDClaimPath is the key that claims worker id for one record: its value is
 // the record's path, and it carries the record's lease. Puts and updates
 // check it in the same transaction, so an id has one record. It lives
-// outside workersPrefix: lists and watches of records never see it.
-func idPath(prefix string, id uint64) string {
-	return normPrefix(prefix) + "/ids/" + strconv.FormatUint(id, 10)
+// outside WorkersPrefix: lists and watches of records never see it.
+func IDClaimPath(prefix string, id uint64) string {
+	return NormPrefix(prefix) + "/ids/" + strconv.FormatUint(id, 10)
 }
 
-// modelPrefix is the prefix of every key of one model.
-func modelPrefix(prefix, model string) string {
-	return workersPrefix(prefix) + url.PathEscape(model) + "/"
+// ModelPrefix is the prefix of every key of one model.
+func ModelPrefix(prefix, model string) string {
+	return WorkersPrefix(prefix) + url.PathEscape(model) + "/"
 }

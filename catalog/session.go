@@ -61,7 +61,7 @@ func Register(ctx context.Context, reg Registrar, w Worker, ttl time.Duration, o
 	if ttl <= 0 {
 		ttl = DefaultSessionTTL
 	}
-	ttl = time.Duration(ttlSeconds(ttl)) * time.Second
+	ttl = time.Duration(TTLSeconds(ttl)) * time.Second
 	s := &Session{reg: reg, logger: slog.Default(), w: w, ttl: ttl, closing: make(chan struct{})}
 	for _, o := range opts {
 		o(s)

@@ -34,7 +34,8 @@ var (
 	// record. The error is an *IDInUseError naming the holder.
 	ErrIDInUse = errors.New("catalog: worker id in use")
 
-	errStoreClosed = errors.New("catalog: store closed")
+	// ErrStoreClosed: the store was closed.
+	ErrStoreClosed = errors.New("catalog: store closed")
 )
 
 // IDInUseError says which record holds a worker id that a write wanted
@@ -76,13 +77,13 @@ type Current struct {
 // side effects.
 type UpdateFunc func(w *Worker, cur Current) error
 
-// maxUpdateAttempts bounds how often Update retries after concurrent
+// MaxUpdateAttempts bounds how often Update retries after concurrent
 // changes (each retry means another writer succeeded).
-const maxUpdateAttempts = 64
+const MaxUpdateAttempts = 64
 
 // Store is the worker catalog: records keyed by Key, optionally attached
 // to leases, with revisions, lists at a revision and watches from one. It
-// is the package's contract, implemented by EtcdStore and MemoryStore and
+// is the package's contract, implemented by EtcdStore (and, for tests, storetest.MemoryStore) and
 // checked for both by catalog/storetest. Implementations are safe for
 // concurrent use. Consumers that need less declare less: a Watcher takes a
 // WatchSource, a Session a Registrar.
@@ -196,9 +197,9 @@ type Snapshot struct {
 	Revision int64
 }
 
-// decodeRecord builds the Record a store hands out for a stored key and
+// DecodeRecord builds the Record a store hands out for a stored key and
 // value (value nil: a delete).
-func decodeRecord(prefix, path string, value []byte, deleted bool, modRev int64, lease LeaseID) Record {
+func DecodeRecord(prefix, path string, value []byte, deleted bool, modRev int64, lease LeaseID) Record {
 	rec := Record{Path: path, ModRevision: modRev, Lease: lease}
 	k, err := ParseKey(prefix, path)
 	if err != nil {
@@ -222,8 +223,8 @@ func decodeRecord(prefix, path string, value []byte, deleted bool, modRev int64,
 	return rec
 }
 
-// encodeForPut validates w and encodes it.
-func encodeForPut(w Worker) ([]byte, error) {
+// EncodeRecord validates w and encodes it.
+func EncodeRecord(w Worker) ([]byte, error) {
 	if err := w.Validate(); err != nil {
 		return nil, fmt.Errorf("put %v: %w", w.Key(), err)
 	}
@@ -234,8 +235,9 @@ func encodeForPut(w Worker) ([]byte, error) {
 	return b, nil
 }
 
-// ttlSeconds rounds ttl up to whole seconds, at least 1.
-func ttlSeconds(ttl time.Duration) int64 {
+// TTLSeconds rounds a lease TTL up to whole seconds, at least 1, as etcd
+// grants them.
+func TTLSeconds(ttl time.Duration) int64 {
 	s := int64((ttl + time.Second - 1) / time.Second)
 	return max(s, 1)
 }

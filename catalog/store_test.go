@@ -16,7 +16,7 @@ import (
 
 func TestMemoryStoreConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Testable {
-		s := catalog.NewMemoryStore("")
+		s := storetest.NewMemoryStore("")
 		t.Cleanup(func() { s.Close() })
 		return s
 	})
@@ -91,7 +91,7 @@ func (f *flakyRenewals) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (
 func TestSessionUpdateWhileLeaseLost(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s := catalog.NewMemoryStore("")
+	s := storetest.NewMemoryStore("")
 	defer s.Close()
 	reg := &flakyRenewals{Registrar: s}
 	w := storetest.Worker("m", "g", 1)

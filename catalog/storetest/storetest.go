@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite of catalog.Store: one set of
-// tests that every implementation (catalog.MemoryStore, catalog.EtcdStore
+// tests that every implementation (storetest.MemoryStore, catalog.EtcdStore
 // on a real etcd) must pass, covering records, revisions, lists at a
 // revision, watches, compaction, leases, and the Session and Watcher
 // built on them. It also starts embedded etcd servers for tests.
@@ -20,6 +20,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // Testable is a Store with the test hooks the suite needs; both stores in
@@ -1053,9 +1054,27 @@ func StartEtcd(t testing.TB) *catalog.Embedded {
 	return e
 }
 
+// EtcdStore is a catalog.EtcdStore with the suite's raw-write hook, on a
+// client of its own: writing unvalidated records is for tests, so the
+// production store has no such method.
+type EtcdStore struct {
+	*catalog.EtcdStore
+	raw *clientv3.Client
+}
+
+// PutRaw writes value under path with no validation and no lease, to
+// plant bad records.
+func (s *EtcdStore) PutRaw(ctx context.Context, path string, value []byte) (int64, error) {
+	resp, err := s.raw.Put(ctx, path, string(value))
+	if err != nil {
+		return 0, fmt.Errorf("put %s: %w", path, err)
+	}
+	return resp.Header.Revision, nil
+}
+
 // NewEtcdStore connects a store to endpoints under prefix, closed when t
 // ends.
-func NewEtcdStore(t testing.TB, endpoints []string, prefix string) *catalog.EtcdStore {
+func NewEtcdStore(t testing.TB, endpoints []string, prefix string) *EtcdStore {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -1064,5 +1083,10 @@ func NewEtcdStore(t testing.TB, endpoints []string, prefix string) *catalog.Etcd
 		t.Fatalf("connect to etcd: %v", err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s
+	raw, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("connect to etcd: %v", err)
+	}
+	t.Cleanup(func() { raw.Close() })
+	return &EtcdStore{EtcdStore: s, raw: raw}
 }

@@ -233,7 +233,7 @@ func TestEngineRestart(t *testing.T) {
 }
 
 func TestEngineHTTPAndRegistration(t *testing.T) {
-	store := catalog.NewMemoryStore("/prefixd")
+	store := storetest.NewMemoryStore("/prefixd")
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
 		Worker: catalog.Worker{WorkerID: 9, ModelName: "m"}, LeaseTTL: time.Second})
 	testsupport.Eventually(t, 30*time.Second, "registration", func() bool { return e.Session() != nil })

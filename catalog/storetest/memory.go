@@ -1,4 +1,4 @@
-package catalog
+package storetest
 
 import (
 	"bytes"
@@ -10,16 +10,18 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/prefixd/prefixd/catalog"
 )
 
 // DefaultMemoryHistory is how many past events a MemoryStore keeps for
 // watches and lists at older revisions before compacting them away.
 const DefaultMemoryHistory = 10000
 
-// MemoryStore is an in-process Store with etcd's semantics: one revision
+// MemoryStore is an in-process catalog.Store with etcd's semantics: one revision
 // counter bumped by every write (a multi-key delete or a lease expiry is
 // one revision), lists at past revisions and watches from them while the
-// history holds them, ErrCompacted after it does not, and leases that
+// history holds them, catalog.ErrCompacted after it does not, and leases that
 // expire TTL after their last renewal. It is for tests and single-process
 // use; it is safe for concurrent use.
 //
@@ -34,8 +36,8 @@ type MemoryStore struct {
 	compacted int64 // revisions below this are gone from history
 	kvs       map[string]memKV
 	events    []memEvent // revision order, all > compacted-1
-	leases    map[LeaseID]*memLease
-	nextLease LeaseID
+	leases    map[catalog.LeaseID]*memLease
+	nextLease catalog.LeaseID
 	changed   chan struct{} // closed and replaced on every write
 	closed    bool
 }
@@ -43,7 +45,7 @@ type MemoryStore struct {
 type memKV struct {
 	value  []byte
 	modRev int64
-	lease  LeaseID
+	lease  catalog.LeaseID
 }
 
 type memEvent struct {
@@ -51,7 +53,7 @@ type memEvent struct {
 	path    string
 	value   []byte
 	deleted bool
-	lease   LeaseID
+	lease   catalog.LeaseID
 	prev    memKV // what the key held before
 	hadPrev bool
 }
@@ -63,18 +65,18 @@ type memLease struct {
 	timer    *time.Timer
 }
 
-var _ Store = (*MemoryStore)(nil)
+var _ catalog.Store = (*MemoryStore)(nil)
 
 // NewMemoryStore returns an empty store whose keys live under prefix
-// (DefaultPrefix if empty) and which keeps DefaultMemoryHistory events.
+// (catalog.DefaultPrefix if empty) and which keeps DefaultMemoryHistory events.
 func NewMemoryStore(prefix string) *MemoryStore {
 	return &MemoryStore{
-		prefix:    normPrefix(prefix),
+		prefix:    catalog.NormPrefix(prefix),
 		history:   DefaultMemoryHistory,
 		rev:       1, // like etcd, a new store is at revision 1
 		compacted: 0,
 		kvs:       make(map[string]memKV),
-		leases:    make(map[LeaseID]*memLease),
+		leases:    make(map[catalog.LeaseID]*memLease),
 		nextLease: 0x1000,
 		changed:   make(chan struct{}),
 	}
@@ -99,23 +101,23 @@ func (s *MemoryStore) Close() error {
 	return nil
 }
 
-// Put implements Registrar.
-func (s *MemoryStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, error) {
+// Put implements catalog.Registrar.
+func (s *MemoryStore) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID) (int64, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
-	b, err := encodeForPut(w)
+	b, err := catalog.EncodeRecord(w)
 	if err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, errStoreClosed
+		return 0, catalog.ErrStoreClosed
 	}
-	if lease != NoLease {
+	if lease != catalog.NoLease {
 		if _, ok := s.leases[lease]; !ok {
-			return 0, fmt.Errorf("put %v with lease %x: %w", w.Key(), lease, ErrLeaseNotFound)
+			return 0, fmt.Errorf("put %v with lease %x: %w", w.Key(), lease, catalog.ErrLeaseNotFound)
 		}
 	}
 	if err := s.inUse(w.Key()); err != nil {
@@ -127,45 +129,45 @@ func (s *MemoryStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, 
 	return s.rev, nil
 }
 
-// Update implements Store. fn runs without the store's lock; the write
+// Update implements catalog.Store. fn runs without the store's lock; the write
 // happens only if the record is still the one fn saw.
-func (s *MemoryStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error) {
+func (s *MemoryStore) Update(ctx context.Context, k catalog.Key, fn catalog.UpdateFunc) (int64, error) {
 	path := k.Path(s.prefix)
-	for range maxUpdateAttempts {
+	for range catalog.MaxUpdateAttempts {
 		if err := ctx.Err(); err != nil {
 			return 0, err
 		}
 		s.mu.Lock()
 		kv, exists := s.kvs[path]
 		s.mu.Unlock()
-		w := Worker{ModelName: k.Model, RoutingGroup: k.Group, WorkerID: k.WorkerID}
-		var cur Current
+		w := catalog.Worker{ModelName: k.Model, RoutingGroup: k.Group, WorkerID: k.WorkerID}
+		var cur catalog.Current
 		if exists {
-			rec := decodeRecord(s.prefix, path, kv.value, false, kv.modRev, kv.lease)
+			rec := catalog.DecodeRecord(s.prefix, path, kv.value, false, kv.modRev, kv.lease)
 			if rec.Err != nil {
 				return 0, fmt.Errorf("update %v: stored record is bad: %w", k, rec.Err)
 			}
-			w, cur = rec.Worker, Current{Exists: true, Lease: kv.lease, ModRevision: kv.modRev}
+			w, cur = rec.Worker, catalog.Current{Exists: true, Lease: kv.lease, ModRevision: kv.modRev}
 		}
 		var b []byte
 		switch err := fn(&w, cur); {
-		case errors.Is(err, RemoveRecord) && !exists:
-			return 0, fmt.Errorf("update %v: %w", k, ErrNotFound)
-		case errors.Is(err, RemoveRecord):
+		case errors.Is(err, catalog.RemoveRecord) && !exists:
+			return 0, fmt.Errorf("update %v: %w", k, catalog.ErrNotFound)
+		case errors.Is(err, catalog.RemoveRecord):
 		case err != nil:
 			return 0, err
 		case w.Key() != k:
 			return 0, fmt.Errorf("update %v: the update moved the record to %v", k, w.Key())
 		default:
 			var err error
-			if b, err = encodeForPut(w); err != nil {
+			if b, err = catalog.EncodeRecord(w); err != nil {
 				return 0, err
 			}
 		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return 0, errStoreClosed
+			return 0, catalog.ErrStoreClosed
 		}
 		if now, ok := s.kvs[path]; ok != exists || now.modRev != kv.modRev {
 			s.mu.Unlock()
@@ -188,13 +190,13 @@ func (s *MemoryStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, 
 		s.mu.Unlock()
 		return rev, nil
 	}
-	return 0, fmt.Errorf("update %v: %w", k, errContended)
+	return 0, fmt.Errorf("update %v: %w", k, catalog.ErrContended)
 }
 
-// inUse returns an *IDInUseError if k's id is claimed by another record
+// inUse returns an *catalog.IDInUseError if k's id is claimed by another record
 // that still exists. Called with s.mu held.
-func (s *MemoryStore) inUse(k Key) error {
-	c, ok := s.kvs[idPath(s.prefix, k.WorkerID)]
+func (s *MemoryStore) inUse(k catalog.Key) error {
+	c, ok := s.kvs[catalog.IDClaimPath(s.prefix, k.WorkerID)]
 	if !ok || string(c.value) == k.Path(s.prefix) {
 		return nil
 	}
@@ -202,26 +204,26 @@ func (s *MemoryStore) inUse(k Key) error {
 	if !ok {
 		return nil // stale claim
 	}
-	hk, err := ParseKey(s.prefix, string(c.value))
+	hk, err := catalog.ParseKey(s.prefix, string(c.value))
 	if err != nil {
 		return nil
 	}
-	return &IDInUseError{ID: k.WorkerID, Holder: hk, Lease: holder.lease}
+	return &catalog.IDInUseError{ID: k.WorkerID, Holder: hk, Lease: holder.lease}
 }
 
 // setRecord writes k's record and its id claim at s.rev. Called with
 // s.mu held.
-func (s *MemoryStore) setRecord(k Key, value []byte, lease LeaseID) {
+func (s *MemoryStore) setRecord(k catalog.Key, value []byte, lease catalog.LeaseID) {
 	path := k.Path(s.prefix)
-	s.set(idPath(s.prefix, k.WorkerID), []byte(path), lease)
+	s.set(catalog.IDClaimPath(s.prefix, k.WorkerID), []byte(path), lease)
 	s.set(path, value, lease)
 }
 
 // delRecord deletes k's record and, if it names the record, its claim.
 // Called with s.mu held.
-func (s *MemoryStore) delRecord(k Key) bool {
+func (s *MemoryStore) delRecord(k catalog.Key) bool {
 	path := k.Path(s.prefix)
-	claim := idPath(s.prefix, k.WorkerID)
+	claim := catalog.IDClaimPath(s.prefix, k.WorkerID)
 	if c, ok := s.kvs[claim]; ok && string(c.value) == path {
 		s.del(claim)
 	}
@@ -229,15 +231,15 @@ func (s *MemoryStore) delRecord(k Key) bool {
 }
 
 // set writes path at s.rev. Called with s.mu held.
-func (s *MemoryStore) set(path string, value []byte, lease LeaseID) {
+func (s *MemoryStore) set(path string, value []byte, lease catalog.LeaseID) {
 	prev, had := s.kvs[path]
-	if had && prev.lease != NoLease {
+	if had && prev.lease != catalog.NoLease {
 		if l := s.leases[prev.lease]; l != nil {
 			delete(l.keys, path)
 		}
 	}
 	s.kvs[path] = memKV{value: value, modRev: s.rev, lease: lease}
-	if lease != NoLease {
+	if lease != catalog.NoLease {
 		s.leases[lease].keys[path] = true
 	}
 	s.record(memEvent{rev: s.rev, path: path, value: value, lease: lease, prev: prev, hadPrev: had})
@@ -249,7 +251,7 @@ func (s *MemoryStore) del(path string) bool {
 	if !had {
 		return false
 	}
-	if prev.lease != NoLease {
+	if prev.lease != catalog.NoLease {
 		if l := s.leases[prev.lease]; l != nil {
 			delete(l.keys, path)
 		}
@@ -275,34 +277,34 @@ func (s *MemoryStore) notify() {
 	s.changed = make(chan struct{})
 }
 
-// Get implements Store.
-func (s *MemoryStore) Get(ctx context.Context, k Key) (Worker, error) {
+// Get implements catalog.Store.
+func (s *MemoryStore) Get(ctx context.Context, k catalog.Key) (catalog.Worker, error) {
 	if err := ctx.Err(); err != nil {
-		return Worker{}, err
+		return catalog.Worker{}, err
 	}
 	path := k.Path(s.prefix)
 	s.mu.Lock()
 	kv, ok := s.kvs[path]
 	s.mu.Unlock()
 	if !ok {
-		return Worker{}, fmt.Errorf("get %v: %w", k, ErrNotFound)
+		return catalog.Worker{}, fmt.Errorf("get %v: %w", k, catalog.ErrNotFound)
 	}
-	rec := decodeRecord(s.prefix, path, kv.value, false, kv.modRev, kv.lease)
+	rec := catalog.DecodeRecord(s.prefix, path, kv.value, false, kv.modRev, kv.lease)
 	if rec.Err != nil {
-		return Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
+		return catalog.Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
 	}
 	return rec.Worker, nil
 }
 
-// Delete implements Store.
-func (s *MemoryStore) Delete(ctx context.Context, k Key) (bool, error) {
+// Delete implements catalog.Store.
+func (s *MemoryStore) Delete(ctx context.Context, k catalog.Key) (bool, error) {
 	if err := ctx.Err(); err != nil {
 		return false, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return false, errStoreClosed
+		return false, catalog.ErrStoreClosed
 	}
 	if _, ok := s.kvs[k.Path(s.prefix)]; !ok {
 		return false, nil
@@ -313,12 +315,12 @@ func (s *MemoryStore) Delete(ctx context.Context, k Key) (bool, error) {
 	return true, nil
 }
 
-// Keys implements Store.
-func (s *MemoryStore) Keys(ctx context.Context, model string, id uint64) ([]Key, error) {
+// Keys implements catalog.Store.
+func (s *MemoryStore) Keys(ctx context.Context, model string, id uint64) ([]catalog.Key, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	mp := modelPrefix(s.prefix, model)
+	mp := catalog.ModelPrefix(s.prefix, model)
 	s.mu.Lock()
 	var paths []string
 	for p := range s.kvs {
@@ -328,35 +330,35 @@ func (s *MemoryStore) Keys(ctx context.Context, model string, id uint64) ([]Key,
 	}
 	s.mu.Unlock()
 	slices.Sort(paths)
-	var out []Key
+	var out []catalog.Key
 	for _, p := range paths {
-		if k, err := ParseKey(s.prefix, p); err == nil && k.WorkerID == id {
+		if k, err := catalog.ParseKey(s.prefix, p); err == nil && k.WorkerID == id {
 			out = append(out, k)
 		}
 	}
 	return out, nil
 }
 
-// List implements WatchSource.
-func (s *MemoryStore) List(ctx context.Context, rev int64) (Snapshot, error) {
+// List implements catalog.WatchSource.
+func (s *MemoryStore) List(ctx context.Context, rev int64) (catalog.Snapshot, error) {
 	if err := ctx.Err(); err != nil {
-		return Snapshot{}, err
+		return catalog.Snapshot{}, err
 	}
 	s.mu.Lock()
 	if rev == 0 || rev >= s.rev {
 		if rev > s.rev {
 			cur := s.rev
 			s.mu.Unlock()
-			return Snapshot{}, fmt.Errorf("list at revision %d: future revision (current %d)", rev, cur)
+			return catalog.Snapshot{}, fmt.Errorf("list at revision %d: future revision (current %d)", rev, cur)
 		}
 		rev = s.rev
 	}
 	if rev < s.compacted {
 		compacted := s.compacted
 		s.mu.Unlock()
-		return Snapshot{}, fmt.Errorf("list at revision %d (compacted at %d): %w", rev, compacted, ErrCompacted)
+		return catalog.Snapshot{}, fmt.Errorf("list at revision %d (compacted at %d): %w", rev, compacted, catalog.ErrCompacted)
 	}
-	wp := workersPrefix(s.prefix)
+	wp := catalog.WorkersPrefix(s.prefix)
 	state := make(map[string]memKV, len(s.kvs))
 	for p, kv := range s.kvs {
 		if strings.HasPrefix(p, wp) {
@@ -376,16 +378,16 @@ func (s *MemoryStore) List(ctx context.Context, rev int64) (Snapshot, error) {
 		}
 	}
 	s.mu.Unlock()
-	snap := Snapshot{Revision: rev, Records: make([]Record, 0, len(state))}
+	snap := catalog.Snapshot{Revision: rev, Records: make([]catalog.Record, 0, len(state))}
 	for _, p := range slices.Sorted(maps.Keys(state)) {
 		kv := state[p]
-		snap.Records = append(snap.Records, decodeRecord(s.prefix, p, kv.value, false, kv.modRev, kv.lease))
+		snap.Records = append(snap.Records, catalog.DecodeRecord(s.prefix, p, kv.value, false, kv.modRev, kv.lease))
 	}
 	return snap, nil
 }
 
 // Compact drops the history below rev, as etcd's compaction does: lists
-// and watches at revisions below rev then fail with ErrCompacted.
+// and watches at revisions below rev then fail with catalog.ErrCompacted.
 func (s *MemoryStore) Compact(ctx context.Context, rev int64) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -396,7 +398,7 @@ func (s *MemoryStore) Compact(ctx context.Context, rev int64) error {
 		return fmt.Errorf("compact at revision %d: future revision (current %d)", rev, s.rev)
 	}
 	if rev <= s.compacted {
-		return fmt.Errorf("compact at revision %d (compacted at %d): %w", rev, s.compacted, ErrCompacted)
+		return fmt.Errorf("compact at revision %d (compacted at %d): %w", rev, s.compacted, catalog.ErrCompacted)
 	}
 	s.compactLocked(rev)
 	return nil
@@ -411,8 +413,8 @@ func (s *MemoryStore) compactLocked(rev int64) {
 	s.compacted = rev
 }
 
-// Watch implements WatchSource.
-func (s *MemoryStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
+// Watch implements catalog.WatchSource.
+func (s *MemoryStore) Watch(ctx context.Context, rev int64) (catalog.WatchStream, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -434,16 +436,16 @@ type memWatch struct {
 
 func (w *memWatch) Close() { w.cancel() }
 
-func (w *memWatch) Next(ctx context.Context) ([]Event, error) {
+func (w *memWatch) Next(ctx context.Context) ([]catalog.Event, error) {
 	for {
 		s := w.s
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
-			return nil, errStoreClosed
+			return nil, catalog.ErrStoreClosed
 		}
 		if w.next < s.compacted {
-			err := fmt.Errorf("watch from revision %d (compacted at %d): %w", w.next, s.compacted, ErrCompacted)
+			err := fmt.Errorf("watch from revision %d (compacted at %d): %w", w.next, s.compacted, catalog.ErrCompacted)
 			s.mu.Unlock()
 			return nil, err
 		}
@@ -456,18 +458,18 @@ func (w *memWatch) Next(ctx context.Context) ([]Event, error) {
 			}
 			return 0
 		})
-		var evs []Event
-		wp := workersPrefix(s.prefix)
+		var evs []catalog.Event
+		wp := catalog.WorkersPrefix(s.prefix)
 		for ; i < len(s.events); i++ {
 			e := s.events[i]
 			if !strings.HasPrefix(e.path, wp) {
 				continue // an id claim
 			}
-			ev := Event{Type: EventPut}
+			ev := catalog.Event{Type: catalog.EventPut}
 			if e.deleted {
-				ev.Type = EventDelete
+				ev.Type = catalog.EventDelete
 			}
-			ev.Record = decodeRecord(s.prefix, e.path, e.value, e.deleted, e.rev, e.lease)
+			ev.Record = catalog.DecodeRecord(s.prefix, e.path, e.value, e.deleted, e.rev, e.lease)
 			evs = append(evs, ev)
 		}
 		if len(s.events) > 0 {
@@ -489,19 +491,19 @@ func (w *memWatch) Next(ctx context.Context) ([]Event, error) {
 	}
 }
 
-// Grant implements Registrar. The TTL is rounded up to whole seconds.
-func (s *MemoryStore) Grant(ctx context.Context, ttl time.Duration) (LeaseID, error) {
+// Grant implements catalog.Registrar. The TTL is rounded up to whole seconds.
+func (s *MemoryStore) Grant(ctx context.Context, ttl time.Duration) (catalog.LeaseID, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, errStoreClosed
+		return 0, catalog.ErrStoreClosed
 	}
 	s.nextLease++
 	id := s.nextLease
-	d := time.Duration(ttlSeconds(ttl)) * time.Second
+	d := time.Duration(catalog.TTLSeconds(ttl)) * time.Second
 	l := &memLease{ttl: d, deadline: time.Now().Add(d), keys: make(map[string]bool)}
 	l.timer = time.AfterFunc(d, func() { s.expire(id) })
 	s.leases[id] = l
@@ -510,7 +512,7 @@ func (s *MemoryStore) Grant(ctx context.Context, ttl time.Duration) (LeaseID, er
 
 // expire runs on a lease's timer: it revokes the lease if its deadline
 // has passed, or re-arms the timer for the rest.
-func (s *MemoryStore) expire(id LeaseID) {
+func (s *MemoryStore) expire(id catalog.LeaseID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	l := s.leases[id]
@@ -524,7 +526,7 @@ func (s *MemoryStore) expire(id LeaseID) {
 	s.revokeLocked(id, l)
 }
 
-func (s *MemoryStore) revokeLocked(id LeaseID, l *memLease) {
+func (s *MemoryStore) revokeLocked(id catalog.LeaseID, l *memLease) {
 	l.timer.Stop()
 	delete(s.leases, id)
 	if len(l.keys) == 0 {
@@ -537,8 +539,8 @@ func (s *MemoryStore) revokeLocked(id LeaseID, l *memLease) {
 	s.notify()
 }
 
-// KeepAliveOnce implements Registrar.
-func (s *MemoryStore) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duration, error) {
+// KeepAliveOnce implements catalog.Registrar.
+func (s *MemoryStore) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (time.Duration, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, err
 	}
@@ -546,14 +548,14 @@ func (s *MemoryStore) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Durat
 	defer s.mu.Unlock()
 	l := s.leases[id]
 	if l == nil {
-		return 0, fmt.Errorf("keep lease %x alive: %w", id, ErrLeaseNotFound)
+		return 0, fmt.Errorf("keep lease %x alive: %w", id, catalog.ErrLeaseNotFound)
 	}
 	l.deadline = time.Now().Add(l.ttl)
 	return l.ttl, nil
 }
 
-// Revoke implements Registrar.
-func (s *MemoryStore) Revoke(ctx context.Context, id LeaseID) error {
+// Revoke implements catalog.Registrar.
+func (s *MemoryStore) Revoke(ctx context.Context, id catalog.LeaseID) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
@@ -561,7 +563,7 @@ func (s *MemoryStore) Revoke(ctx context.Context, id LeaseID) error {
 	defer s.mu.Unlock()
 	l := s.leases[id]
 	if l == nil {
-		return fmt.Errorf("revoke lease %x: %w", id, ErrLeaseNotFound)
+		return fmt.Errorf("revoke lease %x: %w", id, catalog.ErrLeaseNotFound)
 	}
 	s.revokeLocked(id, l)
 	return nil
@@ -569,7 +571,7 @@ func (s *MemoryStore) Revoke(ctx context.Context, id LeaseID) error {
 
 // ExpireLease ends lease id at once as if its TTL had passed without a
 // renewal (a crashed registrant), for tests that must not wait a TTL.
-func (s *MemoryStore) ExpireLease(id LeaseID) error {
+func (s *MemoryStore) ExpireLease(id catalog.LeaseID) error {
 	return s.Revoke(context.Background(), id)
 }
 
@@ -582,10 +584,10 @@ func (s *MemoryStore) PutRaw(ctx context.Context, path string, value []byte) (in
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return 0, errStoreClosed
+		return 0, catalog.ErrStoreClosed
 	}
 	s.rev++
-	s.set(path, bytes.Clone(value), NoLease)
+	s.set(path, bytes.Clone(value), catalog.NoLease)
 	s.notify()
 	return s.rev, nil
 }

@@ -1,9 +1,11 @@
-package catalog
+package storetest
 
 import (
 	"context"
 	"errors"
 	"testing"
+
+	"github.com/prefixd/prefixd/catalog"
 )
 
 // TestMemoryHistoryLimit: past the history limit the oldest revisions
@@ -14,19 +16,19 @@ func TestMemoryHistoryLimit(t *testing.T) {
 	s := NewMemoryStore("")
 	defer s.Close()
 	s.history = 1
-	w := func(id uint64) Worker {
-		return Worker{WorkerID: id, ModelName: "m", BlockSize: 16}.WithDefaults()
+	w := func(id uint64) catalog.Worker {
+		return catalog.Worker{WorkerID: id, ModelName: "m", BlockSize: 16}.WithDefaults()
 	}
 	var revs []int64
 	for id := uint64(1); id <= 3; id++ {
-		rev, err := s.Put(ctx, w(id), NoLease)
+		rev, err := s.Put(ctx, w(id), catalog.NoLease)
 		if err != nil {
 			t.Fatal(err)
 		}
 		revs = append(revs, rev)
 	}
-	if _, err := s.List(ctx, revs[0]); !errors.Is(err, ErrCompacted) {
-		t.Fatalf("List at an evicted revision: %v, want ErrCompacted", err)
+	if _, err := s.List(ctx, revs[0]); !errors.Is(err, catalog.ErrCompacted) {
+		t.Fatalf("List at an evicted revision: %v, want catalog.ErrCompacted", err)
 	}
 	if snap, err := s.List(ctx, revs[2]); err != nil || len(snap.Records) != 3 {
 		t.Fatalf("List at the current revision: %+v, %v", snap, err)
@@ -43,8 +45,8 @@ func TestMemoryHistoryLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ws.Close()
-	if _, err := ws.Next(ctx); !errors.Is(err, ErrCompacted) {
-		t.Fatalf("Watch from an evicted revision: %v, want ErrCompacted", err)
+	if _, err := ws.Next(ctx); !errors.Is(err, catalog.ErrCompacted) {
+		t.Fatalf("Watch from an evicted revision: %v, want catalog.ErrCompacted", err)
 	}
 	ws2, err := s.Watch(ctx, snap.Revision)
 	if err != nil {
@@ -52,7 +54,7 @@ func TestMemoryHistoryLimit(t *testing.T) {
 	}
 	defer ws2.Close()
 	evs, err := ws2.Next(ctx)
-	if err != nil || len(evs) != 1 || evs[0].Type != EventDelete || evs[0].Record.Key != w(1).Key() {
+	if err != nil || len(evs) != 1 || evs[0].Type != catalog.EventDelete || evs[0].Record.Key != w(1).Key() {
 		t.Fatalf("Watch from the current revision: %+v, %v; want the record's delete (its id claim is not a record)", evs, err)
 	}
 }
