@@ -59,13 +59,6 @@ const (
 	PrefillFirst
 )
 
-func (o Order) String() string {
-	if o == PrefillFirst {
-		return "prefill-first"
-	}
-	return "decode-first"
-}
-
 // FailurePolicy is what a decode-first plan does when prefill cannot be
 // booked after decode was.
 type FailurePolicy uint8
@@ -394,7 +387,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 	dopt := opts(l.req.DecodeOptions, dpool)
 	dopt.TrackPrefillTokens, dopt.AssumeKVReuse = false, false
 	policy := c.policyFor(&l.req)
-	dopt.DecodeCostRule = policy.Enabled
+	dopt.DecodeCostRule = policy.Enabled()
 	dq := Query{Prompt: dprompt, Options: &dopt, Allowed: l.req.Allowed, Constraints: l.req.Constraints}
 	prev, err := dpool.Select(dq)
 	if err != nil {
@@ -448,7 +441,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 // policy is enabled, consumes it and has a threshold, and the probe works.
 func (c *Coordinator) probePrefill(pk PoolKey, req *Request) Busy {
 	pol := c.policyFor(req)
-	if !pol.Enabled || !pol.Kind.ConsumesPrefillLoad() || pol.PrefillBusyThreshold <= 0 {
+	if !pol.Enabled() || !pol.Kind.ConsumesPrefillLoad() || pol.PrefillBusyThreshold <= 0 {
 		return BusyUnknown
 	}
 	ppool := c.pools.Pool(pk)

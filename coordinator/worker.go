@@ -21,18 +21,6 @@ const (
 	RoleDecode
 )
 
-func (r Role) String() string {
-	switch r {
-	case RoleAggregated:
-		return "aggregated"
-	case RolePrefill:
-		return "prefill"
-	case RoleDecode:
-		return "decode"
-	}
-	return fmt.Sprintf("Role(%d)", uint8(r))
-}
-
 // Enforcement says how a KV-transfer domain constrains the other pool.
 // The zero value is "not set", which is incomplete metadata when a worker
 // names a KVTransferDomain.

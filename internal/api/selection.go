@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/prefixd/prefixd/coordinator"
 )
 
 // Selector is what the selection routes need from the coordinator
@@ -320,12 +322,14 @@ func checkPartition(model string, group, role *string) *httpError {
 		*group = DefaultRoutingGroup
 	}
 	if role != nil {
-		switch *role {
-		case "":
+		if *role == "" {
 			*role = RoleAggregated
-		case RoleAggregated, RolePrefill, RoleDecode:
-		default:
-			return badRequest("role", "%q is not one of aggregated, prefill, decode", clip(*role, maxEcho))
+		}
+		var r coordinator.Role
+		if err := r.UnmarshalText([]byte(*role)); err != nil {
+			var ne *coordinator.NameError
+			errors.As(err, &ne)
+			return badRequest("role", "%q is not one of %s", clip(*role, maxEcho), strings.Join(ne.Names, ", "))
 		}
 	}
 	return nil
@@ -483,18 +487,27 @@ func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, plan)
 }
 
+// nameError is the 400 of a coordinator name that field does not accept.
+func nameError(field string, err error) *httpError {
+	var ne *coordinator.NameError
+	if !errors.As(err, &ne) {
+		return badRequest(field, "%v", err)
+	}
+	return badRequest(field, "%q: want %s", clip(ne.Name, maxEcho), ne.Want())
+}
+
 // checkPlanPolicy validates the per-request policy fields.
 func checkPlanPolicy(r *PlanRequest) *httpError {
-	switch r.PrefillFailure {
-	case "", "free_decode", "bypass_on_decode":
-	default:
-		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", clip(r.PrefillFailure, maxEcho))
+	if r.PrefillFailure != "" {
+		var f coordinator.FailurePolicy
+		if err := f.UnmarshalText([]byte(r.PrefillFailure)); err != nil {
+			return nameError("prefill_failure", err)
+		}
 	}
 	if p := r.Policy; p != nil {
-		switch p.Kind {
-		case "off", "isl_bounding", "prefill_load", "isl_or_load":
-		default:
-			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", clip(p.Kind, maxEcho))
+		var k coordinator.PolicyKind
+		if err := k.UnmarshalText([]byte(p.Kind)); err != nil {
+			return nameError("policy.kind", err)
 		}
 		for _, f := range []struct {
 			name string

@@ -475,12 +475,9 @@ func (s *selector) CreatePlan(_ context.Context, r api.PlanRequest) (api.PlanInf
 		pol := planPolicy(r.Policy)
 		req.Policy = &pol
 	}
-	switch r.PrefillFailure {
-	case "free_decode":
-		f := coordinator.FreeDecode
-		req.PrefillFailure = &f
-	case "bypass_on_decode":
-		f := coordinator.BypassOnDecode
+	if r.PrefillFailure != "" {
+		var f coordinator.FailurePolicy
+		_ = f.UnmarshalText([]byte(r.PrefillFailure)) // validated by the API
 		req.PrefillFailure = &f
 	}
 	if r.PinnedPrefillWorker != nil {
@@ -568,14 +565,7 @@ func (s *selector) GetPlan(_ context.Context, id string) (api.PlanInfo, error) {
 // planPolicy maps a validated API policy onto the coordinator's.
 func planPolicy(p *api.PlanPolicy) coordinator.Policy {
 	pol := coordinator.DefaultPolicy()
-	switch p.Kind {
-	case "off":
-		pol.Enabled = false
-	case "prefill_load":
-		pol.Kind = coordinator.PolicyPrefillLoad
-	case "isl_or_load":
-		pol.Kind = coordinator.PolicyISLOrLoad
-	}
+	_ = pol.Kind.UnmarshalText([]byte(p.Kind)) // validated by the API
 	if p.EffISLThreshold > 0 {
 		pol.EffISLThreshold = p.EffISLThreshold
 	}

@@ -69,7 +69,7 @@ type Config struct {
 	OnReady func(httpAddr string)
 	// Coordinator configures disaggregated plans (order, prefill-failure
 	// policy, conditional-disaggregation policy); the zero value is
-	// decode-first, free-decode, policy off.
+	// decode-first, free_decode, policy off.
 	Coordinator coordinator.CoordinatorConfig
 	// Temperature is the default selection temperature (0 = argmin).
 	Temperature float64

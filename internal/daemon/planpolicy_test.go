@@ -12,10 +12,10 @@ func TestPlanPolicyMapping(t *testing.T) {
 		in   api.PlanPolicy
 		want coordinator.Policy
 	}{
-		{api.PlanPolicy{Kind: "off"}, func() coordinator.Policy { p := coordinator.DefaultPolicy(); p.Enabled = false; return p }()},
+		{api.PlanPolicy{Kind: "off"}, func() coordinator.Policy { p := coordinator.DefaultPolicy(); p.Kind = coordinator.PolicyOff; return p }()},
 		{api.PlanPolicy{Kind: "isl_bounding"}, coordinator.DefaultPolicy()},
 		{api.PlanPolicy{Kind: "isl_or_load", EffISLThreshold: 512, EffISLRatioThreshold: 0.5, DecodeBusyThreshold: 0.9, PrefillBusyThreshold: 0.8},
-			coordinator.Policy{Enabled: true, Kind: coordinator.PolicyISLOrLoad, EffISLThreshold: 512, EffISLRatioThreshold: 0.5, DecodeBusyThreshold: 0.9, PrefillBusyThreshold: 0.8}},
+			coordinator.Policy{Kind: coordinator.PolicyISLOrLoad, EffISLThreshold: 512, EffISLRatioThreshold: 0.5, DecodeBusyThreshold: 0.9, PrefillBusyThreshold: 0.8}},
 		{api.PlanPolicy{Kind: "prefill_load", PrefillBusyThreshold: 0.5},
 			func() coordinator.Policy {
 				p := coordinator.DefaultPolicy()
