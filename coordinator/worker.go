@@ -87,6 +87,10 @@ type Worker struct {
 	// KVTransferPreferredWeight is required (non-nil) when the enforcement
 	// is preferred; it should lie in [-1, 1].
 	KVTransferPreferredWeight *float64
+	// Endpoint is where the rank takes requests (its engine's HTTP
+	// endpoint). The core only carries it: selections and plan bookings
+	// report it.
+	Endpoint string
 }
 
 // Key is the pool the worker belongs to.
