@@ -1,6 +1,10 @@
 package coordinator
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"strings"
+)
 
 // Selection errors. Callers branch on them (the HTTP layer maps them to
 // status codes), so they are sentinels; returned errors wrap them with the
@@ -61,3 +65,93 @@ var (
 
 // ErrInvalidPrompt: a prompt without a positive block size.
 var ErrInvalidPrompt = errors.New("invalid prompt")
+
+// Service errors.
+var (
+	// ErrReservationNotFound: no live reservation has this id (never
+	// booked, freed, or dropped with its worker or by expiry).
+	ErrReservationNotFound = errors.New("reservation not found")
+	// ErrUnknownPartition: no engine of a pool role ever registered in
+	// the (model, routing group); the error is a *PartitionError.
+	ErrUnknownPartition = errors.New("unknown partition")
+)
+
+// A PartitionError is ErrUnknownPartition with what the Service knows:
+// the model's routing groups, or, for an unknown model, the models.
+type PartitionError struct {
+	Model, Group string
+	// Groups are the model's routing groups, sorted; empty if the model
+	// is unknown.
+	Groups []string
+	// Models are the known models, sorted (set only when Groups is
+	// empty; empty if no engine ever registered).
+	Models []string
+}
+
+func (e *PartitionError) Error() string {
+	return fmt.Sprintf("model %q routing group %q: %v", e.Model, e.Group, ErrUnknownPartition)
+}
+
+// Unwrap returns ErrUnknownPartition.
+func (e *PartitionError) Unwrap() error { return ErrUnknownPartition }
+
+// A NoEndpointError is a request pinned to an engine that registered
+// without an endpoint: it is known, but joined no pool (a selection could
+// not say where to send the request). It wraps ErrBadPinnedRank.
+type NoEndpointError struct {
+	Pool     PoolKey
+	WorkerID uint64
+}
+
+func (e *NoEndpointError) Error() string {
+	return fmt.Sprintf("pool %v pin worker %d: registered without an endpoint: %v", e.Pool, e.WorkerID, ErrBadPinnedRank)
+}
+
+// Unwrap returns ErrBadPinnedRank.
+func (e *NoEndpointError) Unwrap() error { return ErrBadPinnedRank }
+
+// An EmptyPoolError is a selection in a pool without workers: NoEndpoint
+// engines registered for it without an endpoint. It wraps ErrNoWorkers.
+type EmptyPoolError struct {
+	Pool       PoolKey
+	NoEndpoint int
+}
+
+func (e *EmptyPoolError) Error() string {
+	if e.NoEndpoint > 0 {
+		return fmt.Sprintf("pool %v: %v: %d engines registered without an endpoint", e.Pool, ErrNoWorkers, e.NoEndpoint)
+	}
+	return fmt.Sprintf("pool %v: %v", e.Pool, ErrNoWorkers)
+}
+
+// Unwrap returns ErrNoWorkers.
+func (e *EmptyPoolError) Unwrap() error { return ErrNoWorkers }
+
+// An UnschedulableError is a plan's ErrNoWorkers (Err) annotated with the
+// plan's pools that have no workers although engines registered for
+// them without an endpoint.
+type UnschedulableError struct {
+	Err   error
+	Pools []EmptyPoolError
+}
+
+func (e *UnschedulableError) Error() string {
+	var b strings.Builder
+	b.WriteString(e.Err.Error())
+	for _, p := range e.Pools {
+		fmt.Fprintf(&b, " (pool %v: %d engines registered without an endpoint)", p.Pool, p.NoEndpoint)
+	}
+	return b.String()
+}
+
+// Unwrap returns Err.
+func (e *UnschedulableError) Unwrap() error { return e.Err }
+
+// textError is an error with its own text that wraps a sentinel.
+type textError struct {
+	msg string
+	err error
+}
+
+func (e *textError) Error() string { return e.msg }
+func (e *textError) Unwrap() error { return e.err }

@@ -59,13 +59,6 @@ const (
 	PrefillFirst
 )
 
-func (o Order) String() string {
-	if o == PrefillFirst {
-		return "prefill-first"
-	}
-	return "decode-first"
-}
-
 // FailurePolicy is what a decode-first plan does when prefill cannot be
 // booked after decode was.
 type FailurePolicy uint8
@@ -145,6 +138,8 @@ type Booking struct {
 	Pool PoolKey
 	ID   string // "<plan id>/decode" or "<plan id>/prefill"
 	Rank indexer.Rank
+	// Endpoint is the rank's Worker.Endpoint when the snapshot was taken.
+	Endpoint string
 }
 
 // DecodeSignals are what the decode preview saw.
@@ -188,6 +183,23 @@ func (p Plan) Trace() []State {
 		out = append(out, t.To)
 	}
 	return out
+}
+
+// snapshot is a copy of l for the caller, its bookings naming their
+// workers' current endpoints.
+func (c *Coordinator) snapshot(l *live) Plan {
+	s := l.clone()
+	for _, b := range []*Booking{s.Decode, s.Prefill} {
+		if b == nil {
+			continue
+		}
+		if p := c.pools.Pool(b.Pool); p != nil {
+			if ws, ok := p.workers[b.Rank]; ok {
+				b.Endpoint = ws.w.Endpoint
+			}
+		}
+	}
+	return s
 }
 
 func (p *Plan) clone() Plan {
@@ -264,7 +276,7 @@ func (c *Coordinator) Get(id string) (Plan, bool) {
 	if !ok {
 		return Plan{}, false
 	}
-	return l.clone(), true
+	return c.snapshot(l), true
 }
 
 // IDs returns the live plan ids, sorted.
@@ -278,33 +290,39 @@ func (c *Coordinator) IDs() []string {
 }
 
 func (c *Coordinator) prompt(k PoolKey, req *Request) (Prompt, error) {
-	if len(req.Hashes) > 0 {
-		bs := c.cfg.BlockSize
+	return buildPrompt(c.src, c.cfg.BlockSize, k, req.Tokens, req.Lora, req.Salt, req.Hashes, req.PromptTokens)
+}
+
+// buildPrompt makes the prompt of pool k from token ids or, when hashes
+// are given, from local block hashes (promptTokens long, 0 = one block
+// size per hash), with src's overlaps and block size; without a source it
+// hashes with bs and has no overlaps.
+func buildPrompt(src OverlapSource, bs int, k PoolKey, tokens []uint32, lora, salt string, hashes []uint64, promptTokens int) (Prompt, error) {
+	if len(hashes) > 0 {
 		var ov []indexer.Overlap
-		if c.src != nil {
-			hs, ok := c.src.(HashOverlapSource)
+		if src != nil {
+			hs, ok := src.(HashOverlapSource)
 			if !ok {
 				return Prompt{}, fmt.Errorf("%w: the overlap source cannot score block hashes", ErrInvalidPrompt)
 			}
 			var err error
-			if ov, bs, err = hs.OverlapsByHash(k.Model, k.Group, req.Hashes); err != nil {
+			if ov, bs, err = hs.OverlapsByHash(k.Model, k.Group, hashes); err != nil {
 				return Prompt{}, fmt.Errorf("overlaps of %v: %w", k, err)
 			}
 		}
-		tokens := req.PromptTokens
-		if tokens == 0 {
-			tokens = len(req.Hashes) * bs
+		if promptTokens == 0 {
+			promptTokens = len(hashes) * bs
 		}
-		return Prompt{Tokens: tokens, BlockSize: bs, Hashes: req.Hashes, Overlaps: ov}, nil
+		return Prompt{Tokens: promptTokens, BlockSize: bs, Hashes: hashes, Overlaps: ov}, nil
 	}
-	if c.src == nil {
-		return NewPrompt(req.Tokens, c.cfg.BlockSize, req.Lora, req.Salt, nil), nil
+	if src == nil {
+		return NewPrompt(tokens, bs, lora, salt, nil), nil
 	}
-	ov, bs, err := c.src.Overlaps(k.Model, k.Group, req.Tokens, req.Lora, req.Salt)
+	ov, bs, err := src.Overlaps(k.Model, k.Group, tokens, lora, salt)
 	if err != nil {
 		return Prompt{}, fmt.Errorf("overlaps of %v: %w", k, err)
 	}
-	return NewPrompt(req.Tokens, bs, req.Lora, req.Salt, ov), nil
+	return NewPrompt(tokens, bs, lora, salt, ov), nil
 }
 
 func (c *Coordinator) pool(k PoolKey) (*Pool, error) {
@@ -350,7 +368,7 @@ func (c *Coordinator) keep(l *live) Plan {
 	} else {
 		delete(c.plans, l.ID)
 	}
-	return l.clone()
+	return c.snapshot(l)
 }
 
 // Plan books req in the configured order. The returned plan is meaningful
@@ -394,7 +412,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 	dopt := opts(l.req.DecodeOptions, dpool)
 	dopt.TrackPrefillTokens, dopt.AssumeKVReuse = false, false
 	policy := c.policyFor(&l.req)
-	dopt.DecodeCostRule = policy.Enabled
+	dopt.DecodeCostRule = policy.Enabled()
 	dq := Query{Prompt: dprompt, Options: &dopt, Allowed: l.req.Allowed, Constraints: l.req.Constraints}
 	prev, err := dpool.Select(dq)
 	if err != nil {
@@ -448,7 +466,7 @@ func (c *Coordinator) planDecodeFirst(req Request, now time.Time) (Plan, error) 
 // policy is enabled, consumes it and has a threshold, and the probe works.
 func (c *Coordinator) probePrefill(pk PoolKey, req *Request) Busy {
 	pol := c.policyFor(req)
-	if !pol.Enabled || !pol.Kind.ConsumesPrefillLoad() || pol.PrefillBusyThreshold <= 0 {
+	if !pol.Enabled() || !pol.Kind.ConsumesPrefillLoad() || pol.PrefillBusyThreshold <= 0 {
 		return BusyUnknown
 	}
 	ppool := c.pools.Pool(pk)
@@ -543,7 +561,7 @@ func (c *Coordinator) PlanDecode(id string, now time.Time) (Plan, error) {
 		return Plan{}, fmt.Errorf("plan decode %q: %w", id, ErrPlanNotFound)
 	}
 	if (l.State != PrefillCommitted && l.State != PrefillReleased) || l.Decode != nil || l.PrefillWorker == nil {
-		return l.clone(), fmt.Errorf("plan decode %q: expected a prefill booking and no decode booking, state %v: %w", id, l.State, ErrInvalidState)
+		return c.snapshot(l), fmt.Errorf("plan decode %q: expected a prefill booking and no decode booking, state %v: %w", id, l.State, ErrInvalidState)
 	}
 	dk, pk := c.keys(&l.req)
 	compensate := func(err error) (Plan, error) {
@@ -595,7 +613,7 @@ func (c *Coordinator) PrefillComplete(id string, now time.Time) (Plan, error) {
 		return Plan{}, fmt.Errorf("prefill complete %q: %w", id, ErrPlanNotFound)
 	}
 	if l.Prefill == nil {
-		return l.clone(), nil
+		return c.snapshot(l), nil
 	}
 	b := l.Prefill
 	c.pools.Pool(b.Pool).Free(b.ID)
@@ -615,7 +633,7 @@ func (c *Coordinator) PrefillFailed(id string, now time.Time) (Plan, error) {
 		return Plan{}, fmt.Errorf("prefill failed %q: %w", id, ErrPlanNotFound)
 	}
 	if l.Prefill == nil {
-		return l.clone(), fmt.Errorf("prefill failed %q: expected a prefill booking, state %v: %w", id, l.State, ErrInvalidState)
+		return c.snapshot(l), fmt.Errorf("prefill failed %q: expected a prefill booking, state %v: %w", id, l.State, ErrInvalidState)
 	}
 	b := l.Prefill
 	c.pools.Pool(b.Pool).Free(b.ID)

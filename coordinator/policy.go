@@ -1,7 +1,5 @@
 package coordinator
 
-import "fmt"
-
 // Busy is a tri-state busy signal: a missing capacity or a failed probe
 // makes it unknown.
 type Busy int8
@@ -30,30 +28,21 @@ func busyIf(b bool) Busy {
 }
 
 // PolicyKind is a conditional-disaggregation policy (Dynamo
-// lib/kv-router/src/conditional_disagg.rs).
+// lib/kv-router/src/conditional_disagg.rs), or none.
 type PolicyKind uint8
 
 const (
+	// PolicyOff never bypasses remote prefill: conditional disaggregation
+	// is disabled.
+	PolicyOff PolicyKind = iota
 	// PolicyISLBounding bypasses remote prefill for small, mostly cached prompts.
-	PolicyISLBounding PolicyKind = iota
+	PolicyISLBounding
 	// PolicyPrefillLoad bypasses when the chosen prefill worker is busy.
 	PolicyPrefillLoad
 	// PolicyISLOrLoad bypasses when either rule says so; an unknown load
 	// signal falls back to the ISL rule alone.
 	PolicyISLOrLoad
 )
-
-func (k PolicyKind) String() string {
-	switch k {
-	case PolicyISLBounding:
-		return "isl_bounding"
-	case PolicyPrefillLoad:
-		return "prefill_load"
-	case PolicyISLOrLoad:
-		return "isl_or_load"
-	}
-	return fmt.Sprintf("PolicyKind(%d)", uint8(k))
-}
 
 // ConsumesPrefillLoad reports whether the policy reads the prefill busy signal.
 func (k PolicyKind) ConsumesPrefillLoad() bool { return k == PolicyPrefillLoad || k == PolicyISLOrLoad }
@@ -65,10 +54,9 @@ const (
 )
 
 // Policy is the conditional-disaggregation configuration. The zero value
-// is disabled; DefaultPolicy returns an enabled isl_bounding policy.
+// is disabled (PolicyOff); DefaultPolicy returns an isl_bounding policy.
 type Policy struct {
-	Enabled bool
-	Kind    PolicyKind
+	Kind PolicyKind
 	// EffISLThreshold and EffISLRatioThreshold bound isl_bounding:
 	// bypass iff eff_isl < EffISLThreshold and eff_isl / max(prompt, 1) < EffISLRatioThreshold.
 	EffISLThreshold      float64
@@ -84,8 +72,11 @@ type Policy struct {
 
 // DefaultPolicy returns isl_bounding with thresholds 2048 and 0.7, no gate.
 func DefaultPolicy() Policy {
-	return Policy{Enabled: true, Kind: PolicyISLBounding, EffISLThreshold: DefaultEffISLThreshold, EffISLRatioThreshold: DefaultEffISLRatioThreshold}
+	return Policy{Kind: PolicyISLBounding, EffISLThreshold: DefaultEffISLThreshold, EffISLRatioThreshold: DefaultEffISLRatioThreshold}
 }
+
+// Enabled reports whether the policy is not PolicyOff.
+func (p Policy) Enabled() bool { return p.Kind != PolicyOff }
 
 // DecisionInput is what a policy decides on.
 type DecisionInput struct {
@@ -105,7 +96,7 @@ func (in DecisionInput) EffISL() float64 {
 // SaysBypass reports whether the policy would run prefill on the decode
 // worker (before the decode busy gate). A disabled policy never does.
 func (p Policy) SaysBypass(in DecisionInput) bool {
-	if !p.Enabled {
+	if !p.Enabled() {
 		return false
 	}
 	switch p.Kind {

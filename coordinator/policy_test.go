@@ -4,8 +4,8 @@ import "testing"
 
 func TestConditionalDisaggPolicies(t *testing.T) {
 	isl := DefaultPolicy()
-	load := Policy{Enabled: true, Kind: PolicyPrefillLoad, PrefillBusyThreshold: 0.5}
-	or := Policy{Enabled: true, Kind: PolicyISLOrLoad, EffISLThreshold: 2048, EffISLRatioThreshold: 0.7, PrefillBusyThreshold: 0.5}
+	load := Policy{Kind: PolicyPrefillLoad, PrefillBusyThreshold: 0.5}
+	or := Policy{Kind: PolicyISLOrLoad, EffISLThreshold: 2048, EffISLRatioThreshold: 0.7, PrefillBusyThreshold: 0.5}
 	for _, tc := range []struct {
 		name string
 		p    Policy

@@ -147,7 +147,9 @@ type Query struct {
 // the request, measured before any booking.
 type Selection struct {
 	Rank indexer.Rank
-	Cost float64
+	// Endpoint is the chosen worker's Endpoint.
+	Endpoint string
+	Cost     float64
 	// Overlap is the chosen rank's entry of Prompt.Overlaps (zero if absent).
 	Overlap indexer.Overlap
 	// CachedTokens is the tier-weighted credit in tokens (not rounded to a
@@ -481,7 +483,7 @@ func (p *Pool) score(ws *workerState, q *Query, opt *Options, seq []uint64, minP
 		potPrefill += effTokens(q.Prompt.Tokens, cached)
 	}
 	return scored{ws: ws, cost: cost, sel: Selection{
-		Rank: ws.w.Rank, Cost: cost, Overlap: ov, CachedTokens: cached, EffectivePrefillTokens: eff,
+		Rank: ws.w.Rank, Endpoint: ws.w.Endpoint, Cost: cost, Overlap: ov, CachedTokens: cached, EffectivePrefillTokens: eff,
 		PotentialPrefillTokens: potPrefill, PotentialDecodeBlocks: potDecode, ActiveRequests: ws.reqs,
 	}}
 }

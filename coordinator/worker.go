@@ -21,18 +21,6 @@ const (
 	RoleDecode
 )
 
-func (r Role) String() string {
-	switch r {
-	case RoleAggregated:
-		return "aggregated"
-	case RolePrefill:
-		return "prefill"
-	case RoleDecode:
-		return "decode"
-	}
-	return fmt.Sprintf("Role(%d)", uint8(r))
-}
-
 // Enforcement says how a KV-transfer domain constrains the other pool.
 // The zero value is "not set", which is incomplete metadata when a worker
 // names a KVTransferDomain.
@@ -99,6 +87,10 @@ type Worker struct {
 	// KVTransferPreferredWeight is required (non-nil) when the enforcement
 	// is preferred; it should lie in [-1, 1].
 	KVTransferPreferredWeight *float64
+	// Endpoint is where the rank takes requests (its engine's HTTP
+	// endpoint). The core only carries it: selections and plan bookings
+	// report it.
+	Endpoint string
 }
 
 // Key is the pool the worker belongs to.

@@ -29,9 +29,9 @@ type serveOptions struct {
 	peers        []string
 	replays      int
 	readyTimeout time.Duration
-	disaggOrder  string
-	prefillFail  string
-	disaggPolicy string
+	disaggOrder  coordinator.Order
+	prefillFail  coordinator.FailurePolicy
+	disaggPolicy coordinator.PolicyKind
 	effISL       float64
 	effISLRatio  float64
 	decodeBusy   float64
@@ -44,7 +44,7 @@ type serveOptions struct {
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
-		disaggOrder: "decode-first", prefillFail: "free-decode", disaggPolicy: "off",
+		disaggOrder: coordinator.DecodeFirst, prefillFail: coordinator.FreeDecode, disaggPolicy: coordinator.PolicyOff,
 		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
 		readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
 }
@@ -59,9 +59,9 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.readToken, "read-token", o.readToken, "bearer token required by every other endpoint but /health and /ready (the API token works there too; prefer PREFIXD_READ_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = derived from the memory limit (half of it); -1 = no cap")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
-	fs.StringVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
-	fs.StringVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free-decode or bypass-on-decode")
-	fs.StringVar(&o.disaggPolicy, "disagg-policy", o.disaggPolicy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
+	fs.TextVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
+	fs.TextVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free_decode or bypass_on_decode")
+	fs.TextVar(&o.disaggPolicy, "disagg-policy", o.disaggPolicy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
 	fs.Float64Var(&o.effISL, "bypass-max-eff-isl", o.effISL, "isl_bounding: bypass only below this many uncached prompt tokens")
 	fs.Float64Var(&o.effISLRatio, "bypass-max-eff-isl-ratio", o.effISLRatio, "isl_bounding: bypass only below this uncached share of the prompt")
 	fs.Float64Var(&o.decodeBusy, "decode-busy-threshold", o.decodeBusy, "decode busy gate: veto a bypass above this fraction of total_kv_blocks (0 = no gate)")
@@ -167,38 +167,11 @@ func newServeCommand() *cobra.Command {
 	return cmd
 }
 
-// coordinator maps the disaggregation flags onto the coordinator's config.
+// coordinator maps the disaggregation flags onto the coordinator's config
+// (the names were parsed by the flags themselves) and checks the thresholds.
 func (o *serveOptions) coordinator() (coordinator.CoordinatorConfig, error) {
-	var c coordinator.CoordinatorConfig
-	switch o.disaggOrder {
-	case "decode-first":
-		c.Order = coordinator.DecodeFirst
-	case "prefill-first":
-		c.Order = coordinator.PrefillFirst
-	default:
-		return c, fmt.Errorf("--disagg-order %q: want decode-first or prefill-first", o.disaggOrder)
-	}
-	switch o.prefillFail {
-	case "free-decode":
-		c.PrefillFailure = coordinator.FreeDecode
-	case "bypass-on-decode":
-		c.PrefillFailure = coordinator.BypassOnDecode
-	default:
-		return c, fmt.Errorf("--prefill-failure %q: want free-decode or bypass-on-decode", o.prefillFail)
-	}
-	c.Policy = coordinator.DefaultPolicy()
-	switch o.disaggPolicy {
-	case "off":
-		c.Policy.Enabled = false
-	case "isl_bounding":
-		c.Policy.Kind = coordinator.PolicyISLBounding
-	case "prefill_load":
-		c.Policy.Kind = coordinator.PolicyPrefillLoad
-	case "isl_or_load":
-		c.Policy.Kind = coordinator.PolicyISLOrLoad
-	default:
-		return c, fmt.Errorf("--disagg-policy %q: want off, isl_bounding, prefill_load or isl_or_load", o.disaggPolicy)
-	}
+	c := coordinator.CoordinatorConfig{Order: o.disaggOrder, PrefillFailure: o.prefillFail, Policy: coordinator.DefaultPolicy()}
+	c.Policy.Kind = o.disaggPolicy
 	if o.effISL <= 0 || o.effISLRatio <= 0 || o.effISLRatio > 1 {
 		return c, fmt.Errorf("--bypass-max-eff-isl %v and --bypass-max-eff-isl-ratio %v: want > 0 and a ratio in (0, 1]", o.effISL, o.effISLRatio)
 	}

@@ -1,55 +1,52 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/prefixd/prefixd/coordinator"
 )
 
 // Selector is what the selection routes need from the coordinator
 // (Dynamo's standalone selection service: /select, /select_and_reserve,
 // /reservations; and prefixd's disaggregated plans, docs/coordinator.md).
-// Implementations must be safe for concurrent use. Errors wrap ErrInvalid
-// (400; Invalid names the field), ErrNotFound (404), ErrConflict (409),
-// ErrOverloaded (429) or ErrUnavailable (503); anything else is a 500.
-// Their text is sent to the client.
+// *coordinator.Service implements it; implementations must be safe for
+// concurrent use. The routes map their bodies onto the coordinator's
+// types and its errors onto statuses (coordinatorError): the
+// coordinator's sentinels and typed errors, or an error wrapping one of
+// this package's sentinels (ErrInvalid, ErrNotFound, ErrConflict,
+// ErrOverloaded, ErrUnavailable); anything else is a 500. The text of an
+// error is sent to the client.
 type Selector interface {
 	// Select chooses a worker and books nothing.
-	Select(ctx context.Context, r SelectRequest) (Selection, error)
-	// SelectAndReserve chooses a worker and books r.SelectionID on it.
-	SelectAndReserve(ctx context.Context, r SelectRequest) (Selection, error)
-	// Reserve books r.SelectionID on the explicit worker of r.
-	Reserve(ctx context.Context, r ReserveRequest) (Reservation, error)
+	Select(r coordinator.SelectRequest) (coordinator.Choice, error)
+	// SelectAndReserve chooses a worker and books r.ID on it.
+	SelectAndReserve(r coordinator.SelectRequest) (coordinator.Choice, error)
+	// Reserve books r.ID on r.Pin.
+	Reserve(r coordinator.SelectRequest) (coordinator.Choice, error)
 	// ReservePrefillComplete clears the reservation's prefill load.
-	ReservePrefillComplete(ctx context.Context, id string) error
-	// Free releases a reservation; an unknown or freed id is ErrNotFound.
-	Free(ctx context.Context, id string) error
-	// CreatePlan books a disaggregated plan. A failure may still return
-	// the plan (its transitions say what happened).
-	CreatePlan(ctx context.Context, r PlanRequest) (PlanInfo, error)
-	PlanPrefillComplete(ctx context.Context, id string) (PlanInfo, error)
-	PlanPrefillFailed(ctx context.Context, id string) (PlanInfo, error)
-	// ReleasePlan releases a live plan; an unknown or finished plan is ErrNotFound.
-	ReleasePlan(ctx context.Context, id string) (PlanInfo, error)
-	// GetPlan returns a live plan, or one recently finished by the
-	// selector itself (worker removal, expiry).
-	GetPlan(ctx context.Context, id string) (PlanInfo, error)
+	ReservePrefillComplete(id string) error
+	// Free releases a reservation; an unknown or freed id is an error.
+	Free(id string) error
+	// Plan books a disaggregated plan. A failure may still return the
+	// plan (its transitions say what happened).
+	Plan(r coordinator.Request) (coordinator.Plan, error)
+	PrefillComplete(id string) (coordinator.Plan, error)
+	PrefillFailed(id string) (coordinator.Plan, error)
+	// Release releases a live plan; an unknown or finished plan is an error.
+	Release(id string) (coordinator.Plan, error)
+	// Get returns a live plan, or one recently finished by the Selector
+	// itself (worker removal, expiry).
+	Get(id string) (coordinator.Plan, bool)
 }
 
 // ErrOverloaded: every eligible worker (or the pinned one) is over a busy
 // threshold (429).
 var ErrOverloaded = errors.New("overloaded")
-
-// Roles a selection request may target (SelectRequest.Role).
-const (
-	RoleAggregated = "aggregated"
-	RolePrefill    = "prefill"
-	RoleDecode     = "decode"
-)
 
 // Prompt is the prompt of a selection request: token ids, or local block
 // hashes.
@@ -254,6 +251,7 @@ func (h *handler) selector(w http.ResponseWriter) Selector {
 
 // selectionError maps a Selector error to its status.
 func selectionError(err error) error {
+	err = coordinatorError(err)
 	if errors.Is(err, ErrOverloaded) {
 		return &httpError{http.StatusTooManyRequests, err.Error()}
 	}
@@ -312,32 +310,27 @@ func checkPrompt(p *Prompt) *httpError {
 	return nil
 }
 
-func checkPartition(model string, group, role *string) *httpError {
+func checkPartition(model string, group *string) *httpError {
 	if model == "" {
 		return badRequest("model_name", "required")
 	}
 	if *group == "" {
 		*group = DefaultRoutingGroup
 	}
-	if role != nil {
-		switch *role {
-		case "":
-			*role = RoleAggregated
-		case RoleAggregated, RolePrefill, RoleDecode:
-		default:
-			return badRequest("role", "%q is not one of aggregated, prefill, decode", clip(*role, maxEcho))
-		}
-	}
 	return nil
 }
 
-func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve bool) (SelectRequest, bool) {
+func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve bool) (SelectRequest, coordinator.Role, bool) {
 	req, err := decodeBody(h, w, r, (*selDecoder).decodeSelect)
 	if err != nil {
 		h.fail(w, r, err)
-		return req, false
+		return req, 0, false
 	}
-	herr := checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
+	var role coordinator.Role
+	herr := checkPartition(req.ModelName, &req.RoutingGroup)
+	if herr == nil {
+		role, herr = parseRole(req.Role)
+	}
 	if herr == nil {
 		herr = checkPrompt(&req.Prompt)
 	}
@@ -349,9 +342,9 @@ func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve b
 	}
 	if herr != nil {
 		writeError(w, herr)
-		return req, false
+		return req, 0, false
 	}
-	return req, true
+	return req, role, true
 }
 
 func (h *handler) selectWorker(w http.ResponseWriter, r *http.Request) {
@@ -363,7 +356,7 @@ func (h *handler) selectAndReserve(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool) {
-	req, ok := h.decodeSelect(w, r, reserve)
+	req, role, ok := h.decodeSelect(w, r, reserve)
 	if !ok {
 		return
 	}
@@ -371,18 +364,16 @@ func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool)
 	if sel == nil {
 		return
 	}
-	var out Selection
-	var err error
+	op := sel.Select
 	if reserve {
-		out, err = sel.SelectAndReserve(r.Context(), req)
-	} else {
-		out, err = sel.Select(r.Context(), req)
+		op = sel.SelectAndReserve
 	}
+	c, err := op(selectRequest(&req, role))
 	if err != nil {
 		h.fail(w, r, selectionError(err))
 		return
 	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, selection(&req, c, reserve))
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
@@ -391,9 +382,13 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	var role coordinator.Role
 	herr := checkID("selection_id", req.SelectionID)
 	if herr == nil {
-		herr = checkPartition(req.ModelName, &req.RoutingGroup, &req.Role)
+		herr = checkPartition(req.ModelName, &req.RoutingGroup)
+	}
+	if herr == nil {
+		role, herr = parseRole(req.Role)
 	}
 	if herr == nil && req.WorkerID == nil {
 		herr = badRequest("worker_id", "required (only the explicit form of /reservations is supported)")
@@ -409,12 +404,13 @@ func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
 	if sel == nil {
 		return
 	}
-	out, err := sel.Reserve(r.Context(), req)
+	c, err := sel.Reserve(reserveRequest(&req, role))
 	if err != nil {
 		h.fail(w, r, selectionError(err))
 		return
 	}
-	writeJSON(w, http.StatusCreated, out)
+	writeJSON(w, http.StatusCreated, Reservation{SelectionID: req.SelectionID, ModelName: req.ModelName, RoutingGroup: req.RoutingGroup,
+		WorkerID: c.Rank.WorkerID, DPRank: c.Rank.DPRank, Endpoint: c.Endpoint})
 }
 
 // pathID returns the {id} of the route, validated.
@@ -435,7 +431,7 @@ func (h *handler) freeReservation(w http.ResponseWriter, r *http.Request) {
 	h.reservationOp(w, r, Selector.Free)
 }
 
-func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(Selector, context.Context, string) error) {
+func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(Selector, string) error) {
 	id, ok := pathID(w, r)
 	if !ok {
 		return
@@ -444,7 +440,7 @@ func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(
 	if sel == nil {
 		return
 	}
-	if err := op(sel, r.Context(), id); err != nil {
+	if err := op(sel, id); err != nil {
 		h.fail(w, r, selectionError(err))
 		return
 	}
@@ -457,15 +453,16 @@ func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
 		h.fail(w, r, err)
 		return
 	}
+	var cr coordinator.Request
 	herr := checkID("request_id", req.ID)
 	if herr == nil {
-		herr = checkPartition(req.ModelName, &req.RoutingGroup, nil)
+		herr = checkPartition(req.ModelName, &req.RoutingGroup)
 	}
 	if herr == nil {
 		herr = checkPrompt(&req.Prompt)
 	}
 	if herr == nil {
-		herr = checkPlanPolicy(&req)
+		cr, herr = planRequest(&req)
 	}
 	if herr != nil {
 		writeError(w, herr)
@@ -475,75 +472,53 @@ func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
 	if sel == nil {
 		return
 	}
-	plan, err := sel.CreatePlan(r.Context(), req)
+	plan, err := sel.Plan(cr)
 	if err != nil {
-		h.failPlan(w, r, plan, err)
+		h.failPlan(w, r, plan, promptLen(&req.Prompt), err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, plan)
-}
-
-// checkPlanPolicy validates the per-request policy fields.
-func checkPlanPolicy(r *PlanRequest) *httpError {
-	switch r.PrefillFailure {
-	case "", "free_decode", "bypass_on_decode":
-	default:
-		return badRequest("prefill_failure", "%q: want free_decode or bypass_on_decode", clip(r.PrefillFailure, maxEcho))
-	}
-	if p := r.Policy; p != nil {
-		switch p.Kind {
-		case "off", "isl_bounding", "prefill_load", "isl_or_load":
-		default:
-			return badRequest("policy.kind", "%q: want off, isl_bounding, prefill_load or isl_or_load", clip(p.Kind, maxEcho))
-		}
-		for _, f := range []struct {
-			name string
-			v    float64
-		}{{"policy.eff_isl_threshold", p.EffISLThreshold}, {"policy.eff_isl_ratio_threshold", p.EffISLRatioThreshold},
-			{"policy.decode_busy_threshold", p.DecodeBusyThreshold}, {"policy.prefill_busy_threshold", p.PrefillBusyThreshold}} {
-			if f.v < 0 {
-				return badRequest(f.name, "%v must not be negative", f.v)
-			}
-		}
-		if p.EffISLRatioThreshold > 1 {
-			return badRequest("policy.eff_isl_ratio_threshold", "%v must be at most 1", p.EffISLRatioThreshold)
-		}
-	}
-	return nil
+	writeJSON(w, http.StatusCreated, planInfo(plan, promptLen(&req.Prompt)))
 }
 
 // failPlan writes a plan error; when the selector returned the failed
-// plan, the body carries it next to the error.
-func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan PlanInfo, err error) {
+// plan, the body carries it next to the error (tokens as planInfo's).
+func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan coordinator.Plan, tokens int, err error) {
 	err = selectionError(err)
 	var he *httpError
 	if plan.ID == "" || !errors.As(err, &he) {
 		h.fail(w, r, err)
 		return
 	}
+	info := planInfo(plan, tokens)
 	writeJSON(w, he.status, struct {
 		Error string    `json:"error"`
 		Plan  *PlanInfo `json:"plan"`
-	}{clip(he.msg, maxErrorBytes), &plan})
+	}{clip(he.msg, maxErrorBytes), &info})
 }
 
 func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {
-	h.planOp(w, r, Selector.PlanPrefillComplete)
+	h.planOp(w, r, Selector.PrefillComplete)
 }
 
 func (h *handler) planPrefillFailed(w http.ResponseWriter, r *http.Request) {
-	h.planOp(w, r, Selector.PlanPrefillFailed)
+	h.planOp(w, r, Selector.PrefillFailed)
 }
 
 func (h *handler) releasePlan(w http.ResponseWriter, r *http.Request) {
-	h.planOp(w, r, Selector.ReleasePlan)
+	h.planOp(w, r, Selector.Release)
 }
 
+// getPlan reads a plan; it changes nothing.
 func (h *handler) getPlan(w http.ResponseWriter, r *http.Request) {
-	h.planOp(w, r, Selector.GetPlan)
+	h.planOp(w, r, func(sel Selector, id string) (coordinator.Plan, error) {
+		if p, ok := sel.Get(id); ok {
+			return p, nil
+		}
+		return coordinator.Plan{}, fmt.Errorf("%w: plan %s not found", ErrNotFound, id)
+	})
 }
 
-func (h *handler) planOp(w http.ResponseWriter, r *http.Request, op func(Selector, context.Context, string) (PlanInfo, error)) {
+func (h *handler) planOp(w http.ResponseWriter, r *http.Request, op func(Selector, string) (coordinator.Plan, error)) {
 	id, ok := pathID(w, r)
 	if !ok {
 		return
@@ -552,12 +527,12 @@ func (h *handler) planOp(w http.ResponseWriter, r *http.Request, op func(Selecto
 	if sel == nil {
 		return
 	}
-	plan, err := op(sel, r.Context(), id)
+	plan, err := op(sel, id)
 	if err != nil {
-		h.failPlan(w, r, plan, err)
+		h.failPlan(w, r, plan, -1, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, plan)
+	writeJSON(w, http.StatusOK, planInfo(plan, -1))
 }
 
 // String renders a WorkerRef as "worker_id/dp_rank".

@@ -1,7 +1,6 @@
 package api
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -9,65 +8,67 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
 )
 
 // fakeSelector keeps reservations and plans in maps, enough to exercise
-// the routes' status codes.
+// the routes' status codes and their mapping of the coordinator's types.
 type fakeSelector struct {
 	mu      sync.Mutex
 	res     map[string]bool
-	plans   map[string]PlanInfo
+	plans   map[string]coordinator.Plan
 	selErr  error
-	lastSel SelectRequest
+	lastSel coordinator.SelectRequest
 }
 
 var _ Selector = (*fakeSelector)(nil)
 
 func newFakeSelector() *fakeSelector {
-	return &fakeSelector{res: map[string]bool{}, plans: map[string]PlanInfo{}}
+	return &fakeSelector{res: map[string]bool{}, plans: map[string]coordinator.Plan{}}
 }
 
-func (f *fakeSelector) Select(_ context.Context, r SelectRequest) (Selection, error) {
+func (f *fakeSelector) Select(r coordinator.SelectRequest) (coordinator.Choice, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.lastSel = r
 	if f.selErr != nil {
-		return Selection{}, f.selErr
+		return coordinator.Choice{}, f.selErr
 	}
-	return Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup, WorkerID: 7, Endpoint: "http://w7", BlockSize: 16, EffectivePrefillTokens: float64(len(r.TokenIDs))}, nil
+	return coordinator.Choice{Selection: coordinator.Selection{Rank: indexer.Rank{WorkerID: 7}, Endpoint: "http://w7", EffectivePrefillTokens: float64(len(r.Tokens))},
+		BlockSize: 16}, nil
 }
 
-func (f *fakeSelector) SelectAndReserve(ctx context.Context, r SelectRequest) (Selection, error) {
+func (f *fakeSelector) SelectAndReserve(r coordinator.SelectRequest) (coordinator.Choice, error) {
 	f.mu.Lock()
-	dup := f.res[r.SelectionID]
+	dup := f.res[r.ID]
 	f.mu.Unlock()
 	if dup {
-		return Selection{}, fmt.Errorf("%w: selection_id: reservation %s already exists", ErrConflict, r.SelectionID)
+		return coordinator.Choice{}, fmt.Errorf("%w: selection_id: reservation %s already exists", ErrConflict, r.ID)
 	}
-	s, err := f.Select(ctx, r)
+	c, err := f.Select(r)
 	if err == nil {
 		f.mu.Lock()
-		f.res[r.SelectionID] = true
+		f.res[r.ID] = true
 		f.mu.Unlock()
 	}
-	return s, err
+	return c, err
 }
 
-func (f *fakeSelector) Reserve(_ context.Context, r ReserveRequest) (Reservation, error) {
+func (f *fakeSelector) Reserve(r coordinator.SelectRequest) (coordinator.Choice, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.res[r.SelectionID] {
-		return Reservation{}, fmt.Errorf("%w: duplicate", ErrConflict)
+	if f.res[r.ID] {
+		return coordinator.Choice{}, fmt.Errorf("%w: duplicate", ErrConflict)
 	}
-	if *r.WorkerID != 7 {
-		return Reservation{}, fmt.Errorf("%w: worker %d not in pool", ErrNotFound, *r.WorkerID)
+	if r.Pin.WorkerID != 7 {
+		return coordinator.Choice{}, fmt.Errorf("%w: worker %d not in pool", ErrNotFound, r.Pin.WorkerID)
 	}
-	f.res[r.SelectionID] = true
-	return Reservation{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup, WorkerID: 7, DPRank: r.DPRank}, nil
+	f.res[r.ID] = true
+	return coordinator.Choice{Selection: coordinator.Selection{Rank: *r.Pin}}, nil
 }
 
-func (f *fakeSelector) ReservePrefillComplete(_ context.Context, id string) error {
+func (f *fakeSelector) ReservePrefillComplete(id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.res[id] {
@@ -76,7 +77,7 @@ func (f *fakeSelector) ReservePrefillComplete(_ context.Context, id string) erro
 	return nil
 }
 
-func (f *fakeSelector) Free(_ context.Context, id string) error {
+func (f *fakeSelector) Free(id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.res[id] {
@@ -86,52 +87,54 @@ func (f *fakeSelector) Free(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeSelector) CreatePlan(_ context.Context, r PlanRequest) (PlanInfo, error) {
+func (f *fakeSelector) Plan(r coordinator.Request) (coordinator.Plan, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if _, ok := f.plans[r.ID]; ok {
-		return PlanInfo{}, fmt.Errorf("%w: plan %s exists", ErrConflict, r.ID)
+		return coordinator.Plan{}, fmt.Errorf("%w: plan %s exists", ErrConflict, r.ID)
 	}
-	if r.ModelName == "overloaded" {
-		return PlanInfo{ID: r.ID, State: "Idle", Transitions: []PlanTransition{}}, fmt.Errorf("%w: all workers busy", ErrOverloaded)
+	if r.Model == "overloaded" {
+		return coordinator.Plan{ID: r.ID, State: coordinator.Idle}, fmt.Errorf("%w: all workers busy", ErrOverloaded)
 	}
-	p := PlanInfo{ID: r.ID, Order: "decode-first", State: "Linked",
-		Decode:      &PlanBooking{WorkerID: 1, Tokens: len(r.TokenIDs)},
-		Prefill:     &PlanBooking{WorkerID: 3, Tokens: len(r.TokenIDs)},
-		Decision:    &PlanDecision{Kind: "remote_prefill"},
-		Transitions: []PlanTransition{{From: "Idle", To: "DecodePreviewed", Reason: "r"}}}
+	p := coordinator.Plan{ID: r.ID, Order: coordinator.DecodeFirst, State: coordinator.Linked,
+		Decode:      &coordinator.Booking{Rank: indexer.Rank{WorkerID: 1}},
+		Prefill:     &coordinator.Booking{Rank: indexer.Rank{WorkerID: 3}},
+		Decision:    &coordinator.Decision{},
+		Signals:     &coordinator.DecodeSignals{PromptTokens: len(r.Tokens)},
+		Transitions: []coordinator.Transition{{From: coordinator.Idle, To: coordinator.DecodePreviewed, Reason: "r"}}}
 	f.plans[r.ID] = p
 	return p, nil
 }
 
-func (f *fakeSelector) op(id, state string, del bool) (PlanInfo, error) {
+func (f *fakeSelector) op(id string, state coordinator.State, del bool) (coordinator.Plan, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.plans[id]
 	if !ok {
-		return PlanInfo{}, fmt.Errorf("%w: plan %s not found", ErrNotFound, id)
+		return coordinator.Plan{}, fmt.Errorf("%w: plan %s not found", ErrNotFound, id)
 	}
-	if state != "" {
-		p.State = state
-		f.plans[id] = p
-	}
+	p.State = state
+	f.plans[id] = p
 	if del {
 		delete(f.plans, id)
 	}
 	return p, nil
 }
 
-func (f *fakeSelector) PlanPrefillComplete(_ context.Context, id string) (PlanInfo, error) {
-	return f.op(id, "PrefillReleased", false)
+func (f *fakeSelector) PrefillComplete(id string) (coordinator.Plan, error) {
+	return f.op(id, coordinator.PrefillReleased, false)
 }
-func (f *fakeSelector) PlanPrefillFailed(_ context.Context, id string) (PlanInfo, error) {
-	return f.op(id, "Compensated", true)
+func (f *fakeSelector) PrefillFailed(id string) (coordinator.Plan, error) {
+	return f.op(id, coordinator.Compensated, true)
 }
-func (f *fakeSelector) ReleasePlan(_ context.Context, id string) (PlanInfo, error) {
-	return f.op(id, "Released", true)
+func (f *fakeSelector) Release(id string) (coordinator.Plan, error) {
+	return f.op(id, coordinator.Released, true)
 }
-func (f *fakeSelector) GetPlan(_ context.Context, id string) (PlanInfo, error) {
-	return f.op(id, "", false)
+func (f *fakeSelector) Get(id string) (coordinator.Plan, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.plans[id]
+	return p, ok
 }
 
 func newSelServer(t *testing.T, token string) (*server, *fakeSelector) {
@@ -146,8 +149,8 @@ func TestSelectRoutes(t *testing.T) {
 	// /select is a read: open without the token.
 	s.post("/select", `{"model_name":"m","token_ids":[1,2,3]}`).expect(t, 200,
 		`{"model_name":"m","routing_group":"default","worker_id":7,"dp_rank":0,"endpoint":"http://w7","block_size":16,"overlap":{"longest_matched":0,"gpu":0,"cpu":0,"disk":0},"effective_prefill_tokens":3,"potential_decode_blocks":0}`)
-	if f.lastSel.Role != RoleAggregated {
-		t.Errorf("default role %q", f.lastSel.Role)
+	if f.lastSel.Pool != (coordinator.PoolKey{Model: "m", Group: "default", Role: coordinator.RoleAggregated}) {
+		t.Errorf("default pool %v", f.lastSel.Pool)
 	}
 	for _, c := range []struct{ body, want string }{
 		{``, `{"error":"body: empty; expected a JSON object"}`},
@@ -229,11 +232,11 @@ func TestPlanRoutes(t *testing.T) {
 	} {
 		s.post("/disagg/plans", c.body, auth).expect(t, 400, c.want)
 	}
-	want := `{"request_id":"p1","order":"decode-first","state":"Linked","decode":{"worker_id":1,"dp_rank":0,"tokens":4},"prefill":{"worker_id":3,"dp_rank":0,"tokens":4},"decision":{"kind":"remote_prefill","policy_says_bypass":false,"prefill_busy":"","decode_busy":""},"transitions":[{"from":"Idle","to":"DecodePreviewed","reason":"r"}]}`
+	want := `{"request_id":"p1","order":"decode-first","state":"Linked","decode":{"worker_id":1,"dp_rank":0,"tokens":4},"prefill":{"worker_id":3,"dp_rank":0,"tokens":4},"decision":{"kind":"remote_prefill","policy_says_bypass":false,"prefill_busy":"unknown","decode_busy":"unknown"},"transitions":[{"from":"Idle","to":"DecodePreviewed","reason":"r"}]}`
 	s.post("/disagg/plans", body, auth).expect(t, 201, want)
 	s.post("/disagg/plans", body, auth).expect(t, 409, `{"error":"conflict: plan p1 exists"}`)
 	s.post("/disagg/plans", `{"request_id":"p2","model_name":"overloaded","token_ids":[1]}`, auth).expect(t, 429,
-		`{"error":"overloaded: all workers busy","plan":{"request_id":"p2","order":"","state":"Idle","decode":null,"prefill":null,"decision":null,"transitions":[]}}`)
+		`{"error":"overloaded: all workers busy","plan":{"request_id":"p2","order":"decode-first","state":"Idle","decode":null,"prefill":null,"decision":null,"transitions":[]}}`)
 	s.get("/disagg/plans/p1").expect(t, 200, want)
 	s.post("/disagg/plans/p1/prefill_complete", "").expect(t, 401, `{"error":"authorization: missing bearer token"}`)
 	if r := s.post("/disagg/plans/p1/prefill_complete", "", auth); r.status != 200 || !strings.Contains(r.body, `"state":"PrefillReleased"`) {

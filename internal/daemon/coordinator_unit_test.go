@@ -1,50 +1,50 @@
 package daemon
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/api"
 )
 
 // TestSelectorExpireAndRoleChange: expire releases stale plans (kept for
-// GetPlan), and a worker that becomes an encoder leaves the pools.
+// Get), and a worker that becomes an encoder leaves the pools.
 func TestSelectorExpireAndRoleChange(t *testing.T) {
-	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
+	s := newTestSelector(indexer.New(indexer.Options{}))
 	w := func(id uint64, role catalog.Role) catalog.Worker {
 		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1,
 			Endpoint: fmt.Sprintf("http://w%d:8000", id)}.WithDefaults()
 	}
 	s.setWorker(w(1, catalog.RoleDecode))
 	s.setWorker(w(2, catalog.RolePrefill))
-	ctx := context.Background()
-	p, err := s.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 32)}, ID: "p", ModelName: "m", RoutingGroup: "default"})
-	if err != nil || p.State != "Linked" {
+	req := func(id string) coordinator.Request {
+		return coordinator.Request{ID: id, Model: "m", DecodeGroup: "default", PrefillGroup: "default", Tokens: make([]uint32, 32)}
+	}
+	p, err := s.svc.Plan(req("p"))
+	if err != nil || p.State != coordinator.Linked {
 		t.Fatalf("plan %+v %v", p, err)
 	}
 	s.expire(time.Now().Add(coordinator.DefaultPlanTTL + time.Second))
-	if got, err := s.GetPlan(ctx, "p"); err != nil || got.State != "Expired" {
-		t.Fatalf("after expiry: %+v %v", got, err)
+	if got, ok := s.svc.Get("p"); !ok || got.State != coordinator.Expired {
+		t.Fatalf("after expiry: %+v %v", got, ok)
 	}
-	if _, err := s.ReleasePlan(ctx, "p"); !errors.Is(err, api.ErrNotFound) {
+	if _, err := s.svc.Release("p"); !errors.Is(err, coordinator.ErrPlanNotFound) {
 		t.Fatalf("release expired: %v", err)
 	}
 	s.setWorker(w(2, catalog.RoleEncoder))
-	if _, err := s.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 32)}, ID: "q", ModelName: "m", RoutingGroup: "default"}); !errors.Is(err, api.ErrUnavailable) {
+	if _, err := s.svc.Plan(req("q")); !errors.Is(err, coordinator.ErrNoWorkers) {
 		t.Fatalf("plan without prefill workers: %v", err)
 	}
-	if _, err := s.Select(ctx, api.SelectRequest{Prompt: api.Prompt{TokenIDs: []uint32{1}}, ModelName: "m", RoutingGroup: "default", Role: api.RoleDecode}); err != nil {
+	dec := coordinator.SelectRequest{Pool: coordinator.PoolKey{Model: "m", Group: "default", Role: coordinator.RoleDecode}, Tokens: []uint32{1}}
+	if _, err := s.svc.Select(dec); err != nil {
 		t.Fatalf("select decode: %v", err)
 	}
 	s.removeWorker(catalog.Key{Model: "m", Group: "default", WorkerID: 1})
-	if _, err := s.Select(ctx, api.SelectRequest{Prompt: api.Prompt{TokenIDs: []uint32{1}}, ModelName: "m", RoutingGroup: "default", Role: api.RoleDecode}); !errors.Is(err, api.ErrUnavailable) {
+	if _, err := s.svc.Select(dec); !errors.Is(err, coordinator.ErrNoWorkers) {
 		t.Fatalf("select after removal: %v", err)
 	}
 }

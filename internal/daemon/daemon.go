@@ -69,7 +69,7 @@ type Config struct {
 	OnReady func(httpAddr string)
 	// Coordinator configures disaggregated plans (order, prefill-failure
 	// policy, conditional-disaggregation policy); the zero value is
-	// decode-first, free-decode, policy off.
+	// decode-first, free_decode, policy off.
 	Coordinator coordinator.CoordinatorConfig
 	// Temperature is the default selection temperature (0 = argmin).
 	Temperature float64
@@ -189,8 +189,8 @@ func Run(ctx context.Context, cfg Config) error {
 	streams := NewStreams(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
-	sel := newSelector(ix, pcfg, cfg.Coordinator, log, reg)
-	view := &workerView{store: store, ix: ix, streams: streams, sel: sel, log: log, known: map[catalog.Key]catalog.Worker{}}
+	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: indexSource{ix}, Observer: newPlanMetrics(reg)})
+	view := &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
 	reg.MustRegister(badRecords)
@@ -221,7 +221,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return sel.runExpiry(gctx, ExpireInterval) })
+	g.Go(func() error { return svc.Run(gctx, ExpireInterval) })
 
 	var wasReady atomic.Bool
 	ready := func() (bool, string) {
@@ -237,7 +237,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return false, "streams still replaying"
 	}
 	handler := api.NewHandler(api.Config{
-		Index: ix, Workers: view, Selector: sel, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
+		Index: ix, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
@@ -267,7 +267,7 @@ type workerView struct {
 	store   catalog.Store
 	ix      *indexer.Index
 	streams *Streams
-	sel     *selector // nil in tests that build a view by hand
+	svc     *coordinator.Service // nil in tests that build a view by hand
 	log     *slog.Logger
 
 	mu    sync.Mutex // guards known
@@ -282,11 +282,11 @@ func (v *workerView) apply(c catalog.Change) {
 	// The coordinator's pools first, so a worker listed by /workers is
 	// selectable; a worker leaving leaves the pools and the index before
 	// /workers stops listing it.
-	if v.sel != nil {
+	if v.svc != nil {
 		if c.Kind == catalog.Removed {
-			v.sel.removeWorker(c.Key)
+			v.svc.RemoveEngine(engineKey(c.Key))
 		} else {
-			v.sel.setWorker(c.Worker)
+			setWorker(v.svc, c.Worker, v.log)
 		}
 	}
 	if c.Kind == catalog.Removed {

@@ -10,8 +10,8 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 )
 
-// planMetrics counts what the coordinator's plans do. Guarded by the
-// selector's mutex.
+// planMetrics counts what the coordinator's selections and plans do: it
+// is the service's coordinator.Observer, called under the service's lock.
 type planMetrics struct {
 	transitions   *prometheus.CounterVec
 	compensations *prometheus.CounterVec
@@ -41,6 +41,39 @@ func newPlanMetrics(reg prometheus.Registerer) *planMetrics {
 	}
 	return m
 }
+
+var _ coordinator.Observer = (*planMetrics)(nil)
+
+// PlanChanged implements coordinator.Observer.
+func (m *planMetrics) PlanChanged(p coordinator.Plan, live bool, plans int) {
+	m.observe(p, live, plans)
+}
+
+// Planned implements coordinator.Observer: the decode booking's cached
+// tokens and both bookings' routes.
+func (m *planMetrics) Planned(p coordinator.Plan) {
+	if p.Decode != nil && p.Signals != nil {
+		m.overlap.WithLabelValues("plan_decode").Observe(p.Signals.CachedTokens)
+	}
+	if p.Decode != nil {
+		m.route(p.Decode.Rank, "plan_decode")
+	}
+	if p.Prefill != nil {
+		m.route(p.Prefill.Rank, "plan_prefill")
+	}
+}
+
+// Selected implements coordinator.Observer: every selection's
+// device-tier overlap, and select_and_reserve's route.
+func (m *planMetrics) Selected(op coordinator.SelectOp, c coordinator.Choice) {
+	m.overlap.WithLabelValues("selection").Observe(float64(int(c.Overlap.Device) * c.BlockSize))
+	if op == coordinator.OpSelectAndReserve {
+		m.route(c.Rank, "reservation")
+	}
+}
+
+// RankRemoved implements coordinator.Observer.
+func (m *planMetrics) RankRemoved(r indexer.Rank) { m.forget(r) }
 
 // route counts a booking on r.
 func (m *planMetrics) route(r indexer.Rank, kind string) {

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -21,11 +20,30 @@ import (
 	"github.com/prefixd/prefixd/internal/api"
 )
 
-// selectorAPI is a selector behind the real HTTP API on a loopback server;
-// logs collects what the API logs.
+// testSelector is the coordinator service as the daemon wires it: over
+// the index, with its metrics, fed worker records as the catalog view
+// feeds them.
+type testSelector struct {
+	svc     *coordinator.Service
+	metrics *planMetrics
+}
+
+func newTestSelector(ix *indexer.Index) *testSelector {
+	m := newPlanMetrics(nil)
+	return &testSelector{svc: coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: indexSource{ix}, Observer: m}), metrics: m}
+}
+
+func (s *testSelector) setWorker(w catalog.Worker) {
+	setWorker(s.svc, w, slog.New(slog.DiscardHandler))
+}
+func (s *testSelector) removeWorker(k catalog.Key) { s.svc.RemoveEngine(engineKey(k)) }
+func (s *testSelector) expire(now time.Time)       { s.svc.Expire(now) }
+
+// selectorAPI is the service behind the real HTTP API on a loopback
+// server; logs collects what the API logs.
 type selectorAPI struct {
 	t    *testing.T
-	sel  *selector
+	sel  *testSelector
 	url  string
 	logs *bytes.Buffer
 }
@@ -33,12 +51,12 @@ type selectorAPI struct {
 func newSelectorAPI(t *testing.T, workers ...catalog.Worker) *selectorAPI {
 	t.Helper()
 	ix := indexer.New(indexer.Options{})
-	s := newSelector(ix, coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
+	s := newTestSelector(ix)
 	for _, w := range workers {
 		s.setWorker(w)
 	}
 	var logs bytes.Buffer
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: s, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: s.svc, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	t.Cleanup(srv.Close)
 	return &selectorAPI{t: t, sel: s, url: srv.URL, logs: &logs}
 }
@@ -189,54 +207,6 @@ func TestSelectorNoEngineEndpoint(t *testing.T) {
 	if code != 201 || json.Unmarshal([]byte(body), &plan) != nil || plan.Decode == nil || plan.Decode.WorkerID != 12 || plan.Decode.Endpoint != engine(12) ||
 		plan.Prefill == nil || plan.Prefill.Endpoint != engine(21) {
 		t.Errorf("plan: %d %s", code, body)
-	}
-}
-
-// TestFinishedPlansReusedID: a plan id that finishes, is reused and
-// finishes again is remembered once, as the newest: the history evicts its
-// oldest entry, never the reused id's new one (the old FIFO kept the stale
-// position and dropped the new entry 4,095 plans later).
-func TestFinishedPlansReusedID(t *testing.T) {
-	s := newSelector(indexer.New(indexer.Options{}), coordinator.DefaultPoolConfig(), coordinator.CoordinatorConfig{}, slog.New(slog.DiscardHandler), nil)
-	s.setWorker(worker(1, "default", catalog.RoleDecode, engine(1)))
-	s.setWorker(worker(2, "default", catalog.RolePrefill, engine(2)))
-	ctx := context.Background()
-	// Past every plan's TTL, read at each call: under load creating 4,096
-	// plans takes longer than a second, and a fixed time would not
-	// expire the last ones (the test failed that way).
-	later := func() time.Time { return time.Now().Add(coordinator.DefaultPlanTTL + time.Second) }
-	plan := func(id string) {
-		t.Helper()
-		if p, err := s.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: []uint32{1, 2, 3}}, ID: id, ModelName: "m", RoutingGroup: "default"}); err != nil {
-			t.Fatalf("plan %s: %+v %v", id, p, err)
-		}
-	}
-	get := func(id string) bool {
-		_, err := s.GetPlan(ctx, id)
-		return err == nil
-	}
-	plan("x")
-	s.expire(later())
-	plan("x") // reused
-	s.expire(later())
-	if !get("x") {
-		t.Fatal("the reused plan is not remembered")
-	}
-	for i := range maxFinished - 1 {
-		plan(fmt.Sprint("p", i))
-	}
-	s.expire(later())
-	if n := s.finished.len(); n != maxFinished {
-		t.Fatalf("%d finished plans remembered, want %d", n, maxFinished)
-	}
-	if !get("x") || !get("p0") || !get(fmt.Sprint("p", maxFinished-2)) {
-		t.Fatalf("with exactly %d finished plans, one was dropped: x %v, p0 %v", maxFinished, get("x"), get("p0"))
-	}
-	// One more: x, now the oldest, goes, and only x.
-	plan("last")
-	s.expire(later())
-	if get("x") || !get("p0") || !get("last") || s.finished.len() != maxFinished {
-		t.Fatalf("after one more: x %v (want false), p0 %v, last %v, %d remembered", get("x"), get("p0"), get("last"), s.finished.len())
 	}
 }
 
