@@ -269,20 +269,26 @@ func (c *Cursor) ObserveCleared() { c.degraded = false }
 
 // Probe is called when the live socket has been quiet for a while: a PUB
 // drops silently, and a lost last batch leaves no gap to see until the
-// engine publishes again, which an idle engine may never do. Probe asks
-// for a replay from the next expected seq; an engine with nothing new
-// answers with the end marker alone.
+// engine publishes again, which an idle engine may never do. Nor does a
+// lost batch of a new incarnation: an engine that restarted in place and
+// published fewer batches than were applied before, all lost (a
+// subscription not yet through to the PUB), shows no seq that gives it
+// away. So Probe verifies as a reconnect does: it asks for a replay from
+// the last applied seq, and the batch there must be the one applied
+// (same digest) — then the replay carries on with what is new; an
+// engine with nothing new answers with that batch and the end marker.
+// Without an applied batch it asks from SeqBase.
 func (c *Cursor) Probe(now time.Time) []Action {
 	c.out = c.out[:0]
 	if c.mode != ModeLive || !c.cfg.HasReplay {
 		return c.out
 	}
 	c.stats.Probes++
-	from := c.cfg.SeqBase
 	if c.hasApplied {
-		from = c.applied + 1
+		c.startSession(now, c.applied, ModeVerify)
+	} else {
+		c.startSession(now, c.cfg.SeqBase, ModeReplay)
 	}
-	c.startSession(now, from, ModeReplay)
 	return c.out
 }
 
