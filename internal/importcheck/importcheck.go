@@ -15,7 +15,30 @@ import (
 //
 // It runs "go list -deps" with the go command found on PATH; "go test" puts
 // its own GOROOT/bin first on PATH, so that is the toolchain under test.
-func Forbidden(t testing.TB, pkg string) {
+func Forbidden(t testing.TB, pkg string) { check(t, pkg, Offends, "must not import") }
+
+// NoTestSupport fails t if the package pkg transitively imports test
+// support (see TestSupport): what ships in the binary must not carry
+// fakes, test harnesses or package testing.
+func NoTestSupport(t testing.TB, pkg string) { check(t, pkg, TestSupport, "must not ship test support:") }
+
+// TestSupport reports whether path is test support: package testing, and
+// prefixd's test-support packages (catalog/storetest, internal/testsupport,
+// internal/pypub, internal/testlog).
+func TestSupport(path string) bool {
+	if path == "testing" {
+		return true
+	}
+	for _, p := range []string{"catalog/storetest", "internal/testsupport", "internal/pypub", "internal/testlog"} {
+		if path == "github.com/prefixd/prefixd/"+p {
+			return true
+		}
+	}
+	return false
+}
+
+// check fails t for every package reached from pkg that offends.
+func check(t testing.TB, pkg string, offends func(string) bool, verb string) {
 	t.Helper()
 	goTool, err := exec.LookPath("go")
 	if err != nil {
@@ -33,8 +56,8 @@ func Forbidden(t testing.TB, pkg string) {
 	if root == "" {
 		t.Fatalf("go list -deps %s: no packages listed", pkg)
 	}
-	for _, o := range offenders(graph, root) {
-		t.Errorf("%s must not import %s", root, o)
+	for _, o := range offenders(graph, root, offends) {
+		t.Errorf("%s %s %s", root, verb, o)
 	}
 }
 
@@ -89,7 +112,7 @@ func (o offender) String() string {
 // those not reached only through another forbidden package, sorted by path.
 // Forbidden packages that sit only beneath one of them are listed in its
 // below field, so every forbidden dependency is named.
-func offenders(graph map[string][]string, root string) []offender {
+func offenders(graph map[string][]string, root string, offends func(string) bool) []offender {
 	// Breadth-first from root, stopping at forbidden packages, so that each
 	// parent link gives a shortest chain.
 	parent := map[string]string{root: ""}
@@ -98,7 +121,7 @@ func offenders(graph map[string][]string, root string) []offender {
 	for len(queue) > 0 {
 		p := queue[0]
 		queue = queue[1:]
-		if p != root && Offends(p) {
+		if p != root && offends(p) {
 			first = append(first, p)
 			continue
 		}
@@ -119,7 +142,7 @@ func offenders(graph map[string][]string, root string) []offender {
 		}
 		slices.Reverse(o.chain)
 		for q := range reachable(graph, p) {
-			if q != p && Offends(q) {
+			if q != p && offends(q) {
 				o.below = append(o.below, q)
 			}
 		}

@@ -44,7 +44,7 @@ func TestOffenders(t *testing.T) {
 		t.Fatalf("root = %q, want a", root)
 	}
 	var got []string
-	for _, o := range offenders(graph, root) {
+	for _, o := range offenders(graph, root, Offends) {
 		got = append(got, o.String())
 	}
 	want := []string{
@@ -56,7 +56,7 @@ func TestOffenders(t *testing.T) {
 	}
 
 	clean, root := parse([]byte("d\na d\n"))
-	if o := offenders(clean, root); len(o) != 0 {
+	if o := offenders(clean, root, Offends); len(o) != 0 {
 		t.Errorf("offenders of a clean graph = %v, want none", o)
 	}
 }
@@ -91,5 +91,21 @@ func TestForbiddenRunsGoList(t *testing.T) {
 	Forbidden(r, "strings")
 	if len(r.errors) != 0 {
 		t.Errorf("Forbidden(strings) = %q, want no errors", r.errors)
+	}
+}
+
+// TestNoTestSupport: a package built on test support is caught, with the
+// chain; one without passes.
+func TestNoTestSupport(t *testing.T) {
+	r := &recorder{TB: t}
+	NoTestSupport(r, "github.com/prefixd/prefixd/catalog/storetest")
+	msg := strings.Join(r.errors, "\n")
+	if !strings.Contains(msg, "must not ship test support: github.com/prefixd/prefixd/internal/testsupport (via github.com/prefixd/prefixd/catalog/storetest -> github.com/prefixd/prefixd/internal/testsupport)") {
+		t.Errorf("NoTestSupport(catalog/storetest):\n%s", msg)
+	}
+	r = &recorder{TB: t}
+	NoTestSupport(r, "github.com/prefixd/prefixd/indexer")
+	if len(r.errors) != 0 {
+		t.Errorf("NoTestSupport(indexer) = %q, want no errors", r.errors)
 	}
 }
