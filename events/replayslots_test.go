@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -180,7 +181,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	for i := range rogues {
 		live := startEngine(t, indexer.Rank{WorkerID: uint64(40 + i)}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 		subs = append(subs, startSubscriber(t, Source{Worker: uint64(40 + i), Endpoint: live.pub.Endpoint(), ReplayEndpoint: slowReplayServer(t, 200*time.Millisecond)},
-			app, SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: CursorConfig{Deadline: 6 * time.Second}}))
+			app, SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: cursor.Config{Deadline: 6 * time.Second}}))
 	}
 	testsupport.Eventually(t, waitFor, "the rogues to hold every slot", func() bool {
 		for _, s := range subs {
@@ -194,7 +195,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	e.feed(e2eOps(t, 50, 1, 300)[0])
 	var queued atomic.Bool
 	good := startSubscriber(t, Source{Worker: 50, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
-		SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: CursorConfig{Deadline: 6 * time.Second},
+		SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: cursor.Config{Deadline: 6 * time.Second},
 			OnStateChange: func(st State) {
 				if st.Replay == ReplayQueued && !st.ReplayQueuedSince.IsZero() {
 					queued.Store(true)

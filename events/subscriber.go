@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
 
@@ -92,7 +93,7 @@ const redundantStoreMsg = `redundant BlockStored: the engine re-reported cached 
 
 // SubscriberConfig tunes a Subscriber. Zero fields take the defaults noted.
 type SubscriberConfig struct {
-	Cursor      CursorConfig  // HasReplay and SeqBase are set from the Source
+	Cursor      cursor.Config // HasReplay and SeqBase are set from the Source
 	IdleTimeout time.Duration // a replay attempt with no message for this long is incomplete (default 3 s)
 	LiveQueue   int           // live messages queued between the socket and the applier (default 1024); a full queue drops, and the gap is replayed
 	// LiveQueueBytes bounds the bytes of those messages (default 64 MiB):
@@ -147,7 +148,7 @@ func (c *SubscriberConfig) defaults() {
 // State is what a Subscriber reports about its source.
 type State struct {
 	Connected  bool
-	Mode       Mode
+	Mode       cursor.Mode
 	Applied    uint64
 	HasApplied bool
 	// LastLive is the highest seq received on the live socket of the
@@ -167,7 +168,7 @@ type State struct {
 	// ReplayRunning. While a session runs the index lags the engine.
 	Replay            ReplayPhase
 	ReplayQueuedSince time.Time
-	Stats             CursorStats
+	Stats             cursor.Stats
 }
 
 // ReplayPhase says what a rank's replay is doing.
@@ -247,25 +248,25 @@ type replayMsg struct {
 // run is the state of one Run: the cursor and the sockets it drives.
 type run struct {
 	s       *Subscriber
-	cur     *Cursor
+	cur     *cursor.Cursor
 	dec     Decoder
 	batch   Batch
 	labels  [2]string
-	prev    CursorStats
+	prev    cursor.Stats
 	synced  bool
 	started time.Time // replay session start, for the duration metric
 
 	replayCh     chan replayMsg
 	attemptStop  context.CancelFunc // cancels the replay attempt in flight
 	attemptWG    sync.WaitGroup
-	pending      *Action     // a replay to start when its timer fires
-	pendingTimer *time.Timer // fires at pending.At
-	idle         *time.Timer // replay idle timeout
-	probe        *time.Timer // quiet live socket
-	deadline     *time.Timer // the replay session's deadline (Cursor.Deadline)
-	deadlineAt   time.Time   // what deadline is armed for
-	queuedSince  time.Time   // the attempt in flight waits for a slot since (zero: it does not)
-	replayFrom   uint64      // the latest replay request's first seq
+	pending      *cursor.Action // a replay to start when its timer fires
+	pendingTimer *time.Timer    // fires at pending.At
+	idle         *time.Timer    // replay idle timeout
+	probe        *time.Timer    // quiet live socket
+	deadline     *time.Timer    // the replay session's deadline (Cursor.Deadline)
+	deadlineAt   time.Time      // what deadline is armed for
+	queuedSince  time.Time      // the attempt in flight waits for a slot since (zero: it does not)
+	replayFrom   uint64         // the latest replay request's first seq
 	wasDegraded  bool
 	wasTruncated bool
 	corrupt      string // why the last reset came from a bad batch ("" if it did not)
@@ -327,8 +328,8 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
-func newCursorFor(s *Subscriber) *Cursor {
-	c := NewCursor(s.cfg.Cursor)
+func newCursorFor(s *Subscriber) *cursor.Cursor {
+	c := cursor.New(s.cfg.Cursor)
 	if w := s.src.Resume; w != nil && s.src.ReplayEndpoint != "" {
 		c.Resume(w.Seq, w.Digest, w.Degraded)
 	}
@@ -471,20 +472,20 @@ func (r *run) onReplay(ctx context.Context, m replayMsg) {
 }
 
 // exec carries out the cursor's actions in order.
-func (r *run) exec(ctx context.Context, acts []Action) {
+func (r *run) exec(ctx context.Context, acts []cursor.Action) {
 	src := r.s.src
 	for i := 0; i < len(acts); i++ {
 		a := acts[i]
 		switch a.Kind {
-		case ActApply:
+		case cursor.ActApply:
 			if more := r.apply(a.Seq, a.Digest, a.Payload); len(more) > 0 {
 				// The batch was corrupt: the cursor reset the rank. Its
 				// actions come first; the rest of this list follows.
-				rest := append([]Action(nil), acts[i+1:]...)
-				r.exec(ctx, append(append([]Action(nil), more...), rest...))
+				rest := append([]cursor.Action(nil), acts[i+1:]...)
+				r.exec(ctx, append(append([]cursor.Action(nil), more...), rest...))
 				return
 			}
-		case ActReset:
+		case cursor.ActReset:
 			// The cursor's state after this call says whether the reset is
 			// a loss (degraded) or a new start (a new incarnation).
 			r.degradedWhy = ""
@@ -494,7 +495,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 			if err := r.s.app.ResetRank(src.rank(), r.cur.Degraded(), r.degradedWhy); err != nil && !errors.Is(err, ErrFenced) {
 				r.s.cfg.Logger.Error("reset rank", "worker", src.Worker, "rank", src.Rank, "err", err)
 			}
-		case ActReplay:
+		case cursor.ActReplay:
 			r.stopReplay()
 			r.replayFrom = a.From
 			if r.started.IsZero() {
@@ -507,7 +508,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 			} else {
 				r.startAttempt(ctx, a)
 			}
-		case ActStopReplay:
+		case cursor.ActStopReplay:
 			r.stopReplay()
 		}
 	}
@@ -519,7 +520,7 @@ func (r *run) exec(ctx context.Context, acts []Action) {
 // dropped and the cursor told: it returns the cursor's reset actions. A
 // batch that left out only BlockStored events is applied, and the rank
 // marked degraded (a strict subset) without a reset.
-func (r *run) apply(seq, digest uint64, payload []byte) []Action {
+func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 	src := r.s.src
 	if err := r.dec.Decode(payload, &r.batch); err != nil {
 		r.dropErr(err)
@@ -669,7 +670,7 @@ var errPreempted = errors.New("replay preempted: slot given to a waiting rank")
 // startAttempt queues for a replay slot, then opens a fresh DEALER for
 // replay attempt a and streams its messages to r.replayCh until the
 // attempt is stopped or preempted.
-func (r *run) startAttempt(ctx context.Context, a Action) {
+func (r *run) startAttempt(ctx context.Context, a cursor.Action) {
 	r.stopReplay()
 	actx, cancel := context.WithCancel(ctx)
 	r.attemptStop = cancel
@@ -813,7 +814,7 @@ func (r *run) publish() {
 		truncated = t.Truncated(r.s.src.rank())
 	}
 	degraded := c.Degraded() || truncated
-	if !r.synced && c.Mode() == ModeLive {
+	if !r.synced && c.Mode() == cursor.ModeLive {
 		r.synced = true
 	}
 	if m := r.s.cfg.Metrics; m != nil {
@@ -850,7 +851,7 @@ func (r *run) publish() {
 	if !c.Degraded() {
 		r.degradedWhy = ""
 	}
-	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == ModeLive {
+	if (st.ReplaysOK > r.prev.ReplaysOK || st.ReplaysFailed > r.prev.ReplaysFailed) || c.Mode() == cursor.ModeLive {
 		r.started = time.Time{}
 	}
 	r.prev = st
@@ -859,7 +860,7 @@ func (r *run) publish() {
 	live, hasLive := c.LastLive()
 	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
 		LastLive: live, HasLive: hasLive, Degraded: degraded, Synced: r.synced, Stats: st}
-	if c.Mode() == ModeReplay || c.Mode() == ModeVerify {
+	if c.Mode() == cursor.ModeReplay || c.Mode() == cursor.ModeVerify {
 		next.Replay = ReplayRunning
 		if !r.queuedSince.IsZero() {
 			next.Replay, next.ReplayQueuedSince = ReplayQueued, r.queuedSince
@@ -897,7 +898,7 @@ func (r *run) armDeadline() {
 // restarts, a rank exact again. Lines that can repeat are rate-limited
 // per kind. A probe's replay (a quiet stream asking for anything newer)
 // is logged only when it found something.
-func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
+func (r *run) logChanges(st cursor.Stats, degraded, truncated bool) {
 	p, c := r.prev, r.cur
 	applied, hasApplied := c.Applied()
 	live, hasLive := c.LastLive()
@@ -934,7 +935,7 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 			r.session.reason = "probe"
 		case st.Restarts > p.Restarts || st.Overflows > p.Overflows:
 			r.session.reason = "restart"
-		case c.Mode() == ModeVerify:
+		case c.Mode() == cursor.ModeVerify:
 			r.session.reason = "reconnect"
 		case !hasApplied:
 			r.session.reason = "join"
@@ -961,7 +962,7 @@ func (r *run) logChanges(st CursorStats, degraded, truncated bool) {
 
 // lossReason says why the rank lost history between the counters p and
 // st.
-func (r *run) lossReason(st, p CursorStats) string {
+func (r *run) lossReason(st, p cursor.Stats) string {
 	switch {
 	case r.corrupt != "":
 		return r.corrupt

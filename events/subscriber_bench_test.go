@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -106,7 +107,7 @@ func ingestOnce(b *testing.B, payloads [][]byte) (time.Duration, uint64) {
 				if s.Synced {
 					syncOnce.Do(func() { close(synced) })
 				}
-				if s.HasApplied && s.Applied == target && s.Mode == ModeLive {
+				if s.HasApplied && s.Applied == target && s.Mode == cursor.ModeLive {
 					appliedOnce.Do(func() { close(applied) })
 				}
 			}})

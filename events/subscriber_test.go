@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/testlog"
@@ -181,7 +182,7 @@ func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
 	defer tick.Stop()
 	for {
 		st := s.s.State()
-		if st.Mode == ModeLive && st.HasApplied && st.Applied == e.last {
+		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == e.last {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -14,6 +14,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -96,7 +97,7 @@ func caughtUp(t *testing.T, s *events.Subscriber, e *Engine) {
 	defer tick.Stop()
 	for {
 		st = s.State()
-		if st.Mode == events.ModeLive && st.HasApplied && st.Applied == last {
+		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == last {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -1,4 +1,4 @@
-package events
+package cursor
 
 import (
 	"bufio"
@@ -16,7 +16,7 @@ import (
 
 var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor scenario files")
 
-// TestCursorScenarios runs every testdata/cursor/*.txt scenario: each
+// TestCursorScenarios runs every testdata/*.txt scenario: each
 // command drives the Cursor, and the block under "----" is the actions it
 // must return followed by its state. Run with -rewrite to regenerate.
 //
@@ -38,7 +38,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected output of cursor
 //	resume seq=N [p=PAYLOAD] [degraded=true]  state restored from a peer up to seq N (digest of the payload), degraded there or not
 //	stats
 func TestCursorScenarios(t *testing.T) {
-	files, err := filepath.Glob("testdata/cursor/*.txt")
+	files, err := filepath.Glob("testdata/*.txt")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scenarios: %v", err)
 	}
@@ -61,7 +61,7 @@ func runScenario(t *testing.T, path string) {
 	var out strings.Builder
 	sc := &scenario{t0: time.Unix(1_000_000, 0)}
 	sc.now = sc.t0
-	sc.c = NewCursor(CursorConfig{HasReplay: true})
+	sc.c = New(Config{HasReplay: true})
 	lines := bufio.NewScanner(strings.NewReader(string(raw)))
 	lineNo := 0
 	next := func() (string, bool) {
@@ -149,7 +149,7 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 	var acts []Action
 	switch fields[0] {
 	case "config":
-		cfg := CursorConfig{
+		cfg := Config{
 			HasReplay:        args["replay"] != "false",
 			SeqBase:          num("seqbase", 0),
 			MaxBuffered:      int(num("maxbuf", 0)),
@@ -158,7 +158,7 @@ func (sc *scenario) do(t *testing.T, path string, lineNo int, line string) []str
 			Deadline:         time.Duration(num("deadline", 0)) * time.Millisecond,
 			Backoff:          time.Duration(num("backoff", 0)) * time.Millisecond,
 		}
-		sc.c = NewCursor(cfg)
+		sc.c = New(cfg)
 		return nil
 	case "connect":
 		acts = sc.c.Connected(sc.now)

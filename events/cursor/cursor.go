@@ -1,4 +1,4 @@
-package events
+package cursor
 
 import (
 	"fmt"
@@ -8,8 +8,8 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
-// CursorConfig configures a Cursor. Zero fields take the defaults noted.
-type CursorConfig struct {
+// Config configures a Cursor. Zero fields take the defaults noted.
+type Config struct {
 	// HasReplay says the source has a replay endpoint. Without one, every
 	// gap (and a join that starts above SeqBase) is lost history.
 	HasReplay bool
@@ -31,7 +31,7 @@ type CursorConfig struct {
 	Backoff time.Duration
 }
 
-func (c *CursorConfig) defaults() {
+func (c *Config) defaults() {
 	if c.MaxBuffered <= 0 {
 		c.MaxBuffered = 4096
 	}
@@ -113,8 +113,8 @@ func (m Mode) String() string {
 	return fmt.Sprintf("mode(%d)", m)
 }
 
-// CursorStats counts what a Cursor saw. Counters only grow.
-type CursorStats struct {
+// Stats counts what a Cursor saw. Counters only grow.
+type Stats struct {
 	Gaps           uint64 // live seq above the next expected
 	Duplicates     uint64 // live or replayed batches already applied
 	Restarts       uint64 // new engine incarnations detected
@@ -158,7 +158,7 @@ type pending struct {
 // cache) until an AllBlocksCleared or a complete replay of a new
 // incarnation.
 type Cursor struct {
-	cfg  CursorConfig
+	cfg  Config
 	mode Mode
 
 	live, applied       uint64
@@ -185,12 +185,12 @@ type Cursor struct {
 	inSession bool
 	attempt   uint64 // number of the attempt in flight; older ones are stale
 
-	stats CursorStats
+	stats Stats
 	out   []Action
 }
 
-// NewCursor returns a cursor for a source that has never been connected.
-func NewCursor(cfg CursorConfig) *Cursor {
+// New returns a cursor for a source that has never been connected.
+func New(cfg Config) *Cursor {
 	cfg.defaults()
 	return &Cursor{cfg: cfg}
 }
@@ -211,7 +211,7 @@ func (c *Cursor) LastLive() (seq uint64, ok bool) { return c.live, c.hasLive }
 func (c *Cursor) Buffered() int { return len(c.buf) }
 
 // Stats returns the counters.
-func (c *Cursor) Stats() CursorStats { return c.stats }
+func (c *Cursor) Stats() Stats { return c.stats }
 
 // Connected is called when a new socket to the source is up (first join or
 // reconnect). A joining cursor asks for a replay from SeqBase at once: an
