@@ -4,6 +4,7 @@ import (
 	"errors"
 	"sync"
 
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -16,7 +17,7 @@ type IndexApplier struct {
 
 	mu       sync.Mutex // guards ops, filtered, skipped and fenced; held across each apply
 	ops      []indexer.Op
-	filtered [NumFilters]uint64
+	filtered [wire.NumFilters]uint64
 	skipped  [indexer.NumReasons]uint64
 	fenced   bool
 }
@@ -27,7 +28,7 @@ var ErrFenced = errors.New("events: applier fenced: its rank left the index")
 var _ Applier = (*IndexApplier)(nil)
 
 // ApplyBatch implements Applier.
-func (a *IndexApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error {
+func (a *IndexApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *wire.Batch) error {
 	_, err := a.ApplyBatchResult(r, m, b)
 	return err
 }
@@ -36,13 +37,13 @@ func (a *IndexApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) erro
 // the batch: the blocks it skipped and the blocks of its redundant stores
 // (indexer.BatchResult). A Subscriber over an IndexApplier counts and logs
 // the redundant stores of each batch.
-func (a *IndexApplier) ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *Batch) (indexer.BatchResult, error) {
+func (a *IndexApplier) ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *wire.Batch) (indexer.BatchResult, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.fenced {
 		return indexer.BatchResult{}, ErrFenced
 	}
-	a.ops = AppendOps(a.ops[:0], b, &a.filtered)
+	a.ops = wire.AppendOps(a.ops[:0], b, &a.filtered)
 	res, err := a.Index.ApplyBatch(a.Partition, r, m, a.ops)
 	for i, n := range res.Skipped {
 		a.skipped[i] += n
@@ -81,7 +82,7 @@ func (a *IndexApplier) Truncated(r indexer.Rank) bool {
 
 // Counts returns the events filtered out and the blocks the index skipped,
 // by reason, since the applier was made.
-func (a *IndexApplier) Counts() (filtered [NumFilters]uint64, skipped [indexer.NumReasons]uint64) {
+func (a *IndexApplier) Counts() (filtered [wire.NumFilters]uint64, skipped [indexer.NumReasons]uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.filtered, a.skipped

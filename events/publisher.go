@@ -13,6 +13,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/zmtp"
 )
 
@@ -275,7 +276,7 @@ func (p *Publisher) Publish(ctx context.Context, payload []byte) (seq uint64, er
 	}
 	// The frames are read later by the PUB's writer goroutine; none of
 	// them is ever modified, so sharing payload with the buffer is safe.
-	msg := zmq4.NewMsgFrom(p.topic, AppendSeq(make([]byte, 0, SeqLen), seq), payload)
+	msg := zmq4.NewMsgFrom(p.topic, wire.AppendSeq(make([]byte, 0, wire.SeqLen), seq), payload)
 	if err := p.pub.SendMulti(msg); err != nil {
 		return seq, fmt.Errorf("events: publish seq %d: %w", seq, err)
 	}
@@ -439,7 +440,7 @@ func parseReplayRequest(frames [][]byte) (id []byte, start uint64, ok bool) {
 		return nil, 0, false
 	}
 	for i, b := range frames[2] {
-		if len(frames[2])-i > SeqLen && b != 0 {
+		if len(frames[2])-i > wire.SeqLen && b != 0 {
 			return frames[0], math.MaxUint64, true
 		}
 		start = start<<8 | uint64(b)
@@ -477,9 +478,9 @@ func (p *Publisher) replay(ctx context.Context, router zmq4.Socket, frames [][]b
 		seq := from + uint64(i)
 		var msg zmq4.Msg
 		if p.cfg.Layout == ReplayTopic {
-			msg = zmq4.NewMsgFrom(id, nil, p.topic, AppendSeq(nil, seq), payload)
+			msg = zmq4.NewMsgFrom(id, nil, p.topic, wire.AppendSeq(nil, seq), payload)
 		} else {
-			msg = zmq4.NewMsgFrom(id, nil, AppendSeq(nil, seq), payload)
+			msg = zmq4.NewMsgFrom(id, nil, wire.AppendSeq(nil, seq), payload)
 		}
 		if !p.send(ctx, router, msg, i > 0) {
 			return
@@ -487,9 +488,9 @@ func (p *Publisher) replay(ctx context.Context, router zmq4.Socket, frames [][]b
 	}
 	var end zmq4.Msg
 	if p.cfg.Layout == ReplayTopic {
-		end = zmq4.NewMsgFrom(id, nil, nil, EndSeq[:], nil)
+		end = zmq4.NewMsgFrom(id, nil, nil, wire.EndSeq[:], nil)
 	} else {
-		end = zmq4.NewMsgFrom(id, nil, EndSeq[:], nil)
+		end = zmq4.NewMsgFrom(id, nil, wire.EndSeq[:], nil)
 	}
 	p.send(ctx, router, end, len(batches) > 0)
 }

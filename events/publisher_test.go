@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -179,7 +180,7 @@ func joinLive(t *testing.T, p *Publisher, sub <-chan zmq4.Msg, tag string) zmq4.
 // liveSeq parses a live message, checking the topic frame and the payload.
 func liveSeq(t *testing.T, m zmq4.Msg, topic, tag string) uint64 {
 	t.Helper()
-	seq, payload, err := ParseLive(m.Frames, []byte(topic))
+	seq, payload, err := wire.ParseLive(m.Frames, []byte(topic))
 	if err != nil {
 		t.Fatalf("live message %q: %v", m.Frames, err)
 	}
@@ -206,7 +207,7 @@ func readReplay(t *testing.T, ch <-chan zmq4.Msg, layout ReplayLayout, topic str
 	var r replayed
 	for {
 		m := recvMsg(t, ch)
-		seq, payload, end, err := ParseReplay(m.Frames)
+		seq, payload, end, err := wire.ParseReplay(m.Frames)
 		if err != nil {
 			t.Fatalf("replay message %q: %v", m.Frames, err)
 		}
@@ -260,7 +261,7 @@ func checkReplay(t *testing.T, r replayed, tag string, first, last int) {
 
 func requestReplay(t *testing.T, d zmq4.Socket, start uint64) {
 	t.Helper()
-	if err := d.SendMulti(zmq4.NewMsgFrom(ReplayRequest(start)...)); err != nil {
+	if err := d.SendMulti(zmq4.NewMsgFrom(wire.ReplayRequest(start)...)); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -465,8 +466,8 @@ func TestPublisherReplayRequestParse(t *testing.T) {
 		start  uint64
 		ok     bool
 	}{
-		{[][]byte{id, {}, AppendSeq(nil, 5)}, 5, true},
-		{[][]byte{id, nil, AppendSeq(nil, 1<<63)}, 1 << 63, true},
+		{[][]byte{id, {}, wire.AppendSeq(nil, 5)}, 5, true},
+		{[][]byte{id, nil, wire.AppendSeq(nil, 1<<63)}, 1 << 63, true},
 		// vLLM parses start as a big-endian integer of any length.
 		{[][]byte{id, {}, {}}, 0, true},
 		{[][]byte{id, {}, {0x01, 0x02}}, 0x0102, true},
@@ -474,9 +475,9 @@ func TestPublisherReplayRequestParse(t *testing.T) {
 		{[][]byte{id, {}, {1, 0, 0, 0, 0, 0, 0, 0, 0}}, math.MaxUint64, true},
 		// Invalid: a DEALER without the delimiter, extra frames, a
 		// non-empty delimiter.
-		{[][]byte{id, AppendSeq(nil, 5)}, 0, false},
-		{[][]byte{id, {}, AppendSeq(nil, 5), {}}, 0, false},
-		{[][]byte{id, {'x'}, AppendSeq(nil, 5)}, 0, false},
+		{[][]byte{id, wire.AppendSeq(nil, 5)}, 0, false},
+		{[][]byte{id, {}, wire.AppendSeq(nil, 5), {}}, 0, false},
+		{[][]byte{id, {'x'}, wire.AppendSeq(nil, 5)}, 0, false},
 		{[][]byte{id}, 0, false},
 	}
 	for _, tt := range tests {
@@ -496,10 +497,10 @@ func TestPublisherReplayInvalidRequest(t *testing.T) {
 
 	// A DEALER forgetting the empty delimiter (the ROUTER sees
 	// [identity, start8]), and one sending a non-empty delimiter.
-	if err := d.SendMulti(zmq4.NewMsgFrom(AppendSeq(nil, 0))); err != nil {
+	if err := d.SendMulti(zmq4.NewMsgFrom(wire.AppendSeq(nil, 0))); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.SendMulti(zmq4.NewMsgFrom([]byte("x"), AppendSeq(nil, 1))); err != nil {
+	if err := d.SendMulti(zmq4.NewMsgFrom([]byte("x"), wire.AppendSeq(nil, 1))); err != nil {
 		t.Fatal(err)
 	}
 	testsupport.Eventually(t, waitFor, "2 invalid requests counted", func() bool { return p.Stats().InvalidRequests == 2 })
@@ -589,7 +590,7 @@ func TestPublisherDropReplay(t *testing.T) {
 			end := false
 			for range st.ReplaySent { // TCP delivers every message written, in order
 				m := recvMsg(t, replies)
-				seq, payload, isEnd, err := ParseReplay(m.Frames)
+				seq, payload, isEnd, err := wire.ParseReplay(m.Frames)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -759,10 +760,10 @@ func TestPublisherConcurrent(t *testing.T) {
 	}
 
 	// Live: wire order is seq order, contiguous after the join.
-	prev, _, _ := ParseLive(firstLive.Frames, nil)
+	prev, _, _ := wire.ParseLive(firstLive.Frames, nil)
 	for prev < total-1 {
 		m := recvMsg(t, sub)
-		s, payload, err := ParseLive(m.Frames, nil)
+		s, payload, err := wire.ParseLive(m.Frames, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -858,7 +859,7 @@ func TestPublisherRunNoLeak(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, _, end, err := ParseReplay(m.Frames); err != nil || end {
+			if _, _, end, err := wire.ParseReplay(m.Frames); err != nil || end {
 				break
 			}
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/pypub"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -60,7 +61,7 @@ type gatedApplier struct {
 	gate chan struct{}
 }
 
-func (g *gatedApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error {
+func (g *gatedApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *wire.Batch) error {
 	<-g.gate
 	return g.Applier.ApplyBatch(r, m, b)
 }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/pypub"
 )
 
@@ -111,7 +112,7 @@ func (ps *pyPubSock) recv(t testing.TB) [][]byte {
 // requestReplay sends the DEALER replay request ["", start as 8 bytes BE].
 func (ps *pyPubSock) requestReplay(t testing.TB, start uint64) {
 	t.Helper()
-	if err := ps.s.Send(zmq4.NewMsgFrom(ReplayRequest(start)...)); err != nil {
+	if err := ps.s.Send(zmq4.NewMsgFrom(wire.ReplayRequest(start)...)); err != nil {
 		t.Fatalf("replay request: %v", err)
 	}
 }
@@ -126,7 +127,7 @@ type pyPubLive struct {
 // pyPubParseLive checks a live message with the package's ParseLive.
 func pyPubParseLive(t testing.TB, frames [][]byte) pyPubLive {
 	t.Helper()
-	seq, payload, err := ParseLive(frames, nil)
+	seq, payload, err := wire.ParseLive(frames, nil)
 	if err != nil {
 		t.Fatalf("live message %x: %v", frames, err)
 	}
@@ -147,7 +148,7 @@ type pyPubReplayMsg struct {
 func pyPubParseReplay(frames [][]byte) (pyPubReplayMsg, error) {
 	var m pyPubReplayMsg
 	var err error
-	m.seq, m.payload, m.end, err = ParseReplay(frames)
+	m.seq, m.payload, m.end, err = wire.ParseReplay(frames)
 	if err != nil {
 		return m, err
 	}
@@ -184,7 +185,7 @@ func (ps *pyPubSock) recvReplay(t testing.TB, layout string) []pyPubReplayMsg {
 // ---------------------------------------------------------------------------
 // Test batches: Events (the expected decode) and their pypub JSON form.
 
-func pyPubEventJSON(ev Event) map[string]any {
+func pyPubEventJSON(ev wire.Event) map[string]any {
 	m := map[string]any{"type": ev.Kind.String()}
 	hashes := func() []uint64 { return append([]uint64{}, ev.BlockHashes...) }
 	strOrNil := func(s string) any {
@@ -194,7 +195,7 @@ func pyPubEventJSON(ev Event) map[string]any {
 		return s
 	}
 	switch ev.Kind {
-	case KindBlockStored:
+	case wire.KindBlockStored:
 		m["block_hashes"] = hashes()
 		m["parent_block_hash"] = nil
 		if ev.HasParent {
@@ -207,14 +208,14 @@ func pyPubEventJSON(ev Event) map[string]any {
 			m["lora_id"] = ev.LoraID
 		}
 		m["lora_name"] = strOrNil(ev.LoraName)
-	case KindBlockRemoved:
+	case wire.KindBlockRemoved:
 		m["block_hashes"] = hashes()
 		m["medium"] = strOrNil(ev.Medium)
 	}
 	return m
 }
 
-func pyPubJSON(evs []Event) []map[string]any {
+func pyPubJSON(evs []wire.Event) []map[string]any {
 	out := make([]map[string]any, len(evs))
 	for i, ev := range evs {
 		out[i] = pyPubEventJSON(ev)
@@ -233,29 +234,29 @@ func pyPubTokens(n int, vals ...uint32) []uint32 {
 // pyPubBatches are the interop batches: every hash width (fixint … u64 and
 // values ≥ 2^63), token ids of every width, parents, nil media, LoRA fields,
 // several events per batch and AllBlocksCleared.
-func pyPubBatches() [][]Event {
+func pyPubBatches() [][]wire.Event {
 	const h = 0xFEDCBA9876543210
-	return [][]Event{
-		{{Kind: KindBlockStored, BlockHashes: []uint64{h, 1, 200, 70000, 1<<32 + 5, 1 << 63},
+	return [][]wire.Event{
+		{{Kind: wire.KindBlockStored, BlockHashes: []uint64{h, 1, 200, 70000, 1<<32 + 5, 1 << 63},
 			TokenIDs:  pyPubTokens(24, 0, 1, 127, 128, 255, 256, 65535, 65536, 151000, 1<<32-1),
 			BlockSize: 4, Medium: "GPU"}},
-		{{Kind: KindBlockStored, BlockHashes: []uint64{^uint64(0)}, ParentHash: h, HasParent: true,
+		{{Kind: wire.KindBlockStored, BlockHashes: []uint64{^uint64(0)}, ParentHash: h, HasParent: true,
 			TokenIDs: pyPubTokens(16, 42), BlockSize: 16, LoraID: 7, HasLoraID: true, LoraName: "adapter"}},
 		{
-			{Kind: KindBlockRemoved, BlockHashes: []uint64{h, 1}, Medium: "CPU"},
-			{Kind: KindBlockRemoved, BlockHashes: []uint64{0}},
-			{Kind: KindBlockStored, BlockHashes: []uint64{5}, ParentHash: 0, HasParent: true,
+			{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{h, 1}, Medium: "CPU"},
+			{Kind: wire.KindBlockRemoved, BlockHashes: []uint64{0}},
+			{Kind: wire.KindBlockStored, BlockHashes: []uint64{5}, ParentHash: 0, HasParent: true,
 				TokenIDs: []uint32{9, 8}, BlockSize: 2, Medium: "GPU"},
 		},
-		{{Kind: KindAllBlocksCleared}},
+		{{Kind: wire.KindAllBlocksCleared}},
 	}
 }
 
 // pyPubProbe is the batch published until a late SUB starts receiving.
-var pyPubProbe = []Event{{Kind: KindAllBlocksCleared}}
+var pyPubProbe = []wire.Event{{Kind: wire.KindAllBlocksCleared}}
 
 // pyPubDiffEvents compares decoded events with the published ones.
-func pyPubDiffEvents(want, got []Event) string {
+func pyPubDiffEvents(want, got []wire.Event) string {
 	if len(want) != len(got) {
 		return fmt.Sprintf("%d events, want %d", len(got), len(want))
 	}
@@ -286,10 +287,10 @@ func pyPubDiffEvents(want, got []Event) string {
 // pyPubCheckPayload decodes payload and compares it with the published
 // events and rank; when enc is not nil it also re-encodes the decoded batch
 // with the Go Encoder and requires the Python bytes.
-func pyPubCheckPayload(t testing.TB, seq uint64, payload []byte, want []Event, rank int32, enc *Encoder) {
+func pyPubCheckPayload(t testing.TB, seq uint64, payload []byte, want []wire.Event, rank int32, enc *wire.Encoder) {
 	t.Helper()
-	var d Decoder
-	var b Batch
+	var d wire.Decoder
+	var b wire.Batch
 	if err := d.Decode(payload, &b); err != nil {
 		t.Fatalf("seq %d: decode %x: %v", seq, payload, err)
 	}
@@ -359,8 +360,8 @@ func TestPyPubSelfTest(t *testing.T) {
 }
 
 func TestPyPubLiveInterop(t *testing.T) {
-	for _, era := range []Era{EraMap, EraArray} {
-		for _, hash := range []HashType{HashInt, HashBytes} {
+	for _, era := range []wire.Era{wire.EraMap, wire.EraArray} {
+		for _, hash := range []wire.HashType{wire.HashInt, wire.HashBytes} {
 			t.Run(era.String()+"/"+hash.String(), func(t *testing.T) {
 				const rank = 3
 				p := pypub.Start(t, "--era", era.String(), "--hash", hash.String(),
@@ -368,13 +369,13 @@ func TestPyPubLiveInterop(t *testing.T) {
 				sub := pyPubSubscribe(t, p.Endpoint, "kv@w1@")
 				last := pyPubJoin(t, p, sub)
 
-				want := map[uint64][]Event{}
+				want := map[uint64][]wire.Event{}
 				var lastSeq uint64
 				for _, evs := range pyPubBatches() {
 					lastSeq = p.Publish(pyPubJSON(evs), false)
 					want[lastSeq] = evs
 				}
-				enc := &Encoder{Era: era, Hash: hash}
+				enc := &wire.Encoder{Era: era, Hash: hash}
 				for seq := last + 1; seq <= lastSeq; seq++ {
 					m := pyPubParseLive(t, sub.recv(t))
 					if m.topic != pyPubTopic {
@@ -397,7 +398,7 @@ func TestPyPubReplayInterop(t *testing.T) {
 			p := pypub.Start(t, "--layout", layout, "--buffer-steps", "5", "--topic", pyPubTopic)
 			batches := pyPubBatches()
 			payloads := map[uint64][]byte{}
-			events := map[uint64][]Event{}
+			events := map[uint64][]wire.Event{}
 			for i := range 8 {
 				evs := batches[i%len(batches)]
 				seq, payload := p.PublishEcho(pyPubJSON(evs), false)
@@ -415,7 +416,7 @@ func TestPyPubReplayInterop(t *testing.T) {
 			// A DEALER request without the empty delimiter is invalid: no reply
 			// at all (vLLM's ROUTER wants [identity, "", start]). The valid
 			// request after it proves that.
-			if err := d.s.Send(zmq4.NewMsg(AppendSeq(nil, 0))); err != nil {
+			if err := d.s.Send(zmq4.NewMsg(wire.AppendSeq(nil, 0))); err != nil {
 				t.Fatal(err)
 			}
 			replays := 0

@@ -11,6 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -122,7 +123,7 @@ func slowReplayServer(t *testing.T, interval time.Duration) string {
 		router.Close()
 		wg.Wait()
 	})
-	var enc Encoder
+	var enc wire.Encoder
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -131,7 +132,7 @@ func slowReplayServer(t *testing.T, interval time.Duration) string {
 			if err != nil {
 				return
 			}
-			if len(req.Frames) != 3 || len(req.Frames[2]) != SeqLen {
+			if len(req.Frames) != 3 || len(req.Frames[2]) != wire.SeqLen {
 				continue
 			}
 			id, from := req.Frames[0], binary.BigEndian.Uint64(req.Frames[2])
@@ -141,18 +142,18 @@ func slowReplayServer(t *testing.T, interval time.Duration) string {
 				tick := time.NewTicker(interval)
 				defer tick.Stop()
 				for seq := from; ; seq++ {
-					ev := Event{Kind: KindBlockStored, BlockSize: 16, Medium: "GPU", BlockHashes: []uint64{seq + 1}, TokenIDs: make([]uint32, 16)}
+					ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU", BlockHashes: []uint64{seq + 1}, TokenIDs: make([]uint32, 16)}
 					if seq > from {
 						ev.ParentHash, ev.HasParent = seq, true
 					}
 					for i := range ev.TokenIDs {
 						ev.TokenIDs[i] = uint32(seq*16) + uint32(i)
 					}
-					p, err := enc.AppendBatch(nil, &Batch{Events: []Event{ev}})
+					p, err := enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
 					if err != nil {
 						return
 					}
-					if router.Send(zmq4.NewMsgFrom(id, nil, AppendSeq(nil, seq), p)) != nil {
+					if router.Send(zmq4.NewMsgFrom(id, nil, wire.AppendSeq(nil, seq), p)) != nil {
 						return
 					}
 					select {

@@ -14,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
 
@@ -62,7 +63,7 @@ type Applier interface {
 	// it: the batch's seq and payload digest (the watermark), and whether
 	// the rank is degraded after it, and why. The batch and its slices are
 	// only valid during the call.
-	ApplyBatch(r indexer.Rank, m indexer.Mark, b *Batch) error
+	ApplyBatch(r indexer.Rank, m indexer.Mark, b *wire.Batch) error
 	// ResetRank drops everything rank r holds, its watermark too, and
 	// records whether it is now degraded (lost history) and why, or not (a
 	// new engine incarnation).
@@ -81,7 +82,7 @@ type truncation interface {
 // each batch (IndexApplier): the subscriber counts and logs its redundant
 // stores (indexer.BatchResult.Redundant).
 type batchResults interface {
-	ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *Batch) (indexer.BatchResult, error)
+	ApplyBatchResult(r indexer.Rank, m indexer.Mark, b *wire.Batch) (indexer.BatchResult, error)
 }
 
 // redundantStoreMsg is the line a Subscriber logs at WARN the first time
@@ -249,8 +250,8 @@ type replayMsg struct {
 type run struct {
 	s       *Subscriber
 	cur     *cursor.Cursor
-	dec     Decoder
-	batch   Batch
+	dec     wire.Decoder
+	batch   wire.Batch
 	labels  [2]string
 	prev    cursor.Stats
 	synced  bool
@@ -404,7 +405,7 @@ func (r *run) connection(ctx context.Context) error {
 		case frames := <-live:
 			queued.Add(-int64(framesLen(frames)))
 			r.resetProbe()
-			seq, payload, err := ParseLive(frames, topic)
+			seq, payload, err := wire.ParseLive(frames, topic)
 			if err != nil {
 				r.dropErr(err)
 				continue
@@ -458,7 +459,7 @@ func (r *run) onReplay(ctx context.Context, m replayMsg) {
 		return
 	}
 	r.resetIdle()
-	seq, payload, end, err := ParseReplay(m.frames)
+	seq, payload, end, err := wire.ParseReplay(m.frames)
 	switch {
 	case err != nil:
 		r.dropErr(err)
@@ -559,11 +560,11 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 	var stored, removed, clears float64
 	for i := range r.batch.Events {
 		switch r.batch.Events[i].Kind {
-		case KindBlockStored:
+		case wire.KindBlockStored:
 			stored++
-		case KindBlockRemoved:
+		case wire.KindBlockRemoved:
 			removed++
-		case KindAllBlocksCleared:
+		case wire.KindAllBlocksCleared:
 			clears++
 		}
 	}
@@ -639,9 +640,9 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 // skippedAfterClear reports whether b skipped an event after its last
 // AllBlocksCleared (or has none): a skip before a clear leaves nothing
 // missing.
-func skippedAfterClear(b *Batch) bool {
+func skippedAfterClear(b *wire.Batch) bool {
 	for i := len(b.Events) - 1; i >= 0; i-- {
-		if b.Events[i].Kind == KindAllBlocksCleared {
+		if b.Events[i].Kind == wire.KindAllBlocksCleared {
 			return b.Skipped.Last > i
 		}
 	}
@@ -649,7 +650,7 @@ func skippedAfterClear(b *Batch) bool {
 }
 
 // countSkips counts a batch's skipped events in the metrics.
-func (r *run) countSkips(s *Skips) {
+func (r *run) countSkips(s *wire.Skips) {
 	m := r.s.cfg.Metrics
 	if m == nil {
 		return
@@ -657,7 +658,7 @@ func (r *run) countSkips(s *Skips) {
 	for k := range s.N {
 		for i, n := range s.N[k] {
 			if n > 0 {
-				m.skipped.WithLabelValues(r.labels[0], r.labels[1], SkipKind(k).String(), SkipReasons[i]).Add(float64(n))
+				m.skipped.WithLabelValues(r.labels[0], r.labels[1], wire.SkipKind(k).String(), wire.SkipReasons[i]).Add(float64(n))
 			}
 		}
 	}
@@ -712,7 +713,7 @@ func (r *run) startAttempt(ctx context.Context, a cursor.Action) {
 			fail(err)
 			return
 		}
-		if err := d.SendMulti(zmq4.NewMsgFrom(ReplayRequest(a.From)...)); err != nil {
+		if err := d.SendMulti(zmq4.NewMsgFrom(wire.ReplayRequest(a.From)...)); err != nil {
 			// The connection died under the request: its reader knows why.
 			recvErr, recvDone := make(chan error, 1), make(chan struct{})
 			go func() {
@@ -774,8 +775,8 @@ func (r *run) resetIdle() {
 }
 
 func (r *run) dropErr(err error) {
-	var fe *FrameError
-	var de *DecodeError
+	var fe *wire.FrameError
+	var de *wire.DecodeError
 	switch {
 	case errors.As(err, &fe):
 		r.drop(fe.Reason)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -37,7 +38,7 @@ func BenchmarkSubscriberIngest(b *testing.B) {
 // each chain removed again two chains later.
 func ingestPayloads(b *testing.B) (payloads [][]byte, blocks int) {
 	const blocksPerBatch, tokens = 32, 16
-	enc := Encoder{}
+	enc := wire.Encoder{}
 	tok := make([]uint32, blocksPerBatch*tokens)
 	var h uint64 = 1 << 40
 	var chains [][]uint64
@@ -53,9 +54,9 @@ func ingestPayloads(b *testing.B) (payloads [][]byte, blocks int) {
 			for j := range tok {
 				tok[j] = uint32(chain*1_000_003 + i*7919 + j)
 			}
-			ev := Event{Kind: KindBlockStored, BlockHashes: hashes, TokenIDs: tok, BlockSize: tokens, Medium: "GPU",
+			ev := wire.Event{Kind: wire.KindBlockStored, BlockHashes: hashes, TokenIDs: tok, BlockSize: tokens, Medium: "GPU",
 				ParentHash: parent, HasParent: i > 0}
-			p, err := enc.AppendBatch(nil, &Batch{TS: 1, Events: []Event{ev}, HasDPRank: true})
+			p, err := enc.AppendBatch(nil, &wire.Batch{TS: 1, Events: []wire.Event{ev}, HasDPRank: true})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -68,8 +69,8 @@ func ingestPayloads(b *testing.B) (payloads [][]byte, blocks int) {
 		if chain >= 2 {
 			old := chains[chain-2]
 			for i := len(old); i > 0; i -= blocksPerBatch {
-				ev := Event{Kind: KindBlockRemoved, BlockHashes: old[i-blocksPerBatch : i], Medium: "GPU"}
-				p, err := enc.AppendBatch(nil, &Batch{TS: 1, Events: []Event{ev}, HasDPRank: true})
+				ev := wire.Event{Kind: wire.KindBlockRemoved, BlockHashes: old[i-blocksPerBatch : i], Medium: "GPU"}
+				p, err := enc.AppendBatch(nil, &wire.Batch{TS: 1, Events: []wire.Event{ev}, HasDPRank: true})
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -16,6 +16,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/wire"
+	"github.com/prefixd/prefixd/events/wire/wiretest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/testlog"
@@ -34,7 +36,7 @@ type e2eEngine struct {
 	done   chan error
 	truth  *indexer.Tree
 	hashes map[uint64]bool
-	enc    Encoder
+	enc    wire.Encoder
 	last   uint64 // last seq published
 }
 
@@ -83,9 +85,9 @@ func (e *e2eEngine) restart() {
 // publish sends ops as one batch and applies them to the truth.
 func (e *e2eEngine) publish(ops []indexer.Op) {
 	e.t.Helper()
-	b := &Batch{TS: 1, DPRank: int32(e.rank.DPRank), HasDPRank: true}
+	b := &wire.Batch{TS: 1, DPRank: int32(e.rank.DPRank), HasDPRank: true}
 	for _, op := range ops {
-		b.Events = append(b.Events, EventFromOp(op))
+		b.Events = append(b.Events, wire.EventFromOp(op))
 		_ = e.truth.Apply(e.rank, op)
 		for _, h := range op.Store.Hashes {
 			e.hashes[h] = true
@@ -418,7 +420,7 @@ func witnessed(t *testing.T, e *e2eEngine, publish func()) {
 			if err != nil {
 				return
 			}
-			if seq, _, err := ParseLive(msg.Frames, nil); err == nil {
+			if seq, _, err := wire.ParseLive(msg.Frames, nil); err == nil {
 				got <- seq
 			}
 		}
@@ -653,7 +655,7 @@ func TestSubscriberReplaySlots(t *testing.T) {
 
 // mapEvent is op as the msgpack value of a map-era event (what vLLM and
 // the Encoder write), for hand-built payloads.
-func mapEvent(op indexer.Op) kvs {
+func mapEvent(op indexer.Op) wiretest.Map {
 	switch op.Kind {
 	case indexer.OpStore:
 		s := op.Store
@@ -669,16 +671,16 @@ func mapEvent(op indexer.Op) kvs {
 		for i, tok := range s.Tokens {
 			tokens[i] = int64(tok)
 		}
-		return kvs{"type", "BlockStored", "block_hashes", hashes, "parent_block_hash", parent, "token_ids", tokens,
+		return wiretest.Map{"type", "BlockStored", "block_hashes", hashes, "parent_block_hash", parent, "token_ids", tokens,
 			"block_size", s.BlockSize, "lora_id", nil, "medium", "GPU", "lora_name", nil}
 	case indexer.OpRemove:
 		hashes := make([]any, len(op.Remove.Hashes))
 		for i, h := range op.Remove.Hashes {
 			hashes[i] = h
 		}
-		return kvs{"type", "BlockRemoved", "block_hashes", hashes, "medium", "GPU"}
+		return wiretest.Map{"type", "BlockRemoved", "block_hashes", hashes, "medium", "GPU"}
 	}
-	return kvs{"type", "AllBlocksCleared"}
+	return wiretest.Map{"type", "AllBlocksCleared"}
 }
 
 // publishRaw publishes a hand-built payload; truth gets ops.
@@ -700,7 +702,7 @@ func rootStores(t *testing.T, ops []indexer.Op, n int) []indexer.Op {
 
 // eagleEvent is op's map event with SGLang EAGLE's bigram token pairs,
 // which the decoder cannot turn into token ids: a skipped store.
-func eagleEvent(op indexer.Op) kvs {
+func eagleEvent(op indexer.Op) wiretest.Map {
 	ev := mapEvent(op)
 	for i := 0; i < len(ev); i += 2 {
 		if ev[i] == "token_ids" {
@@ -752,7 +754,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 	}
 	eagle := eagleEvent(roots[1])
 	_ = want.truth.Apply(rank, roots[0])
-	e.publishRaw(mp([]any{1.5, []any{mapEvent(roots[0]), eagle}, 0}), roots[0], roots[1])
+	e.publishRaw(wiretest.Pack([]any{1.5, []any{mapEvent(roots[0]), eagle}, 0}), roots[0], roots[1])
 	caughtUp(t, s, e)
 	checkIndex(t, ix, e, true)
 	checkIndex(t, ix, want, false) // nothing else lost: no reset
@@ -767,7 +769,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 	}
 
 	// A store, then a clear, then an undecodable store: still a subset.
-	e.publishRaw(mp([]any{1.5, []any{eagle, kvs{"type", "AllBlocksCleared"}, mapEvent(roots[2])}, 0}),
+	e.publishRaw(wiretest.Pack([]any{1.5, []any{eagle, wiretest.Map{"type", "AllBlocksCleared"}, mapEvent(roots[2])}, 0}),
 		roots[1], indexer.Op{Kind: indexer.OpClear}, roots[2])
 	caughtUp(t, s, e)
 	checkIndex(t, ix, e, false)
@@ -779,7 +781,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 	// applied either: the rank is reset.
 	badRemove := mapEvent(indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: roots[2].Store.Hashes}})
 	badRemove[3] = []any{1.5}
-	e.publishRaw(mp([]any{1.5, []any{mapEvent(roots[3]), badRemove}, 0}),
+	e.publishRaw(wiretest.Pack([]any{1.5, []any{mapEvent(roots[3]), badRemove}, 0}),
 		roots[3], indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: roots[2].Store.Hashes}})
 	caughtUp(t, s, e)
 	checkIndex(t, ix, e, true)
@@ -845,7 +847,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 	}
 	publish := func(evs ...any) {
 		t.Helper()
-		e.publishRaw(mp([]any{1.5, evs, 2}))
+		e.publishRaw(wiretest.Pack([]any{1.5, evs, 2}))
 		caughtUp(t, s, e)
 	}
 	eagle := eagleEvent(roots[1])
@@ -859,7 +861,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 		t.Fatalf("the stream's own rank after rank 2's skipped store: %+v, stream degraded %v; want exact at seq %d", st, s.s.State().Degraded, ownSeq)
 	}
 	// Rank 2's AllBlocksCleared lifts rank 2's flag.
-	publish(kvs{"type", "AllBlocksCleared"}, mapEvent(roots[2]))
+	publish(wiretest.Map{"type", "AllBlocksCleared"}, mapEvent(roots[2]))
 	if st := state(two); st.Degraded || st.Blocks != len(roots[2].Store.Hashes) {
 		t.Fatalf("rank 2 after its clear: %+v; want exact", st)
 	}
@@ -880,7 +882,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 	if st := state(two); !st.Degraded || !strings.Contains(st.DegradedReason, "rank 0's stream") {
 		t.Fatalf("rank 2 after the stream lost history: %+v; want degraded, saying why", st)
 	}
-	publish(kvs{"type", "AllBlocksCleared"})
+	publish(wiretest.Map{"type", "AllBlocksCleared"})
 	if st := state(two); st.Degraded || st.Blocks != 0 {
 		t.Fatalf("rank 2 after its clear: %+v; want exact and empty", st)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
@@ -146,9 +147,9 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		return err
 	}
 	defer store.Close()
-	enc := events.Encoder{}
+	enc := wire.Encoder{}
 	if o.era == "array" {
-		enc = events.Encoder{Era: events.EraArray, Wide: true}
+		enc = wire.Encoder{Era: wire.EraArray, Wide: true}
 	}
 	layout := events.ReplayTopic
 	if o.layout == "legacy" {

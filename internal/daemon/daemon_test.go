@@ -18,6 +18,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -95,12 +96,12 @@ func call(t *testing.T, method, url, token string, body any) (int, []byte) {
 // size 16) and returns them.
 func (e *testEngine) storeTokens(tokens []uint32) {
 	e.t.Helper()
-	ev := events.Event{Kind: events.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
+	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
 	for i := 0; i < len(tokens)/16; i++ {
 		ev.BlockHashes = append(ev.BlockHashes, e.blk)
 		e.blk++
 	}
-	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: []events.Event{ev}})
+	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -439,7 +440,7 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 		t.Fatalf("b restored the rank as %+v; want degraded, with a's reason %q", lb, la.DegradedReason)
 	}
 	// The engine clears its cache: both replicas lift the flag.
-	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
+	e.publishEvents(wire.Event{Kind: wire.KindAllBlocksCleared})
 	e.store(2)
 	for _, d := range []*testDaemon{a, b} {
 		testsupport.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {

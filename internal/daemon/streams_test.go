@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -16,7 +17,7 @@ type testEngine struct {
 	pub  *events.Publisher
 	stop context.CancelFunc
 	done chan error
-	enc  events.Encoder
+	enc  wire.Encoder
 	last uint64
 	blk  uint64
 }
@@ -45,7 +46,7 @@ func startTestEngineBuffer(t *testing.T, steps int) *testEngine {
 // store publishes one root BlockStored of n fresh blocks (16 tokens each).
 func (e *testEngine) store(n int) {
 	e.t.Helper()
-	ev := events.Event{Kind: events.KindBlockStored, BlockSize: 16, Medium: "GPU"}
+	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU"}
 	for i := 0; i < n; i++ {
 		ev.BlockHashes = append(ev.BlockHashes, e.blk)
 		for j := 0; j < 16; j++ {
@@ -53,7 +54,7 @@ func (e *testEngine) store(n int) {
 		}
 		e.blk++
 	}
-	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: []events.Event{ev}})
+	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -63,9 +64,9 @@ func (e *testEngine) store(n int) {
 }
 
 // publishEvents publishes one batch of evs.
-func (e *testEngine) publishEvents(evs ...events.Event) {
+func (e *testEngine) publishEvents(evs ...wire.Event) {
 	e.t.Helper()
-	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: evs})
+	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: evs})
 	if err != nil {
 		e.t.Fatal(err)
 	}

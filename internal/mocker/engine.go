@@ -16,6 +16,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 )
 
 // Config configures an Engine.
@@ -40,7 +41,7 @@ type Config struct {
 	NoReplay  bool
 	// Encoder selects the wire era and hash type; the zero value is vLLM's
 	// current default (map era, int hashes).
-	Encoder events.Encoder
+	Encoder wire.Encoder
 
 	// PrefillPerToken is the simulated prefill time per uncached prompt
 	// token, DecodePerToken per output token. 0 (the default) means no
@@ -106,7 +107,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Groups) > 0 && cfg.Encoder.Era == events.EraArray {
+	if len(cfg.Groups) > 0 && cfg.Encoder.Era == wire.EraArray {
 		cfg.Encoder.Wide = true
 	}
 	if cfg.Publisher.Endpoint == "" {
@@ -247,7 +248,7 @@ func (e *Engine) publishLocked(ctx context.Context) error {
 		return nil
 	}
 	now := e.cfg.Now()
-	b := events.Batch{
+	b := wire.Batch{
 		TS:        float64(now.UnixNano()) / 1e9,
 		Events:    evs,
 		DPRank:    int32(e.cfg.DPRank),

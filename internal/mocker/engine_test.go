@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -154,9 +155,9 @@ func TestEngineIndexMatchesCache(t *testing.T) {
 		cfg  Config
 	}{
 		{"map-int-topic", Config{}},
-		{"array-signed-legacy", Config{Encoder: events.Encoder{Era: events.EraArray, Hash: events.HashSigned},
+		{"array-signed-legacy", Config{Encoder: wire.Encoder{Era: wire.EraArray, Hash: wire.HashSigned},
 			Publisher: events.PublisherConfig{Layout: events.ReplayLegacy}}},
-		{"bytes-droplive", Config{Encoder: events.Encoder{Hash: events.HashBytes},
+		{"bytes-droplive", Config{Encoder: wire.Encoder{Hash: wire.HashBytes},
 			Publisher: events.PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -190,7 +191,7 @@ func TestWorkloadEvicts(t *testing.T) {
 		}
 		p.Free(a)
 		for _, ev := range p.Events() {
-			if ev.Kind == events.KindBlockRemoved {
+			if ev.Kind == wire.KindBlockRemoved {
 				removed++
 			}
 		}
@@ -507,7 +508,7 @@ func TestEngineHybridIndexMatchesCache(t *testing.T) {
 		cfg  Config
 	}{
 		{"map-int", Config{}},
-		{"array-wide-droplive", Config{Encoder: events.Encoder{Era: events.EraArray},
+		{"array-wide-droplive", Config{Encoder: wire.Encoder{Era: wire.EraArray},
 			Publisher: events.PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

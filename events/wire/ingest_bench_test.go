@@ -1,11 +1,11 @@
-package events_test
+package wire_test
 
 import (
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/indexdemo"
@@ -26,7 +26,7 @@ func BenchmarkIngest(b *testing.B) {
 	ingestOnce.Do(func() {
 		w, err := workload.Generate(workload.DefaultConfig())
 		if err == nil {
-			ingestStream, _, err = indexdemo.Encode(w, events.EraMap)
+			ingestStream, _, err = indexdemo.Encode(w, wire.EraMap)
 		}
 		ingestErr = err
 	})
@@ -47,17 +47,17 @@ func BenchmarkIngest(b *testing.B) {
 		if err := ix.AddPartition(key, 16); err != nil {
 			b.Fatal(err)
 		}
-		var d events.Decoder
-		var batch events.Batch
+		var d wire.Decoder
+		var batch wire.Batch
 		var ops []indexer.Op
-		var filtered [events.NumFilters]uint64
+		var filtered [wire.NumFilters]uint64
 		b.StartTimer()
 		start := time.Now()
 		for _, p := range ingestStream {
 			if err := d.Decode(p.Bytes, &batch); err != nil {
 				b.Fatal(err)
 			}
-			ops = events.AppendOps(ops[:0], &batch, &filtered)
+			ops = wire.AppendOps(ops[:0], &batch, &filtered)
 			if _, err := ix.Apply(key, p.Rank, p.Seq, ops); err != nil {
 				b.Fatal(err)
 			}

@@ -1,4 +1,4 @@
-package events
+package wire
 
 import (
 	"encoding/hex"
@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/tinylib/msgp/msgp"
+
+	"github.com/prefixd/prefixd/events/wire/wiretest"
 )
 
 // vector is one entry of testdata/vectors.json: msgspec 0.21.1 output for
@@ -275,57 +277,14 @@ func decodeErr(tb testing.TB, err error) *DecodeError {
 	return de
 }
 
-// A tiny msgpack builder for constructed test payloads.
+// The hand-built payloads of these tests come from wiretest; the short
+// names keep the tables readable.
 type (
-	raw []byte // appended verbatim
-	kvs []any  // alternating key, value: a map in this order
+	raw = wiretest.Raw
+	kvs = wiretest.Map
 )
 
-func mp(vs ...any) []byte {
-	var b []byte
-	for _, v := range vs {
-		b = mpAppend(b, v)
-	}
-	return b
-}
-
-func mpAppend(b []byte, v any) []byte {
-	switch x := v.(type) {
-	case nil:
-		return msgp.AppendNil(b)
-	case raw:
-		return append(b, x...)
-	case bool:
-		return msgp.AppendBool(b, x)
-	case float64:
-		return msgp.AppendFloat64(b, x)
-	case float32:
-		return msgp.AppendFloat32(b, x)
-	case int:
-		return appendInt(b, int64(x))
-	case int64:
-		return appendInt(b, x)
-	case uint64:
-		return msgp.AppendUint64(b, x)
-	case string:
-		return msgp.AppendString(b, x)
-	case []byte:
-		return msgp.AppendBytes(b, x)
-	case []any:
-		b = msgp.AppendArrayHeader(b, uint32(len(x)))
-		for _, e := range x {
-			b = mpAppend(b, e)
-		}
-		return b
-	case kvs:
-		b = msgp.AppendMapHeader(b, uint32(len(x)/2))
-		for _, e := range x {
-			b = mpAppend(b, e)
-		}
-		return b
-	}
-	panic(fmt.Sprintf("mpAppend: unsupported %T", v))
-}
+func mp(vs ...any) []byte { return wiretest.Pack(vs...) }
 
 func mustHex(s string) []byte {
 	b, err := hex.DecodeString(s)
