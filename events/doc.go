@@ -1,6 +1,6 @@
-// Package events drives prefixd's side of the engine KV-event stream: the
-// ZMQ subscriber with verified replay, fair replay slots, the index applier
-// and the stream metrics, and the test publisher. The wire codec it decodes
-// with is package events/wire; the per-stream sequence cursor it drives is
-// package events/cursor.
+// Package events holds the Go publisher of the KV-event stream: PUB and
+// ROUTER sockets with vLLM's semantics, for the mock engines, the demo and
+// tests. The stream's other parts are its subpackages: the wire codec
+// (events/wire), the sequence cursor (events/cursor), the subscriber
+// (events/stream) and the ZMTP guard (events/zmtp).
 package events

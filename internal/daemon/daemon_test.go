@@ -17,7 +17,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
@@ -44,7 +44,7 @@ func startDaemonWith(t *testing.T, etcd []string, edit func(*Config)) *testDaemo
 	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
 	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 		ReadyTimeout: 30 * time.Second,
-		Subscriber:   events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
+		Subscriber:   stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
 	if edit != nil {
 		edit(&cfg)
 	}

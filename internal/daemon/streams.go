@@ -10,7 +10,7 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -20,7 +20,7 @@ type WorkerStreams struct {
 	ID        uint64
 	Partition indexer.PartitionKey
 	BlockSize int
-	Sources   []events.Source // one per dp rank, Source.Worker == ID
+	Sources   []stream.Source // one per dp rank, Source.Worker == ID
 	// Capacity bounds what each rank may hold per tier in the index (from
 	// the record's total/host/disk_kv_blocks, with a margin); zero tiers
 	// are unbounded.
@@ -33,7 +33,7 @@ type RankStatus struct {
 	Rank      uint32
 	Partition indexer.PartitionKey
 	Endpoint  string
-	events.State
+	stream.State
 	// Running: the rank's stream runs (State is its subscriber's).
 	Running bool
 	Blocks  int
@@ -64,7 +64,7 @@ type RankStatus struct {
 // concurrent use while Run runs.
 type Streams struct {
 	ix   *indexer.Index
-	cfg  events.SubscriberConfig
+	cfg  stream.SubscriberConfig
 	log  *slog.Logger
 	kick chan struct{} // cap 1: something changed
 	// exited receives the key of each stream whose goroutine returned; it
@@ -74,9 +74,9 @@ type Streams struct {
 
 	mu      sync.Mutex // guards the fields below; never held across index calls
 	workers map[uint64]WorkerStreams
-	subs    map[streamKey]*stream // running or stopping; written only by Run's goroutine
-	errs    map[uint64]string     // why a wanted worker is not indexed
-	prune   bool                  // the catalog is synced: drop what no worker wants
+	subs    map[streamKey]*rankStream // running or stopping; written only by Run's goroutine
+	errs    map[uint64]string         // why a wanted worker is not indexed
+	prune   bool                      // the catalog is synced: drop what no worker wants
 	stopped bool
 
 	// Owned by Run's goroutine.
@@ -89,24 +89,25 @@ type streamKey struct {
 	rank   uint32
 }
 
-type stream struct {
-	src      events.Source
+// rankStream is one rank's subscriber, running or stopping.
+type rankStream struct {
+	src      stream.Source
 	capacity indexer.Capacity
 	part     indexer.PartitionKey
-	app      *events.IndexApplier
-	sub      *events.Subscriber
+	app      *stream.IndexApplier
+	sub      *stream.Subscriber
 	cancel   context.CancelFunc
 	stopping bool // cancelled and fenced; its goroutine has not exited yet
 }
 
 // NewStreams returns a manager feeding ix; cfg is used for every
 // Subscriber (its Metrics are shared).
-func NewStreams(ix *indexer.Index, cfg events.SubscriberConfig, log *slog.Logger) *Streams {
+func NewStreams(ix *indexer.Index, cfg stream.SubscriberConfig, log *slog.Logger) *Streams {
 	if log == nil {
 		log = slog.Default()
 	}
 	return &Streams{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan streamKey), quit: make(chan struct{}),
-		workers: map[uint64]WorkerStreams{}, subs: map[streamKey]*stream{}, errs: map[uint64]string{},
+		workers: map[uint64]WorkerStreams{}, subs: map[streamKey]*rankStream{}, errs: map[uint64]string{},
 		indexed: map[uint64]indexer.PartitionKey{}, parts: map[indexer.PartitionKey]bool{}}
 }
 
@@ -136,7 +137,7 @@ func (s *Streams) Remove(id uint64) {
 	w, ok := s.workers[id]
 	delete(s.workers, id)
 	delete(s.errs, id)
-	var apps []*events.IndexApplier
+	var apps []*stream.IndexApplier
 	for k, st := range s.subs {
 		if k.worker == id && !st.stopping {
 			apps = append(apps, st.app)
@@ -204,13 +205,13 @@ func (s *Streams) shutdown() {
 }
 
 // source returns the source w wants for rank r.
-func (w WorkerStreams) source(r uint32) (events.Source, bool) {
+func (w WorkerStreams) source(r uint32) (stream.Source, bool) {
 	for _, src := range w.Sources {
 		if src.Rank == r {
 			return src, true
 		}
 	}
-	return events.Source{}, false
+	return stream.Source{}, false
 }
 
 // reconcile brings the streams and the index in step with the wanted
@@ -223,13 +224,13 @@ func (s *Streams) reconcile(ctx context.Context) {
 	}
 	prune := s.prune
 	type rankCapacity struct {
-		st       *stream
+		st       *rankStream
 		k        streamKey
 		capacity indexer.Capacity
 	}
 	var capacity []rankCapacity
 	type stopped struct {
-		st *stream
+		st *rankStream
 		k  streamKey
 	}
 	var stop []stopped
@@ -406,29 +407,29 @@ func (s *Streams) pruneRanks(part indexer.PartitionKey, workers map[uint64]Worke
 	}
 }
 
-func sameSource(a, b events.Source) bool {
+func sameSource(a, b stream.Source) bool {
 	return a.Worker == b.Worker && a.Rank == b.Rank && a.Endpoint == b.Endpoint && a.ReplayEndpoint == b.ReplayEndpoint &&
 		a.Topic == b.Topic && a.SeqBase == b.SeqBase
 }
 
 // start runs a subscriber for k. Called on Run's goroutine.
-func (s *Streams) start(ctx context.Context, k streamKey, src events.Source, part indexer.PartitionKey, capacity indexer.Capacity) error {
+func (s *Streams) start(ctx context.Context, k streamKey, src stream.Source, part indexer.PartitionKey, capacity indexer.Capacity) error {
 	r := indexer.Rank{WorkerID: k.worker, DPRank: k.rank}
 	// A rank the index already holds (restored from a peer's dump) resumes
 	// after its watermark once the engine confirms the batch's digest.
 	if rs, err := s.ix.Rank(part, r); err == nil && rs.HasSeq && rs.Digest != 0 {
-		src.Resume = &events.Watermark{Seq: rs.Watermark, Digest: rs.Digest, Degraded: rs.Degraded, Reason: rs.DegradedReason}
+		src.Resume = &stream.Watermark{Seq: rs.Watermark, Digest: rs.Digest, Degraded: rs.Degraded, Reason: rs.DegradedReason}
 	}
 	if err := s.ix.SetRankCapacity(part, r, capacity); err != nil {
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
-	app := &events.IndexApplier{Index: s.ix, Partition: part}
-	sub, err := events.NewSubscriber(src, app, s.cfg)
+	app := &stream.IndexApplier{Index: s.ix, Partition: part}
+	sub, err := stream.NewSubscriber(src, app, s.cfg)
 	if err != nil {
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
 	sctx, cancel := context.WithCancel(ctx)
-	st := &stream{src: src, capacity: capacity, part: part, app: app, sub: sub, cancel: cancel}
+	st := &rankStream{src: src, capacity: capacity, part: part, app: app, sub: sub, cancel: cancel}
 	s.mu.Lock()
 	// Remove (or Set) may have run since reconcile read what is wanted.
 	if w, ok := s.workers[k.worker]; !ok || w.Partition != part {

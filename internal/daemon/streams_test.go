@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -77,7 +78,7 @@ func (e *testEngine) publishEvents(evs ...wire.Event) {
 
 func startStreams(t *testing.T, ix *indexer.Index) *Streams {
 	t.Helper()
-	s := NewStreams(ix, events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
+	s := NewStreams(ix, stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -103,7 +104,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	e0, e1 := startTestEngine(t), startTestEngine(t)
 	e0.store(3)
 	e1.store(5)
-	w := WorkerStreams{ID: 7, Partition: k, BlockSize: 16, Sources: []events.Source{
+	w := WorkerStreams{ID: 7, Partition: k, BlockSize: 16, Sources: []stream.Source{
 		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
 		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
 	}}
@@ -137,7 +138,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	// A conflicting block size keeps the worker out, and says why.
 	bad := w
 	bad.ID, bad.BlockSize = 8, 32
-	bad.Sources = []events.Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
+	bad.Sources = []stream.Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
 	s.Set(bad)
 	testsupport.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
 		for _, st := range s.Status() {

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 )
@@ -49,13 +49,13 @@ func (v *workerView) Register(ctx context.Context, r api.RegisterRequest) error 
 	}
 	add, addReplay := make(map[uint32]string, size), make(map[uint32]string, size)
 	for i := uint32(0); i < size; i++ {
-		ep, err := events.OffsetEndpoint(r.Endpoint, i)
+		ep, err := stream.OffsetEndpoint(r.Endpoint, i)
 		if err != nil {
 			return api.Invalid("endpoint", "%v", err)
 		}
 		add[r.DPRank+i] = ep
 		if r.ReplayEndpoint != "" {
-			rp, err := events.OffsetEndpoint(r.ReplayEndpoint, i)
+			rp, err := stream.OffsetEndpoint(r.ReplayEndpoint, i)
 			if err != nil {
 				return api.Invalid("replay_endpoint", "%v", err)
 			}
@@ -278,10 +278,10 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 					l.LastSeenSeq = &seen
 				}
 				l.Replay = st.Replay.String()
-				if st.Replay == events.ReplayQueued {
+				if st.Replay == stream.ReplayQueued {
 					l.ReplayQueuedSeconds = time.Since(st.ReplayQueuedSince).Round(time.Millisecond).Seconds()
 				}
-				if st.Connected && st.Synced && st.Replay != events.ReplayQueued {
+				if st.Connected && st.Synced && st.Replay != stream.ReplayQueued {
 					l.Status = api.StatusActive
 				}
 			case ok && st.Err != "":

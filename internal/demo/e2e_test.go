@@ -10,6 +10,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -298,7 +299,7 @@ func startDaemon(t *testing.T, ctx context.Context, etcd []string, peers ...stri
 	ready := make(chan string, 1)
 	go func() {
 		d.done <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
-			OnReady: func(a string) { ready <- a }, Subscriber: events.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
+			OnReady: func(a string) { ready <- a }, Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	select {
 	case addr := <-ready:

@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -58,16 +59,16 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 	return e
 }
 
-func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscriber, *indexer.Index) {
+func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*stream.Subscriber, *indexer.Index) {
 	t.Helper()
 	ix := indexer.New(indexer.Options{})
 	if err := ix.AddPartition(testKey, testBS); err != nil {
 		t.Fatal(err)
 	}
-	s, err := events.NewSubscriber(events.Source{
+	s, err := stream.NewSubscriber(stream.Source{
 		Worker: rank.WorkerID, Rank: rank.DPRank,
 		Endpoint: e.Publisher().Endpoint(), ReplayEndpoint: e.Publisher().ReplayEndpoint(),
-	}, &events.IndexApplier{Index: ix, Partition: testKey}, events.SubscriberConfig{ProbeInterval: 50 * time.Millisecond})
+	}, &stream.IndexApplier{Index: ix, Partition: testKey}, stream.SubscriberConfig{ProbeInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,13 +87,13 @@ func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscr
 }
 
 // caughtUp waits until the subscriber applied the engine's last seq.
-func caughtUp(t *testing.T, s *events.Subscriber, e *Engine) {
+func caughtUp(t *testing.T, s *stream.Subscriber, e *Engine) {
 	t.Helper()
 	last, ok := e.LastSeq()
 	if !ok {
 		t.Fatal("engine published nothing")
 	}
-	var st events.State
+	var st stream.State
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()

@@ -1,4 +1,4 @@
-package events
+package stream
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
@@ -87,7 +88,7 @@ func ingestPayloads(b *testing.B) (payloads [][]byte, blocks int) {
 func ingestOnce(b *testing.B, payloads [][]byte) (time.Duration, uint64) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pub, err := NewPublisher(PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1 << 16})
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1 << 16})
 	if err != nil {
 		b.Fatal(err)
 	}

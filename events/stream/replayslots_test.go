@@ -1,4 +1,4 @@
-package events
+package stream
 
 import (
 	"context"
@@ -10,11 +10,15 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
+
+// waitFor bounds every wait for something that must happen.
+const waitFor = 10 * time.Second
 
 // TestReplaySlotsFirstComeFirstServed: waiters get slots in arrival
 // order, a waiter that gives up leaves the queue, and nil is unbounded.
@@ -180,7 +184,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	ix, app := newE2EIndex(t)
 	var subs []*e2eSub
 	for i := range rogues {
-		live := startEngine(t, indexer.Rank{WorkerID: uint64(40 + i)}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+		live := startEngine(t, indexer.Rank{WorkerID: uint64(40 + i)}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 		subs = append(subs, startSubscriber(t, Source{Worker: uint64(40 + i), Endpoint: live.pub.Endpoint(), ReplayEndpoint: slowReplayServer(t, 200*time.Millisecond)},
 			app, SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: cursor.Config{Deadline: 6 * time.Second}}))
 	}
@@ -192,7 +196,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 		}
 		return true
 	})
-	e := startEngine(t, indexer.Rank{WorkerID: 50}, PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, indexer.Rank{WorkerID: 50}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	e.feed(e2eOps(t, 50, 1, 300)[0])
 	var queued atomic.Bool
 	good := startSubscriber(t, Source{Worker: 50, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,

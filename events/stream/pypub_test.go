@@ -1,4 +1,4 @@
-package events
+package stream
 
 // Interop tests against internal/pypub/pypub.py, a clean-room vLLM-compatible
 // publisher on real libzmq (pyzmq), consumed here with go-zeromq sockets and

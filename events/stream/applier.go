@@ -1,4 +1,4 @@
-package events
+package stream
 
 import (
 	"errors"
@@ -9,7 +9,7 @@ import (
 )
 
 // IndexApplier applies batches to one partition of an indexer.Index: it
-// converts each batch with AppendOps and records the batch seq as the
+// converts each batch with wire.AppendOps and records the batch seq as the
 // rank's watermark. Safe for concurrent use by several Subscribers.
 type IndexApplier struct {
 	Index     *indexer.Index
