@@ -186,7 +186,7 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		subCfg.ReplaySlots = stream.NewReplaySlots(n, 0)
 	}
-	streams := NewStreams(ix, subCfg, log)
+	streams := stream.NewManager(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
 	sel := newSelector(ix, pcfg, cfg.Coordinator, log, reg)
@@ -266,7 +266,7 @@ func Run(ctx context.Context, cfg Config) error {
 type workerView struct {
 	store   catalog.Store
 	ix      *indexer.Index
-	streams *Streams
+	streams *stream.Manager
 	sel     *selector // nil in tests that build a view by hand
 	log     *slog.Logger
 
@@ -327,13 +327,13 @@ func registration(l catalog.LeaseID) string {
 	return fmt.Sprintf("lease %x", l)
 }
 
-func workerStreams(w catalog.Worker) (WorkerStreams, error) {
+func workerStreams(w catalog.Worker) (stream.Worker, error) {
 	ss, err := w.Streams()
 	if err != nil {
-		return WorkerStreams{}, err
+		return stream.Worker{}, err
 	}
 	ranks := w.Ranks()
-	out := WorkerStreams{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
+	out := stream.Worker{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
 	out.Capacity[indexer.TierDevice] = withMargin(w.TotalKVBlocks)
 	out.Capacity[indexer.TierHost] = withMargin(w.HostKVBlocks)
 	out.Capacity[indexer.TierDisk] = withMargin(w.DiskKVBlocks)

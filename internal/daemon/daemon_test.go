@@ -353,7 +353,7 @@ func TestRunListenInUse(t *testing.T) {
 	testsupport.Eventually(t, 10*time.Second, "no daemon goroutine left", func() bool {
 		var buf bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
-		for _, f := range []string{"catalog.(*Watcher).Run", "(*selector).runExpiry", "(*Streams).Run"} {
+		for _, f := range []string{"catalog.(*Watcher).Run", "(*selector).runExpiry", "stream.(*Manager).Run"} {
 			if strings.Contains(buf.String(), f) {
 				return false
 			}

@@ -1,5 +1,6 @@
-// Package daemon wires prefixd together: the stream manager that turns
-// worker changes into one stream.Subscriber per worker rank feeding the
-// index, and (as the serve issue lands) the catalog watch, the HTTP API,
-// metrics, embedded etcd and the shutdown order.
+// Package daemon wires prefixd together: the catalog watch feeding the
+// coordinator's pools, the API's worker view and the stream manager
+// (events/stream's Manager: one Subscriber per worker rank into the
+// index); the HTTP API; peer bootstrap; metrics; embedded etcd; and the
+// shutdown order.
 package daemon

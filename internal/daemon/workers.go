@@ -233,11 +233,17 @@ func (v *workerView) Unregister(ctx context.Context, r api.UnregisterRequest) er
 	return catalogError(err)
 }
 
+// rankKey names one worker rank.
+type rankKey struct {
+	worker uint64
+	rank   uint32
+}
+
 // List returns the known workers with their streams' state.
 func (v *workerView) List(model, group string) []api.WorkerInfo {
-	status := map[streamKey]RankStatus{}
+	status := map[rankKey]stream.RankStatus{}
 	for _, st := range v.streams.Status() {
-		status[streamKey{st.Worker, st.Rank}] = st
+		status[rankKey{st.Worker, st.Rank}] = st
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -263,7 +269,7 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			if info.ReplayEndpoint == "" {
 				info.ReplayEndpoint = rp
 			}
-			switch st, ok := status[streamKey{w.WorkerID, r}]; {
+			switch st, ok := status[rankKey{w.WorkerID, r}]; {
 			case ok && st.Running:
 				l.Degraded = st.Degraded || st.Truncated
 				switch {

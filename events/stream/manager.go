@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"cmp"
@@ -10,17 +10,16 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 )
 
-// WorkerStreams is what the stream manager needs to know of one worker:
+// Worker is what the Manager needs to know of one worker:
 // its partition and one Source per dp rank.
-type WorkerStreams struct {
+type Worker struct {
 	ID        uint64
 	Partition indexer.PartitionKey
 	BlockSize int
-	Sources   []stream.Source // one per dp rank, Source.Worker == ID
+	Sources   []Source // one per dp rank, Source.Worker == ID
 	// Capacity bounds what each rank may hold per tier in the index (from
 	// the record's total/host/disk_kv_blocks, with a margin); zero tiers
 	// are unbounded.
@@ -33,7 +32,7 @@ type RankStatus struct {
 	Rank      uint32
 	Partition indexer.PartitionKey
 	Endpoint  string
-	stream.State
+	State
 	// Running: the rank's stream runs (State is its subscriber's).
 	Running bool
 	Blocks  int
@@ -48,35 +47,36 @@ type RankStatus struct {
 	Err            string // why the rank is not indexed, if it is not
 }
 
-// Streams runs one events.Subscriber per worker rank and keeps the index
-// in step with the workers it is told about: a new worker starts its
-// streams, a changed worker restarts only the streams whose source
-// changed (a rank added or removed leaves its siblings' streams and
-// blocks alone), and a removed worker stops its streams and leaves the
-// index; a partition goes with its last worker.
+// Manager is the per-worker stream manager. It runs one Subscriber per
+// worker rank, keyed by worker id and dp rank, and keeps the index in step
+// with the workers it is told about: a new worker starts its streams, a
+// changed worker restarts only the streams whose source changed (a rank
+// added or removed leaves its siblings' streams and blocks alone), and a
+// removed worker stops its streams and leaves the index; a partition goes
+// with its last worker.
 //
 // Set and Remove only record what is wanted and return at once (the
 // catalog watcher calls them and must not wait); Run's goroutine makes it
 // so, and never waits for a stream to stop: a stopping stream is fenced
-// off the index (events.IndexApplier.Fence) and its rank removed at once;
-// its successor starts when its goroutine has exited.
-// Create with NewStreams and call Run; the other methods are safe for
+// off the index (IndexApplier.Fence) and its rank removed at once; its
+// successor starts when its goroutine has exited.
+// Create with NewManager and call Run; the other methods are safe for
 // concurrent use while Run runs.
-type Streams struct {
+type Manager struct {
 	ix   *indexer.Index
-	cfg  stream.SubscriberConfig
+	cfg  SubscriberConfig
 	log  *slog.Logger
 	kick chan struct{} // cap 1: something changed
 	// exited receives the key of each stream whose goroutine returned; it
 	// is read by Run until quit closes.
-	exited chan streamKey
+	exited chan rankKey
 	quit   chan struct{}
 
 	mu      sync.Mutex // guards the fields below; never held across index calls
-	workers map[uint64]WorkerStreams
-	subs    map[streamKey]*rankStream // running or stopping; written only by Run's goroutine
-	errs    map[uint64]string         // why a wanted worker is not indexed
-	prune   bool                      // the catalog is synced: drop what no worker wants
+	workers map[uint64]Worker
+	subs    map[rankKey]*rankStream // running or stopping; written only by Run's goroutine
+	errs    map[uint64]string       // why a wanted worker is not indexed
+	prune   bool                    // the catalog is synced: drop what no worker wants
 	stopped bool
 
 	// Owned by Run's goroutine.
@@ -84,30 +84,30 @@ type Streams struct {
 	parts   map[indexer.PartitionKey]bool   // partitions it indexed workers in
 }
 
-type streamKey struct {
+type rankKey struct {
 	worker uint64
 	rank   uint32
 }
 
 // rankStream is one rank's subscriber, running or stopping.
 type rankStream struct {
-	src      stream.Source
+	src      Source
 	capacity indexer.Capacity
 	part     indexer.PartitionKey
-	app      *stream.IndexApplier
-	sub      *stream.Subscriber
+	app      *IndexApplier
+	sub      *Subscriber
 	cancel   context.CancelFunc
 	stopping bool // cancelled and fenced; its goroutine has not exited yet
 }
 
-// NewStreams returns a manager feeding ix; cfg is used for every
+// NewManager returns a manager feeding ix; cfg is used for every
 // Subscriber (its Metrics are shared).
-func NewStreams(ix *indexer.Index, cfg stream.SubscriberConfig, log *slog.Logger) *Streams {
+func NewManager(ix *indexer.Index, cfg SubscriberConfig, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Streams{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan streamKey), quit: make(chan struct{}),
-		workers: map[uint64]WorkerStreams{}, subs: map[streamKey]*rankStream{}, errs: map[uint64]string{},
+	return &Manager{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan rankKey), quit: make(chan struct{}),
+		workers: map[uint64]Worker{}, subs: map[rankKey]*rankStream{}, errs: map[uint64]string{},
 		indexed: map[uint64]indexer.PartitionKey{}, parts: map[indexer.PartitionKey]bool{}}
 }
 
@@ -115,7 +115,7 @@ func NewStreams(ix *indexer.Index, cfg stream.SubscriberConfig, log *slog.Logger
 // and stops streams to match. A block size that conflicts with the
 // partition's (another worker's) keeps the worker out of the index, which
 // Status reports, until the conflict goes.
-func (s *Streams) Set(w WorkerStreams) {
+func (s *Manager) Set(w Worker) {
 	for i := range w.Sources {
 		w.Sources[i].Worker = w.ID
 	}
@@ -132,12 +132,12 @@ func (s *Streams) Set(w WorkerStreams) {
 // once (quick index calls; nothing waits for a stream to stop). Run then
 // stops the streams and, if it was the last worker there, removes the
 // partition. Removing an unknown worker does nothing.
-func (s *Streams) Remove(id uint64) {
+func (s *Manager) Remove(id uint64) {
 	s.mu.Lock()
 	w, ok := s.workers[id]
 	delete(s.workers, id)
 	delete(s.errs, id)
-	var apps []*stream.IndexApplier
+	var apps []*IndexApplier
 	for k, st := range s.subs {
 		if k.worker == id && !st.stopping {
 			apps = append(apps, st.app)
@@ -158,14 +158,14 @@ func (s *Streams) Remove(id uint64) {
 // Prune is called once the catalog has been listed: from then on, index
 // partitions and ranks that no worker wants (restored from a peer for a
 // worker that has since left) are removed too.
-func (s *Streams) Prune() {
+func (s *Manager) Prune() {
 	s.mu.Lock()
 	s.prune = true
 	s.mu.Unlock()
 	s.poke()
 }
 
-func (s *Streams) poke() {
+func (s *Manager) poke() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
@@ -174,7 +174,7 @@ func (s *Streams) poke() {
 
 // Run owns every subscriber goroutine until ctx ends, then stops them all
 // and returns ctx's error after they exited.
-func (s *Streams) Run(ctx context.Context) error {
+func (s *Manager) Run(ctx context.Context) error {
 	for {
 		s.reconcile(ctx)
 		select {
@@ -189,7 +189,7 @@ func (s *Streams) Run(ctx context.Context) error {
 }
 
 // shutdown cancels every stream and waits for their goroutines.
-func (s *Streams) shutdown() {
+func (s *Manager) shutdown() {
 	s.mu.Lock()
 	s.stopped = true
 	n := 0
@@ -205,33 +205,33 @@ func (s *Streams) shutdown() {
 }
 
 // source returns the source w wants for rank r.
-func (w WorkerStreams) source(r uint32) (stream.Source, bool) {
+func (w Worker) source(r uint32) (Source, bool) {
 	for _, src := range w.Sources {
 		if src.Rank == r {
 			return src, true
 		}
 	}
-	return stream.Source{}, false
+	return Source{}, false
 }
 
 // reconcile brings the streams and the index in step with the wanted
 // workers. Runs on Run's goroutine.
-func (s *Streams) reconcile(ctx context.Context) {
+func (s *Manager) reconcile(ctx context.Context) {
 	s.mu.Lock()
-	workers := make(map[uint64]WorkerStreams, len(s.workers))
+	workers := make(map[uint64]Worker, len(s.workers))
 	for id, w := range s.workers {
 		workers[id] = w
 	}
 	prune := s.prune
 	type rankCapacity struct {
 		st       *rankStream
-		k        streamKey
+		k        rankKey
 		capacity indexer.Capacity
 	}
 	var capacity []rankCapacity
 	type stopped struct {
 		st *rankStream
-		k  streamKey
+		k  rankKey
 	}
 	var stop []stopped
 	// Stop what is not wanted as it runs; update what only changed its
@@ -310,7 +310,7 @@ func (s *Streams) reconcile(ctx context.Context) {
 		}
 		s.setErr(id, "")
 		for _, src := range w.Sources {
-			k := streamKey{id, src.Rank}
+			k := rankKey{id, src.Rank}
 			s.mu.Lock()
 			_, exists := s.subs[k]
 			s.mu.Unlock()
@@ -329,7 +329,7 @@ func (s *Streams) reconcile(ctx context.Context) {
 
 // setErr records (or clears, with "") why worker id is not indexed,
 // logging each new reason once.
-func (s *Streams) setErr(id uint64, msg string) {
+func (s *Manager) setErr(id uint64, msg string) {
 	s.mu.Lock()
 	old := s.errs[id]
 	if msg == "" {
@@ -344,7 +344,7 @@ func (s *Streams) setErr(id uint64, msg string) {
 }
 
 // hasRunning reports whether worker id has a stream that is not stopping.
-func (s *Streams) hasRunning(id uint64) bool {
+func (s *Manager) hasRunning(id uint64) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k, st := range s.subs {
@@ -359,7 +359,7 @@ func (s *Streams) hasRunning(id uint64) bool {
 // uses. Before the catalog is synced (prune false) it keeps partitions it
 // never indexed itself: they may hold a peer's dump for workers the
 // catalog has yet to deliver.
-func (s *Streams) dropEmptyPartitions(workers map[uint64]WorkerStreams, prune bool) {
+func (s *Manager) dropEmptyPartitions(workers map[uint64]Worker, prune bool) {
 	used := map[indexer.PartitionKey]bool{}
 	for _, w := range workers {
 		used[w.Partition] = true
@@ -388,7 +388,7 @@ func (s *Streams) dropEmptyPartitions(workers map[uint64]WorkerStreams, prune bo
 
 // pruneRanks removes from part the ranks of workers that no longer want
 // it and have no stream (ranks restored from a peer's dump).
-func (s *Streams) pruneRanks(part indexer.PartitionKey, workers map[uint64]WorkerStreams) {
+func (s *Manager) pruneRanks(part indexer.PartitionKey, workers map[uint64]Worker) {
 	var gone []uint64
 	_ = s.ix.Read(part, func(t *indexer.Tree) {
 		for _, r := range t.Ranks() {
@@ -407,24 +407,24 @@ func (s *Streams) pruneRanks(part indexer.PartitionKey, workers map[uint64]Worke
 	}
 }
 
-func sameSource(a, b stream.Source) bool {
+func sameSource(a, b Source) bool {
 	return a.Worker == b.Worker && a.Rank == b.Rank && a.Endpoint == b.Endpoint && a.ReplayEndpoint == b.ReplayEndpoint &&
 		a.Topic == b.Topic && a.SeqBase == b.SeqBase
 }
 
 // start runs a subscriber for k. Called on Run's goroutine.
-func (s *Streams) start(ctx context.Context, k streamKey, src stream.Source, part indexer.PartitionKey, capacity indexer.Capacity) error {
+func (s *Manager) start(ctx context.Context, k rankKey, src Source, part indexer.PartitionKey, capacity indexer.Capacity) error {
 	r := indexer.Rank{WorkerID: k.worker, DPRank: k.rank}
 	// A rank the index already holds (restored from a peer's dump) resumes
 	// after its watermark once the engine confirms the batch's digest.
 	if rs, err := s.ix.Rank(part, r); err == nil && rs.HasSeq && rs.Digest != 0 {
-		src.Resume = &stream.Watermark{Seq: rs.Watermark, Digest: rs.Digest, Degraded: rs.Degraded, Reason: rs.DegradedReason}
+		src.Resume = &Watermark{Seq: rs.Watermark, Digest: rs.Digest, Degraded: rs.Degraded, Reason: rs.DegradedReason}
 	}
 	if err := s.ix.SetRankCapacity(part, r, capacity); err != nil {
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
-	app := &stream.IndexApplier{Index: s.ix, Partition: part}
-	sub, err := stream.NewSubscriber(src, app, s.cfg)
+	app := &IndexApplier{Index: s.ix, Partition: part}
+	sub, err := NewSubscriber(src, app, s.cfg)
 	if err != nil {
 		return fmt.Errorf("worker %d rank %d: %w", k.worker, k.rank, err)
 	}
@@ -451,7 +451,7 @@ func (s *Streams) start(ctx context.Context, k streamKey, src stream.Source, par
 
 // reap forgets a stream whose goroutine exited (its rank left the index
 // when it was stopped); the next reconcile may start its successor.
-func (s *Streams) reap(k streamKey) {
+func (s *Manager) reap(k rankKey) {
 	s.mu.Lock()
 	delete(s.subs, k)
 	s.mu.Unlock()
@@ -459,13 +459,13 @@ func (s *Streams) reap(k streamKey) {
 
 // Status reports every wanted rank, ordered by worker and rank: its
 // stream's state, or why it has none.
-func (s *Streams) Status() []RankStatus {
+func (s *Manager) Status() []RankStatus {
 	s.mu.Lock()
 	out := make([]RankStatus, 0, len(s.subs))
 	for id, w := range s.workers {
 		for _, src := range w.Sources {
 			rs := RankStatus{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
-			st := s.subs[streamKey{id, src.Rank}]
+			st := s.subs[rankKey{id, src.Rank}]
 			if st != nil && !st.stopping && sameSource(src, st.src) && st.part == w.Partition {
 				rs.State, rs.Running = st.sub.State(), true
 			} else {
@@ -488,7 +488,7 @@ func (s *Streams) Status() []RankStatus {
 
 // Synced reports whether every running stream finished its initial
 // replay (completed, or failed and degraded).
-func (s *Streams) Synced() bool {
+func (s *Manager) Synced() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, st := range s.subs {

@@ -1,4 +1,4 @@
-package daemon
+package stream
 
 import (
 	"context"
@@ -7,41 +7,32 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/events"
-	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
+// testEngine is one engine rank for the manager's tests: a Go publisher
+// on loopback and the encoder of its batches.
 type testEngine struct {
-	t    *testing.T
-	pub  *events.Publisher
-	stop context.CancelFunc
-	done chan error
-	enc  wire.Encoder
-	last uint64
-	blk  uint64
+	t   *testing.T
+	pub *events.Publisher
+	enc wire.Encoder
+	blk uint64
 }
 
 func startTestEngine(t *testing.T) *testEngine {
 	t.Helper()
-	return startTestEngineBuffer(t, 0)
-}
-
-// startTestEngineBuffer starts an engine whose replay buffer holds steps
-// batches (0 = the default).
-func startTestEngineBuffer(t *testing.T, steps int) *testEngine {
-	t.Helper()
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: steps})
+	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	e := &testEngine{t: t, pub: pub, stop: cancel, done: make(chan error, 1), blk: 1}
-	go func() { e.done <- pub.Run(ctx) }()
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(ctx) }()
 	<-pub.Ready()
-	t.Cleanup(func() { cancel(); <-e.done })
-	return e
+	t.Cleanup(func() { cancel(); <-done })
+	return &testEngine{t: t, pub: pub, blk: 1}
 }
 
 // store publishes one root BlockStored of n fresh blocks (16 tokens each).
@@ -59,26 +50,14 @@ func (e *testEngine) store(n int) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
+	if _, err := e.pub.Publish(context.Background(), p); err != nil {
 		e.t.Fatal(err)
 	}
 }
 
-// publishEvents publishes one batch of evs.
-func (e *testEngine) publishEvents(evs ...wire.Event) {
-	e.t.Helper()
-	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: evs})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
-func startStreams(t *testing.T, ix *indexer.Index) *Streams {
+func startManager(t *testing.T, ix *indexer.Index) *Manager {
 	t.Helper()
-	s := NewStreams(ix, stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
+	s := NewManager(ix, SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -94,17 +73,17 @@ func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) i
 	return st.Blocks
 }
 
-// TestStreamsLifecycle: a worker's ranks are indexed from their streams; a
+// TestManagerLifecycle: a worker's ranks are indexed from their streams; a
 // changed endpoint restarts only that rank's stream; removing the worker
 // stops its streams and empties the index.
-func TestStreamsLifecycle(t *testing.T) {
+func TestManagerLifecycle(t *testing.T) {
 	ix := indexer.New(indexer.Options{})
-	s := startStreams(t, ix)
+	s := startManager(t, ix)
 	k := indexer.PartitionKey{Model: "m", Group: "default"}
 	e0, e1 := startTestEngine(t), startTestEngine(t)
 	e0.store(3)
 	e1.store(5)
-	w := WorkerStreams{ID: 7, Partition: k, BlockSize: 16, Sources: []stream.Source{
+	w := Worker{ID: 7, Partition: k, BlockSize: 16, Sources: []Source{
 		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
 		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
 	}}
@@ -117,7 +96,7 @@ func TestStreamsLifecycle(t *testing.T) {
 		t.Fatalf("status %+v", before)
 	}
 	s.mu.Lock()
-	sub0 := s.subs[streamKey{7, 0}].sub
+	sub0 := s.subs[rankKey{7, 0}].sub
 	s.mu.Unlock()
 
 	// Rank 1 moves to another engine: only its stream restarts.
@@ -129,7 +108,7 @@ func TestStreamsLifecycle(t *testing.T) {
 		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
 	})
 	s.mu.Lock()
-	same := s.subs[streamKey{7, 0}].sub == sub0
+	same := s.subs[rankKey{7, 0}].sub == sub0
 	s.mu.Unlock()
 	if !same || rankBlocks(ix, k, 7, 0) != 3 {
 		t.Fatal("rank 0's stream was restarted by a change to rank 1")
@@ -138,7 +117,7 @@ func TestStreamsLifecycle(t *testing.T) {
 	// A conflicting block size keeps the worker out, and says why.
 	bad := w
 	bad.ID, bad.BlockSize = 8, 32
-	bad.Sources = []stream.Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
+	bad.Sources = []Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
 	s.Set(bad)
 	testsupport.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
 		for _, st := range s.Status() {
