@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -16,14 +16,14 @@ import (
 // on loopback and the encoder of its batches.
 type testEngine struct {
 	t   *testing.T
-	pub *events.Publisher
+	pub *mocker.Publisher
 	enc wire.Encoder
 	blk uint64
 }
 
 func startTestEngine(t *testing.T) *testEngine {
 	t.Helper()
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	pub, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}

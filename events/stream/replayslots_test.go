@@ -10,10 +10,10 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -184,7 +184,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	ix, app := newE2EIndex(t)
 	var subs []*e2eSub
 	for i := range rogues {
-		live := startEngine(t, indexer.Rank{WorkerID: uint64(40 + i)}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+		live := startEngine(t, indexer.Rank{WorkerID: uint64(40 + i)}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 		subs = append(subs, startSubscriber(t, Source{Worker: uint64(40 + i), Endpoint: live.pub.Endpoint(), ReplayEndpoint: slowReplayServer(t, 200*time.Millisecond)},
 			app, SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: cursor.Config{Deadline: 6 * time.Second}}))
 	}
@@ -196,7 +196,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 		}
 		return true
 	})
-	e := startEngine(t, indexer.Rank{WorkerID: 50}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, indexer.Rank{WorkerID: 50}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	e.feed(e2eOps(t, 50, 1, 300)[0])
 	var queued atomic.Bool
 	good := startSubscriber(t, Source{Worker: 50, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,

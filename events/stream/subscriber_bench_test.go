@@ -6,10 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/mocker"
 )
 
 // BenchmarkSubscriberIngest measures loopback ingest end to end: a Go
@@ -88,7 +88,7 @@ func ingestPayloads(b *testing.B) (payloads [][]byte, blocks int) {
 func ingestOnce(b *testing.B, payloads [][]byte) (time.Duration, uint64) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1 << 16})
+	pub, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 1 << 16})
 	if err != nil {
 		b.Fatal(err)
 	}

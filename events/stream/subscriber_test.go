@@ -15,12 +15,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/wire/wiretest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
+	"github.com/prefixd/prefixd/internal/mocker"
 	"github.com/prefixd/prefixd/internal/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -31,8 +31,8 @@ import (
 type e2eEngine struct {
 	t      *testing.T
 	rank   indexer.Rank
-	cfg    events.PublisherConfig
-	pub    *events.Publisher
+	cfg    mocker.PublisherConfig
+	pub    *mocker.Publisher
 	stop   context.CancelFunc
 	done   chan error
 	truth  *indexer.Tree
@@ -41,7 +41,7 @@ type e2eEngine struct {
 	last   uint64 // last seq published
 }
 
-func startEngine(t *testing.T, rank indexer.Rank, cfg events.PublisherConfig) *e2eEngine {
+func startEngine(t *testing.T, rank indexer.Rank, cfg mocker.PublisherConfig) *e2eEngine {
 	t.Helper()
 	e := &e2eEngine{t: t, rank: rank, cfg: cfg, truth: indexer.NewTree(16), hashes: map[uint64]bool{}}
 	e.start()
@@ -51,7 +51,7 @@ func startEngine(t *testing.T, rank indexer.Rank, cfg events.PublisherConfig) *e
 
 func (e *e2eEngine) start() {
 	e.t.Helper()
-	pub, err := events.NewPublisher(e.cfg)
+	pub, err := mocker.NewPublisher(e.cfg)
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
 			return
 		}
 		if time.Now().After(deadline) {
-			var ps events.PublisherStats
+			var ps mocker.PublisherStats
 			if e.pub != nil {
 				ps = e.pub.Stats()
 			}
@@ -245,9 +245,9 @@ func checkIndex(t *testing.T, ix *indexer.Index, e *e2eEngine, degraded bool) {
 // join, without waiting for a live batch), in both replay layouts.
 func TestSubscriberJoinsLate(t *testing.T) {
 	ops := e2eOps(t, 1, 1, 1500)[0]
-	for _, layout := range []events.ReplayLayout{events.ReplayTopic, events.ReplayLegacy} {
+	for _, layout := range []mocker.ReplayLayout{mocker.ReplayTopic, mocker.ReplayLegacy} {
 		t.Run(layout.String(), func(t *testing.T) {
-			e := startEngine(t, indexer.Rank{WorkerID: 1}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
+			e := startEngine(t, indexer.Rank{WorkerID: 1}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
 				ReplayEndpoint: "tcp://127.0.0.1:0", Topic: "kv@w1@m", Layout: layout})
 			e.feed(ops)
 			ix, app := newE2EIndex(t)
@@ -275,7 +275,7 @@ func TestSubscriberChaos(t *testing.T) {
 	var engines []*e2eEngine
 	var subs []*e2eSub
 	for r := 0; r < ranks; r++ {
-		engines = append(engines, startEngine(t, indexer.Rank{WorkerID: 3, DPRank: uint32(r)}, events.PublisherConfig{
+		engines = append(engines, startEngine(t, indexer.Rank{WorkerID: 3, DPRank: uint32(r)}, mocker.PublisherConfig{
 			Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0",
 			DropLive: 0.1, DropReplay: 0.2, Rand: rand.New(rand.NewPCG(uint64(r), 99)),
 		}))
@@ -342,7 +342,7 @@ func TestSubscriberChaos(t *testing.T) {
 // AllBlocksCleared makes it exact again.
 func TestSubscriberLostHistory(t *testing.T) {
 	ops := e2eOps(t, 3, 1, 1500)[0]
-	e := startEngine(t, indexer.Rank{WorkerID: 5}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
+	e := startEngine(t, indexer.Rank{WorkerID: 5}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
 		ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 20})
 	e.feed(ops[:len(ops)/2])
 	ix, app := newE2EIndex(t)
@@ -375,7 +375,7 @@ func TestSubscriberLostHistory(t *testing.T) {
 // makes sure they are gone before the subscriber joins.
 func TestSubscriberWithoutReplay(t *testing.T) {
 	ops := e2eOps(t, 4, 1, 1200)[0]
-	e := startEngine(t, indexer.Rank{WorkerID: 6}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, indexer.Rank{WorkerID: 6}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 	witnessed(t, e, func() { e.feed(ops[:len(ops)/2]) })
 	ix, app := newE2EIndex(t)
 	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint()}, app, SubscriberConfig{})
@@ -462,7 +462,7 @@ func witnessed(t *testing.T, e *e2eEngine, publish func()) {
 // rank is dropped; one stamped with a registered rank applies there.
 func TestSubscriberBadInput(t *testing.T) {
 	ops := e2eOps(t, 5, 1, 500)[0]
-	e := startEngine(t, indexer.Rank{WorkerID: 8}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, indexer.Rank{WorkerID: 8}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
 	reg := prometheus.NewRegistry()
 	s := startSubscriber(t, Source{Worker: 8, Ranks: []uint32{0, 2}, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
@@ -524,7 +524,7 @@ func TestSubscriberBackpressure(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ops := e2eOps(t, 12, 1, 1000)[0]
-			e := startEngine(t, indexer.Rank{WorkerID: 4}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+			e := startEngine(t, indexer.Rank{WorkerID: 4}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 			ix, app := newE2EIndex(t)
 			gated := &gatedApplier{Applier: app, gate: make(chan struct{})}
 			reg := prometheus.NewRegistry()
@@ -550,7 +550,7 @@ func TestSubscriberBackpressure(t *testing.T) {
 // TestSubscriberMetrics checks the exported series after a simple run: a
 // join replay of three batches, then one live batch.
 func TestSubscriberMetrics(t *testing.T) {
-	e := startEngine(t, indexer.Rank{WorkerID: 2, DPRank: 1}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, indexer.Rank{WorkerID: 2, DPRank: 1}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ops := e2eOps(t, 13, 1, 300)[0]
 	store := func(i int) indexer.Op {
 		for ; ops[i].Kind != indexer.OpStore || ops[i].Store.HasParent; i++ {
@@ -620,7 +620,7 @@ func TestSubscriberReplaySlots(t *testing.T) {
 	var engines []*e2eEngine
 	var subs []*e2eSub
 	for i := 0; i < 3; i++ {
-		e := startEngine(t, indexer.Rank{WorkerID: uint64(20 + i)}, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+		e := startEngine(t, indexer.Rank{WorkerID: uint64(20 + i)}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 		e.feed(ops)
 		engines = append(engines, e)
 	}
@@ -739,7 +739,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 	ops := e2eOps(t, 15, 1, 400)[0]
 	roots := rootStores(t, ops, 4)
 	rank := indexer.Rank{WorkerID: 6}
-	e := startEngine(t, rank, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, rank, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
 	reg := prometheus.NewRegistry()
 	s := startSubscriber(t, Source{Worker: 6, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
@@ -832,7 +832,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 	ops := e2eOps(t, 17, 1, 300)[0]
 	roots := rootStores(t, ops, 4)
 	own, two := indexer.Rank{WorkerID: 8}, indexer.Rank{WorkerID: 8, DPRank: 2}
-	e := startEngine(t, own, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, own, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
 	s := startSubscriber(t, Source{Worker: 8, Ranks: []uint32{0, 2}, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app, SubscriberConfig{})
 	e.feed(ops[:60])
@@ -910,7 +910,7 @@ func TestSubscriberRedundantStores(t *testing.T) {
 		t.Fatal("no root store of several blocks")
 	}
 	rank := indexer.Rank{WorkerID: 7}
-	e := startEngine(t, rank, events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e := startEngine(t, rank, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
 	reg := prometheus.NewRegistry()
 	logs, log := testlog.New(t)

@@ -4,15 +4,15 @@ import (
 	"context"
 	"testing"
 
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/wire"
+	"github.com/prefixd/prefixd/internal/mocker"
 )
 
 // testEngine is one engine rank for the daemon's tests: a Go publisher
 // on loopback and the encoder of its batches.
 type testEngine struct {
 	t    *testing.T
-	pub  *events.Publisher
+	pub  *mocker.Publisher
 	stop context.CancelFunc
 	done chan error
 	enc  wire.Encoder
@@ -29,7 +29,7 @@ func startTestEngine(t *testing.T) *testEngine {
 // batches (0 = the default).
 func startTestEngineBuffer(t *testing.T, steps int) *testEngine {
 	t.Helper()
-	pub, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: steps})
+	pub, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: steps})
 	if err != nil {
 		t.Fatal(err)
 	}

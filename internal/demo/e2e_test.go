@@ -9,7 +9,6 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/client"
@@ -29,7 +28,7 @@ func TestEndToEndFailures(t *testing.T) {
 	ctx, emb, store := e2eEtcd(t)
 
 	var cfgs []mocker.Config
-	for _, pc := range []events.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
+	for _, pc := range []mocker.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
 		cfgs = append(cfgs, mocker.Config{Publisher: pc, LeaseTTL: 5 * time.Second})
 	}
 	engines := startE2EEngines(t, ctx, store, cfgs)
@@ -86,7 +85,7 @@ func TestEndToEndFailures(t *testing.T) {
 func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 	ctx, emb, store := e2eEtcd(t)
 	const ttl = 2 * time.Second
-	cfg := mocker.Config{Publisher: events.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
+	cfg := mocker.Config{Publisher: mocker.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
 	engines := startE2EEngines(t, ctx, store, []mocker.Config{cfg, cfg, cfg})
 
 	a := startDaemon(t, ctx, emb.Endpoints())

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
@@ -157,9 +156,9 @@ func TestEngineIndexMatchesCache(t *testing.T) {
 	}{
 		{"map-int-topic", Config{}},
 		{"array-signed-legacy", Config{Encoder: wire.Encoder{Era: wire.EraArray, Hash: wire.HashSigned},
-			Publisher: events.PublisherConfig{Layout: events.ReplayLegacy}}},
+			Publisher: PublisherConfig{Layout: ReplayLegacy}}},
 		{"bytes-droplive", Config{Encoder: wire.Encoder{Hash: wire.HashBytes},
-			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+			Publisher: PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
@@ -510,7 +509,7 @@ func TestEngineHybridIndexMatchesCache(t *testing.T) {
 	}{
 		{"map-int", Config{}},
 		{"array-wide-droplive", Config{Encoder: wire.Encoder{Era: wire.EraArray},
-			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+			Publisher: PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg

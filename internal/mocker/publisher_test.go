@@ -1,4 +1,4 @@
-package events
+package mocker
 
 import (
 	"bytes"
@@ -817,7 +817,7 @@ func publisherGoroutines() (int, string) {
 		if strings.Contains(g, "zmq4.(*pubMWriter).run") {
 			continue
 		}
-		if strings.Contains(g, "go-zeromq/zmq4") || strings.Contains(g, "events.(*Publisher)") {
+		if strings.Contains(g, "go-zeromq/zmq4") || strings.Contains(g, "mocker.(*Publisher)") {
 			n++
 			ours = append(ours, g)
 		}

@@ -1,4 +1,4 @@
-package events
+package mocker
 
 import (
 	"context"
@@ -116,7 +116,7 @@ type PublisherStats struct {
 // tests: a PUB socket sending [topic, seq, payload], a ROUTER socket
 // answering replay requests from a bounded buffer of the latest batches, and
 // fault knobs to provoke the losses real publishers produce. Payloads are
-// opaque; build them with an Encoder.
+// opaque; build them with a wire.Encoder.
 //
 // Differences from vLLM, all deliberate: both sockets always bind; live
 // publishing does not pause while a replay is written (a replay sends the
