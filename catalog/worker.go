@@ -587,7 +587,7 @@ func parseEndpoint(s string) (endpoint, error) {
 }
 
 // offsetEndpoint is vLLM's per-dp-rank endpoint (the same rule as
-// events.OffsetEndpoint, kept here so catalog does not import events):
+// stream.OffsetEndpoint, kept here so catalog does not import events/stream):
 // rank 0 keeps base; a tcp port grows by rank; an inproc name gets
 // "_dp<rank>"; ipc cannot be offset.
 func offsetEndpoint(base string, rank uint32) (string, error) {

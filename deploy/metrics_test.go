@@ -22,7 +22,6 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/mocker"
@@ -219,7 +218,7 @@ func TestMetricsExported(t *testing.T) {
 		engines[id] = e
 	}
 	// Worker 4 publishes one batch that is not msgpack.
-	bad, err := events.NewPublisher(events.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	bad, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	if err != nil {
 		t.Fatal(err)
 	}

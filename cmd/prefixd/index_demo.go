@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/indexdemo"
 )
 
@@ -31,9 +31,9 @@ func (o *indexDemoOptions) AddFlags(fs *pflag.FlagSet) {
 func (o *indexDemoOptions) Validate() error {
 	switch o.era {
 	case "map":
-		o.Era = events.EraMap
+		o.Era = wire.EraMap
 	case "array":
-		o.Era = events.EraArray
+		o.Era = wire.EraArray
 	default:
 		return fmt.Errorf("--era %q: want map or array", o.era)
 	}

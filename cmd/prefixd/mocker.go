@@ -15,7 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
@@ -146,13 +146,13 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		return err
 	}
 	defer store.Close()
-	enc := events.Encoder{}
+	enc := wire.Encoder{}
 	if o.era == "array" {
-		enc = events.Encoder{Era: events.EraArray, Wide: true}
+		enc = wire.Encoder{Era: wire.EraArray, Wide: true}
 	}
-	layout := events.ReplayTopic
+	layout := mocker.ReplayTopic
 	if o.layout == "legacy" {
-		layout = events.ReplayLegacy
+		layout = mocker.ReplayLegacy
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -172,7 +172,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 			return abort(fmt.Errorf("engine %d: %w", o.firstID+uint64(i), err))
 		}
 		e, err := mocker.New(mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Groups: o.groups, Encoder: enc,
-			Publisher: events.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
+			Publisher: mocker.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
 				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
 			PrefillPerToken: o.prefillPerTok, DecodePerToken: o.decodePerTok,
 			Store: store, Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl})

@@ -14,7 +14,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -66,7 +66,7 @@ func startStatusDaemon(t *testing.T, etcd []string) string {
 	go func() {
 		done <- daemon.Run(ctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, MaxEntries: -1, // "(no cap)" below
 			Listen: "127.0.0.1:0", OnReady: func(a string) { addr <- a },
-			Subscriber: events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}})
+			Subscriber: stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}})
 	}()
 	var url string
 	select {

@@ -45,7 +45,7 @@ func limitsFor(ix *indexer.Index) dumpLimits {
 // index), and returns that peer. A peer written dns+http://host:port
 // stands for every address host resolves to (ExpandPeers). Each restored
 // rank keeps its watermark and digest, so its stream resumes after it once the engine
-// confirms the batch (see events.Cursor.Resume) instead of replaying from
+// confirms the batch (see cursor.Cursor.Resume) instead of replaying from
 // the start, which a long-running engine's replay buffer no longer holds.
 // token, when not empty, is sent to peers as "Authorization: Bearer
 // <token>" (a peer configured with an API token requires it on /dump).

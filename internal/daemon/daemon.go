@@ -20,7 +20,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 )
@@ -60,7 +60,7 @@ type Config struct {
 	// MaxConcurrentReplays bounds replay attempts running at once over all
 	// streams (default 8; negative = unbounded).
 	MaxConcurrentReplays int
-	Subscriber           events.SubscriberConfig
+	Subscriber           stream.SubscriberConfig
 	Logger               *slog.Logger
 	// Registry receives every metric; nil makes a new one.
 	Registry *prometheus.Registry
@@ -174,7 +174,7 @@ func Run(ctx context.Context, cfg Config) error {
 	defer ln.Close() // a no-op once the server has it
 	subCfg := cfg.Subscriber
 	if subCfg.Metrics == nil {
-		subCfg.Metrics = events.NewMetrics(reg)
+		subCfg.Metrics = stream.NewMetrics(reg)
 	}
 	if subCfg.Logger == nil {
 		subCfg.Logger = log
@@ -184,9 +184,9 @@ func Run(ctx context.Context, cfg Config) error {
 		if n == 0 {
 			n = 8
 		}
-		subCfg.ReplaySlots = events.NewReplaySlots(n, 0)
+		subCfg.ReplaySlots = stream.NewReplaySlots(n, 0)
 	}
-	streams := NewStreams(ix, subCfg, log)
+	streams := stream.NewManager(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
 	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: indexSource{ix}, Observer: newPlanMetrics(reg)})
@@ -266,7 +266,7 @@ func Run(ctx context.Context, cfg Config) error {
 type workerView struct {
 	store   catalog.Store
 	ix      *indexer.Index
-	streams *Streams
+	streams *stream.Manager
 	svc     *coordinator.Service // nil in tests that build a view by hand
 	log     *slog.Logger
 
@@ -327,18 +327,18 @@ func registration(l catalog.LeaseID) string {
 	return fmt.Sprintf("lease %x", l)
 }
 
-func workerStreams(w catalog.Worker) (WorkerStreams, error) {
+func workerStreams(w catalog.Worker) (stream.Worker, error) {
 	ss, err := w.Streams()
 	if err != nil {
-		return WorkerStreams{}, err
+		return stream.Worker{}, err
 	}
 	ranks := w.Ranks()
-	out := WorkerStreams{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
+	out := stream.Worker{ID: w.WorkerID, Partition: indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, BlockSize: int(w.BlockSize)}
 	out.Capacity[indexer.TierDevice] = withMargin(w.TotalKVBlocks)
 	out.Capacity[indexer.TierHost] = withMargin(w.HostKVBlocks)
 	out.Capacity[indexer.TierDisk] = withMargin(w.DiskKVBlocks)
 	for _, s := range ss {
-		out.Sources = append(out.Sources, events.Source{Worker: w.WorkerID, Rank: s.Rank, Ranks: ranks,
+		out.Sources = append(out.Sources, stream.Source{Worker: w.WorkerID, Rank: s.Rank, Ranks: ranks,
 			Endpoint: s.Endpoint, ReplayEndpoint: s.ReplayEndpoint, Topic: w.Topic, SeqBase: w.SeqBase})
 	}
 	return out, nil

@@ -17,7 +17,8 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -43,7 +44,7 @@ func startDaemonWith(t *testing.T, etcd []string, edit func(*Config)) *testDaemo
 	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
 	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 		ReadyTimeout: 30 * time.Second,
-		Subscriber:   events.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
+		Subscriber:   stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
 	if edit != nil {
 		edit(&cfg)
 	}
@@ -95,12 +96,12 @@ func call(t *testing.T, method, url, token string, body any) (int, []byte) {
 // size 16) and returns them.
 func (e *testEngine) storeTokens(tokens []uint32) {
 	e.t.Helper()
-	ev := events.Event{Kind: events.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
+	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
 	for i := 0; i < len(tokens)/16; i++ {
 		ev.BlockHashes = append(ev.BlockHashes, e.blk)
 		e.blk++
 	}
-	p, err := e.enc.AppendBatch(nil, &events.Batch{Events: []events.Event{ev}})
+	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -352,7 +353,7 @@ func TestRunListenInUse(t *testing.T) {
 	testsupport.Eventually(t, 10*time.Second, "no daemon goroutine left", func() bool {
 		var buf bytes.Buffer
 		_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
-		for _, f := range []string{"catalog.(*Watcher).Run", "coordinator.(*Service).Run", "(*Streams).Run"} {
+		for _, f := range []string{"catalog.(*Watcher).Run", "coordinator.(*Service).Run", "stream.(*Manager).Run"} {
 			if strings.Contains(buf.String(), f) {
 				return false
 			}
@@ -439,7 +440,7 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 		t.Fatalf("b restored the rank as %+v; want degraded, with a's reason %q", lb, la.DegradedReason)
 	}
 	// The engine clears its cache: both replicas lift the flag.
-	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
+	e.publishEvents(wire.Event{Kind: wire.KindAllBlocksCleared})
 	e.store(2)
 	for _, d := range []*testDaemon{a, b} {
 		testsupport.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {

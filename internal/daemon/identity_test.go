@@ -13,7 +13,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -322,7 +322,7 @@ func TestRankCapacity(t *testing.T) {
 		t.Fatal("no default index cap")
 	}
 	// The engine clears its cache: the rank is exact again.
-	e.publishEvents(events.Event{Kind: events.KindAllBlocksCleared})
+	e.publishEvents(wire.Event{Kind: wire.KindAllBlocksCleared})
 	e.store(2)
 	testsupport.Eventually(t, 20*time.Second, "the rank exact again", func() bool {
 		l, ok := listener(t, d, "m", 9, 0)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 )
@@ -49,13 +49,13 @@ func (v *workerView) Register(ctx context.Context, r api.RegisterRequest) error 
 	}
 	add, addReplay := make(map[uint32]string, size), make(map[uint32]string, size)
 	for i := uint32(0); i < size; i++ {
-		ep, err := events.OffsetEndpoint(r.Endpoint, i)
+		ep, err := stream.OffsetEndpoint(r.Endpoint, i)
 		if err != nil {
 			return api.Invalid("endpoint", "%v", err)
 		}
 		add[r.DPRank+i] = ep
 		if r.ReplayEndpoint != "" {
-			rp, err := events.OffsetEndpoint(r.ReplayEndpoint, i)
+			rp, err := stream.OffsetEndpoint(r.ReplayEndpoint, i)
 			if err != nil {
 				return api.Invalid("replay_endpoint", "%v", err)
 			}
@@ -233,11 +233,17 @@ func (v *workerView) Unregister(ctx context.Context, r api.UnregisterRequest) er
 	return catalogError(err)
 }
 
+// rankKey names one worker rank.
+type rankKey struct {
+	worker uint64
+	rank   uint32
+}
+
 // List returns the known workers with their streams' state.
 func (v *workerView) List(model, group string) []api.WorkerInfo {
-	status := map[streamKey]RankStatus{}
+	status := map[rankKey]stream.RankStatus{}
 	for _, st := range v.streams.Status() {
-		status[streamKey{st.Worker, st.Rank}] = st
+		status[rankKey{st.Worker, st.Rank}] = st
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
@@ -263,7 +269,7 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 			if info.ReplayEndpoint == "" {
 				info.ReplayEndpoint = rp
 			}
-			switch st, ok := status[streamKey{w.WorkerID, r}]; {
+			switch st, ok := status[rankKey{w.WorkerID, r}]; {
 			case ok && st.Running:
 				l.Degraded = st.Degraded || st.Truncated
 				switch {
@@ -278,10 +284,10 @@ func (v *workerView) List(model, group string) []api.WorkerInfo {
 					l.LastSeenSeq = &seen
 				}
 				l.Replay = st.Replay.String()
-				if st.Replay == events.ReplayQueued {
+				if st.Replay == stream.ReplayQueued {
 					l.ReplayQueuedSeconds = time.Since(st.ReplayQueuedSince).Round(time.Millisecond).Seconds()
 				}
-				if st.Connected && st.Synced && st.Replay != events.ReplayQueued {
+				if st.Connected && st.Synced && st.Replay != stream.ReplayQueued {
 					l.Status = api.StatusActive
 				}
 			case ok && st.Err != "":

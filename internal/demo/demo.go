@@ -24,7 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
@@ -178,7 +178,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() {
 		daemonDone <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: emb.Endpoints()}, Listen: "127.0.0.1:0",
 			Index: ix, Registry: reg, Logger: cfg.Log, OnReady: func(a string) { addrCh <- a },
-			Subscriber: events.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
+			Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	defer func() {
 		stopDaemon()

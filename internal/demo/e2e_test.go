@@ -9,7 +9,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -28,7 +28,7 @@ func TestEndToEndFailures(t *testing.T) {
 	ctx, emb, store := e2eEtcd(t)
 
 	var cfgs []mocker.Config
-	for _, pc := range []events.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
+	for _, pc := range []mocker.PublisherConfig{{}, {DropLive: 0.05}, {DropLive: 0.05, DropReplay: 0.1}} {
 		cfgs = append(cfgs, mocker.Config{Publisher: pc, LeaseTTL: 5 * time.Second})
 	}
 	engines := startE2EEngines(t, ctx, store, cfgs)
@@ -85,7 +85,7 @@ func TestEndToEndFailures(t *testing.T) {
 func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 	ctx, emb, store := e2eEtcd(t)
 	const ttl = 2 * time.Second
-	cfg := mocker.Config{Publisher: events.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
+	cfg := mocker.Config{Publisher: mocker.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}
 	engines := startE2EEngines(t, ctx, store, []mocker.Config{cfg, cfg, cfg})
 
 	a := startDaemon(t, ctx, emb.Endpoints())
@@ -298,7 +298,7 @@ func startDaemon(t *testing.T, ctx context.Context, etcd []string, peers ...stri
 	ready := make(chan string, 1)
 	go func() {
 		d.done <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
-			OnReady: func(a string) { ready <- a }, Subscriber: events.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
+			OnReady: func(a string) { ready <- a }, Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	select {
 	case addr := <-ready:

@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
 
@@ -50,7 +49,7 @@ func (f *fleet) start(ctx context.Context, s engineSpec) (*engine, error) {
 		w.KVTransferEnforcement = catalog.EnforcementRequired
 	}
 	return f.run(ctx, mocker.Config{TotalBlocks: f.cfg.TotalBlocks, BlockSize: f.cfg.BlockSize,
-		Publisher: events.PublisherConfig{DropLive: f.cfg.DropLive}, Worker: w, LeaseTTL: f.cfg.leaseTTL()})
+		Publisher: mocker.PublisherConfig{DropLive: f.cfg.DropLive}, Worker: w, LeaseTTL: f.cfg.leaseTTL()})
 }
 
 // run runs an engine configured by mc, registered in the fleet's store,

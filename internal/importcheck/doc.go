@@ -1,5 +1,5 @@
 // Package importcheck enforces the rule that prefixd's cores (indexer,
-// coordinator) do no I/O: their transitive imports must not reach ZMQ, etcd,
-// net/http, Prometheus or the net package. It is a test helper, imported only
-// from _test.go files.
+// coordinator, events/cursor, events/wire) do no I/O: their transitive
+// imports must not reach ZMQ, etcd, net/http, Prometheus or the net
+// package. It is a test helper, imported only from _test.go files.
 package importcheck

@@ -10,7 +10,7 @@ import (
 	"slices"
 	"time"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 )
@@ -22,7 +22,7 @@ type Options struct {
 	TargetEntries int
 	ChurnBlocks   int
 	Queries       int
-	Era           events.Era
+	Era           wire.Era
 }
 
 // NewOptions returns the defaults: the benchmark workload (64 workers,
@@ -100,10 +100,10 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	runtime.GC()
 	var before runtime.MemStats
 	runtime.ReadMemStats(&before)
-	var dec events.Decoder
-	var batch events.Batch
+	var dec wire.Decoder
+	var batch wire.Batch
 	var ops []indexer.Op
-	var filtered [events.NumFilters]uint64
+	var filtered [wire.NumFilters]uint64
 	var skipped [indexer.NumReasons]uint64
 	blocks := 0
 	t0 = time.Now()
@@ -117,7 +117,7 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 		if err := dec.Decode(b.Bytes, &batch); err != nil {
 			return fmt.Errorf("decode batch %d: %w", i, err)
 		}
-		ops = events.AppendOps(ops[:0], &batch, &filtered)
+		ops = wire.AppendOps(ops[:0], &batch, &filtered)
 		res, err := ix.Apply(key, b.Rank, b.Seq, ops)
 		if err != nil {
 			return err
@@ -230,7 +230,7 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	}
 	for f, n := range filtered {
 		if n > 0 {
-			p("%v=%d ", events.Filter(f), n)
+			p("%v=%d ", wire.Filter(f), n)
 			any = true
 		}
 	}
@@ -245,9 +245,9 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 // given era, one batch per engine step (up to 4 consecutive events of one
 // rank), with per-rank sequence numbers from 0. It returns the payloads and
 // their total size in bytes.
-func Encode(w *workload.Workload, era events.Era) ([]Payload, int, error) {
-	enc := events.Encoder{Era: era, Wide: era == events.EraArray}
-	var batch events.Batch
+func Encode(w *workload.Workload, era wire.Era) ([]Payload, int, error) {
+	enc := wire.Encoder{Era: era, Wide: era == wire.EraArray}
+	var batch wire.Batch
 	var out []Payload
 	total := 0
 	seqs := map[indexer.Rank]uint64{}
@@ -277,7 +277,7 @@ func Encode(w *workload.Workload, era events.Era) ([]Payload, int, error) {
 		}
 		cur.Rank = ev.Rank
 		batch.TS, batch.DPRank, batch.HasDPRank = 0, int32(ev.Rank.DPRank), true
-		batch.Events = append(batch.Events, events.EventFromOp(ev.Op))
+		batch.Events = append(batch.Events, wire.EventFromOp(ev.Op))
 		for _, h := range [][]uint64{ev.Op.Store.Hashes, ev.Op.Remove.Hashes} {
 			cur.Blocks += len(h)
 		}

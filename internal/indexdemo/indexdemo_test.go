@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 )
@@ -21,7 +21,7 @@ func small() Options {
 // TestRunIsExact runs the whole demo on a small fleet in both wire eras: it
 // must ingest real payloads and end with the index equal to the truth.
 func TestRunIsExact(t *testing.T) {
-	for _, era := range []events.Era{events.EraMap, events.EraArray} {
+	for _, era := range []wire.Era{wire.EraMap, wire.EraArray} {
 		o := small()
 		o.Era = era
 		var out bytes.Buffer
@@ -43,7 +43,7 @@ func TestEncodeNumbersBatchesPerRank(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stream, total, err := Encode(w, events.EraMap)
+	stream, total, err := Encode(w, wire.EraMap)
 	if err != nil {
 		t.Fatal(err)
 	}

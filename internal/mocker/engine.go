@@ -1,7 +1,3 @@
-// Package mocker simulates vLLM engine ranks for tests and demos: a KV
-// block pool with prefix caching and LRU eviction (Pool) whose events are
-// published on the real wire through an events.Publisher (Engine),
-// optionally registered in the catalog with a lease.
 package mocker
 
 import (
@@ -15,7 +11,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 )
 
 // Config configures an Engine.
@@ -36,11 +32,11 @@ type Config struct {
 	// Publisher configures the event sockets. Endpoint defaults to
 	// "tcp://127.0.0.1:0"; ReplayEndpoint "" gets "tcp://127.0.0.1:0" too
 	// unless NoReplay. Layout, Topic and the fault knobs pass through.
-	Publisher events.PublisherConfig
+	Publisher PublisherConfig
 	NoReplay  bool
 	// Encoder selects the wire era and hash type; the zero value is vLLM's
 	// current default (map era, int hashes).
-	Encoder events.Encoder
+	Encoder wire.Encoder
 
 	// PrefillPerToken is the simulated prefill time per uncached prompt
 	// token, DecodePerToken per output token. 0 (the default) means no
@@ -82,7 +78,7 @@ var ErrNotRunning = errors.New("mocker: engine not running")
 // Holds and the getters are safe for concurrent use; Run is called once.
 type Engine struct {
 	cfg Config
-	pub *events.Publisher
+	pub *Publisher
 
 	mu        sync.Mutex // guards pool, inflight and freed, and orders pool steps with their Publish
 	pool      *Pool
@@ -106,7 +102,7 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	if len(cfg.Groups) > 0 && cfg.Encoder.Era == events.EraArray {
+	if len(cfg.Groups) > 0 && cfg.Encoder.Era == wire.EraArray {
 		cfg.Encoder.Wide = true
 	}
 	if cfg.Publisher.Endpoint == "" {
@@ -124,7 +120,7 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	pub, err := events.NewPublisher(cfg.Publisher)
+	pub, err := NewPublisher(cfg.Publisher)
 	if err != nil {
 		return nil, err
 	}
@@ -146,7 +142,7 @@ func sleep(ctx context.Context, d time.Duration) error {
 }
 
 // Publisher returns the engine's publisher (endpoints, Seq, Stats, Stall).
-func (e *Engine) Publisher() *events.Publisher { return e.pub }
+func (e *Engine) Publisher() *Publisher { return e.pub }
 
 // Ready is closed once the sockets are bound, the engine accepts requests
 // and, with a Store, the worker is registered.
@@ -247,7 +243,7 @@ func (e *Engine) publishLocked(ctx context.Context) error {
 		return nil
 	}
 	now := e.cfg.Now()
-	b := events.Batch{
+	b := wire.Batch{
 		TS:        float64(now.UnixNano()) / 1e9,
 		Events:    evs,
 		DPRank:    int32(e.cfg.DPRank),

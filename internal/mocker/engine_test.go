@@ -13,7 +13,9 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/stream"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -56,16 +58,16 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 	return e
 }
 
-func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscriber, *indexer.Index) {
+func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*stream.Subscriber, *indexer.Index) {
 	t.Helper()
 	ix := indexer.New(indexer.Options{})
 	if err := ix.AddPartition(testKey, testBS); err != nil {
 		t.Fatal(err)
 	}
-	s, err := events.NewSubscriber(events.Source{
+	s, err := stream.NewSubscriber(stream.Source{
 		Worker: rank.WorkerID, Rank: rank.DPRank,
 		Endpoint: e.Publisher().Endpoint(), ReplayEndpoint: e.Publisher().ReplayEndpoint(),
-	}, &events.IndexApplier{Index: ix, Partition: testKey}, events.SubscriberConfig{ProbeInterval: 50 * time.Millisecond})
+	}, &stream.IndexApplier{Index: ix, Partition: testKey}, stream.SubscriberConfig{ProbeInterval: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,19 +86,19 @@ func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*events.Subscr
 }
 
 // caughtUp waits until the subscriber applied the engine's last seq.
-func caughtUp(t *testing.T, s *events.Subscriber, e *Engine) {
+func caughtUp(t *testing.T, s *stream.Subscriber, e *Engine) {
 	t.Helper()
 	last, ok := e.LastSeq()
 	if !ok {
 		t.Fatal("engine published nothing")
 	}
-	var st events.State
+	var st stream.State
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		st = s.State()
-		if st.Mode == events.ModeLive && st.HasApplied && st.Applied == last {
+		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == last {
 			return
 		}
 		if time.Now().After(deadline) {
@@ -153,10 +155,10 @@ func TestEngineIndexMatchesCache(t *testing.T) {
 		cfg  Config
 	}{
 		{"map-int-topic", Config{}},
-		{"array-signed-legacy", Config{Encoder: events.Encoder{Era: events.EraArray, Hash: events.HashSigned},
-			Publisher: events.PublisherConfig{Layout: events.ReplayLegacy}}},
-		{"bytes-droplive", Config{Encoder: events.Encoder{Hash: events.HashBytes},
-			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+		{"array-signed-legacy", Config{Encoder: wire.Encoder{Era: wire.EraArray, Hash: wire.HashSigned},
+			Publisher: PublisherConfig{Layout: ReplayLegacy}}},
+		{"bytes-droplive", Config{Encoder: wire.Encoder{Hash: wire.HashBytes},
+			Publisher: PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg
@@ -189,7 +191,7 @@ func TestWorkloadEvicts(t *testing.T) {
 		}
 		p.Free(a)
 		for _, ev := range p.Events() {
-			if ev.Kind == events.KindBlockRemoved {
+			if ev.Kind == wire.KindBlockRemoved {
 				removed++
 			}
 		}
@@ -506,8 +508,8 @@ func TestEngineHybridIndexMatchesCache(t *testing.T) {
 		cfg  Config
 	}{
 		{"map-int", Config{}},
-		{"array-wide-droplive", Config{Encoder: events.Encoder{Era: events.EraArray},
-			Publisher: events.PublisherConfig{DropLive: 0.2}}},
+		{"array-wide-droplive", Config{Encoder: wire.Encoder{Era: wire.EraArray},
+			Publisher: PublisherConfig{DropLive: 0.2}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := tc.cfg

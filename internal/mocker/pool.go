@@ -9,7 +9,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 )
 
 // ErrNoSpace is returned by Pool.Alloc when the pool cannot hold the
@@ -182,7 +182,7 @@ type Pool struct {
 	tail      int32                // most recently freed cached block
 	lruLen    int
 	gen       uint64
-	pending   []events.Event
+	pending   []wire.Event
 }
 
 // NewPool returns an empty pool of totalBlocks blocks of blockSize tokens.
@@ -364,9 +364,9 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 	}
 	if a.NewBlocks > 0 {
 		for g := range p.cache {
-			ev := events.Event{
-				Kind:        events.KindBlockStored,
-				Tag:         events.TagBlockStored,
+			ev := wire.Event{
+				Kind:        wire.KindBlockStored,
+				Tag:         wire.TagBlockStored,
 				BlockHashes: append([]uint64(nil), hashes[hits:]...),
 				TokenIDs:    append([]uint32(nil), tokens[hits*p.blockSize:len(hashes)*p.blockSize]...),
 				BlockSize:   p.blockSize,
@@ -433,9 +433,9 @@ func (p *Pool) take() int32 {
 	} else {
 		cache[b.hash] = ids
 	}
-	ev := events.Event{
-		Kind:        events.KindBlockRemoved,
-		Tag:         events.TagBlockRemoved,
+	ev := wire.Event{
+		Kind:        wire.KindBlockRemoved,
+		Tag:         wire.TagBlockRemoved,
 		BlockHashes: []uint64{b.hash},
 		Medium:      "GPU",
 	}
@@ -485,11 +485,11 @@ func (p *Pool) Free(a *Alloc) {
 // queues AllBlocksCleared.
 func (p *Pool) Reset() {
 	p.reset()
-	p.pending = append(p.pending, events.Event{Kind: events.KindAllBlocksCleared, Tag: events.TagAllBlocksCleared})
+	p.pending = append(p.pending, wire.Event{Kind: wire.KindAllBlocksCleared, Tag: wire.TagAllBlocksCleared})
 }
 
 // Events returns and clears the queued events, in the order they happened.
-func (p *Pool) Events() []events.Event {
+func (p *Pool) Events() []wire.Event {
 	evs := p.pending
 	p.pending = nil
 	return evs

@@ -5,7 +5,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/prefixd/prefixd/events"
+	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -51,7 +51,7 @@ func TestPoolPrefixReuse(t *testing.T) {
 	}
 	evs := p.Events()
 	h := BlockHashes(toks(0, 12), 4)
-	if len(evs) != 1 || evs[0].Kind != events.KindBlockStored || evs[0].HasParent ||
+	if len(evs) != 1 || evs[0].Kind != wire.KindBlockStored || evs[0].HasParent ||
 		!slices.Equal(evs[0].BlockHashes, h[:2]) || !slices.Equal(evs[0].TokenIDs, toks(0, 8)) || evs[0].BlockSize != 4 {
 		t.Fatalf("first alloc events %+v", evs)
 	}
@@ -105,11 +105,11 @@ func TestPoolLRUEvictionTailFirst(t *testing.T) {
 	evs := p.Events()
 	var removed []uint64
 	for _, ev := range evs {
-		if ev.Kind == events.KindBlockRemoved {
+		if ev.Kind == wire.KindBlockRemoved {
 			removed = append(removed, ev.BlockHashes...)
 		}
 	}
-	if !slices.Equal(removed, []uint64{hx[2], hx[1]}) || evs[len(evs)-1].Kind != events.KindBlockStored {
+	if !slices.Equal(removed, []uint64{hx[2], hx[1]}) || evs[len(evs)-1].Kind != wire.KindBlockStored {
 		t.Fatalf("events %+v", evs)
 	}
 	if got := p.Holds(); len(got) != 4 || got[hx[0]] != 1 || got[hx[2]] != 0 {
@@ -202,7 +202,7 @@ func TestPoolReset(t *testing.T) {
 	p.Events()
 	p.Reset()
 	evs := p.Events()
-	if len(evs) != 1 || evs[0].Kind != events.KindAllBlocksCleared {
+	if len(evs) != 1 || evs[0].Kind != wire.KindAllBlocksCleared {
 		t.Fatalf("reset events %+v", evs)
 	}
 	if len(p.Holds()) != 0 || p.FreeBlocks() != 8 {
@@ -237,7 +237,7 @@ func TestPoolHybrid(t *testing.T) {
 		t.Fatalf("events %+v, want one store per group", evs)
 	}
 	for g, ev := range evs {
-		if ev.Kind != events.KindBlockStored || !ev.HasGroupIdx || ev.GroupIdx != g || !slices.Equal(ev.BlockHashes, h) ||
+		if ev.Kind != wire.KindBlockStored || !ev.HasGroupIdx || ev.GroupIdx != g || !slices.Equal(ev.BlockHashes, h) ||
 			!slices.Equal(ev.TokenIDs, x) || ev.HasParent {
 			t.Fatalf("group %d store %+v", g, ev)
 		}
@@ -263,7 +263,7 @@ func TestPoolHybrid(t *testing.T) {
 	}
 	var removed []uint64
 	for _, ev := range p.Events() {
-		if ev.Kind == events.KindBlockRemoved {
+		if ev.Kind == wire.KindBlockRemoved {
 			if !ev.HasGroupIdx || ev.GroupIdx != 0 {
 				t.Fatalf("remove %+v, want group 0", ev)
 			}

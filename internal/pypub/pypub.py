@@ -79,7 +79,7 @@ sglang-map is SGLang's newer tagged maps: the same fields by name, then
 cache_salt and session_id when set (no lora_name).
 
 Self-test: `pypub.py --self-test` checks the encoder against the ten msgspec
-0.21.1 payload vectors of events/testdata/vectors.json and the SGLang and
+0.21.1 payload vectors of events/wire/testdata/vectors.json and the SGLang and
 TensorRT-LLM vectors derived from their struct declarations, byte for byte,
 and exits 0 (all match) or 1.
 """
@@ -273,7 +273,7 @@ def encode_batch(ts, events, rank, era, hash_mode):
 
 
 # ---------------------------------------------------------------------------
-# Self-test against the msgspec 0.21.1 vectors of events/testdata/vectors.json
+# Self-test against the msgspec 0.21.1 vectors of events/wire/testdata/vectors.json
 # (the same hex; names abridged).
 
 H = 0xFEDCBA9876543210
@@ -320,7 +320,7 @@ VECTORS = [
      "93cb3ff80000000000009193ac426c6f636b52656d6f76656491cffedcba9876543210a347505501"),
     ("9.4 array AllBlocksCleared rank 0", "array", "int", [{"type": "AllBlocksCleared"}], 0,
      "93cb3ff80000000000009191b0416c6c426c6f636b73436c656172656400"),
-    # SGLang and TensorRT-LLM vectors of events/testdata/vectors.json (bytes
+    # SGLang and TensorRT-LLM vectors of events/wire/testdata/vectors.json (bytes
     # derived from their struct declarations; see each vector's source).
     ("sglang BlockStored unsalted", "sglang", "signed", [SGL_STORED], 0,
      "93cb3ff80000000000009197ab426c6f636b53746f72656491d3fedcba9876543210c0940102030404c0a347505500"),

@@ -1,0 +1,141 @@
+package stream
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/events/wire"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/testsupport"
+)
+
+// testEngine is one engine rank for the manager's tests: a Go publisher
+// on loopback and the encoder of its batches.
+type testEngine struct {
+	t   *testing.T
+	pub *mocker.Publisher
+	enc wire.Encoder
+	blk uint64
+}
+
+func startTestEngine(t *testing.T) *testEngine {
+	t.Helper()
+	pub, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- pub.Run(ctx) }()
+	<-pub.Ready()
+	t.Cleanup(func() { cancel(); <-done })
+	return &testEngine{t: t, pub: pub, blk: 1}
+}
+
+// store publishes one root BlockStored of n fresh blocks (16 tokens each).
+func (e *testEngine) store(n int) {
+	e.t.Helper()
+	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU"}
+	for i := 0; i < n; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, e.blk)
+		for j := 0; j < 16; j++ {
+			ev.TokenIDs = append(ev.TokenIDs, uint32(e.blk*100+uint64(j)))
+		}
+		e.blk++
+	}
+	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if _, err := e.pub.Publish(context.Background(), p); err != nil {
+		e.t.Fatal(err)
+	}
+}
+
+func startManager(t *testing.T, ix *indexer.Index) *Manager {
+	t.Helper()
+	s := NewManager(ix, SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return s
+}
+
+func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) int {
+	st, err := ix.Rank(k, indexer.Rank{WorkerID: w, DPRank: r})
+	if err != nil {
+		return -1
+	}
+	return st.Blocks
+}
+
+// TestManagerLifecycle: a worker's ranks are indexed from their streams; a
+// changed endpoint restarts only that rank's stream; removing the worker
+// stops its streams and empties the index.
+func TestManagerLifecycle(t *testing.T) {
+	ix := indexer.New(indexer.Options{})
+	s := startManager(t, ix)
+	k := indexer.PartitionKey{Model: "m", Group: "default"}
+	e0, e1 := startTestEngine(t), startTestEngine(t)
+	e0.store(3)
+	e1.store(5)
+	w := Worker{ID: 7, Partition: k, BlockSize: 16, Sources: []Source{
+		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
+		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
+	}}
+	s.Set(w)
+	testsupport.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
+		return s.Synced() && rankBlocks(ix, k, 7, 0) == 3 && rankBlocks(ix, k, 7, 1) == 5
+	})
+	before := s.Status()
+	if len(before) != 2 || before[0].Rank != 0 || before[1].Rank != 1 || !before[0].Connected {
+		t.Fatalf("status %+v", before)
+	}
+	s.mu.Lock()
+	sub0 := s.subs[rankKey{7, 0}].sub
+	s.mu.Unlock()
+
+	// Rank 1 moves to another engine: only its stream restarts.
+	e2 := startTestEngine(t)
+	e2.store(2)
+	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.pub.Endpoint(), e2.pub.ReplayEndpoint()
+	s.Set(w)
+	testsupport.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
+		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
+	})
+	s.mu.Lock()
+	same := s.subs[rankKey{7, 0}].sub == sub0
+	s.mu.Unlock()
+	if !same || rankBlocks(ix, k, 7, 0) != 3 {
+		t.Fatal("rank 0's stream was restarted by a change to rank 1")
+	}
+
+	// A conflicting block size keeps the worker out, and says why.
+	bad := w
+	bad.ID, bad.BlockSize = 8, 32
+	bad.Sources = []Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
+	s.Set(bad)
+	testsupport.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
+		for _, st := range s.Status() {
+			if st.Worker == 8 && !st.Running && strings.Contains(st.Err, "block size") {
+				return true
+			}
+		}
+		return false
+	})
+	s.Remove(8)
+
+	s.Remove(7)
+	// Its blocks are gone when Remove returns (its streams are fenced off
+	// the index, not waited for).
+	if n0, n1 := rankBlocks(ix, k, 7, 0), rankBlocks(ix, k, 7, 1); n0 > 0 || n1 > 0 {
+		t.Fatalf("after Remove the worker still holds %d and %d blocks", n0, n1)
+	}
+	testsupport.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
+		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
+	})
+}
