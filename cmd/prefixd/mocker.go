@@ -6,17 +6,14 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strconv"
 	"time"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
-	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
 
@@ -154,14 +151,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 	if o.layout == "legacy" {
 		layout = mocker.ReplayLegacy
 	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g, gctx := errgroup.WithContext(ctx)
-	abort := func(err error) error { // stop the engines already started
-		cancel()
-		_ = g.Wait()
-		return err
-	}
+	fl := mocker.NewFleet(ctx, store, log)
 	for i := 0; i < o.engines; i++ {
 		port := 0
 		if o.httpPort != 0 {
@@ -169,25 +159,22 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		}
 		ln, err := net.Listen("tcp", net.JoinHostPort(o.host, strconv.Itoa(port)))
 		if err != nil {
-			return abort(fmt.Errorf("engine %d: %w", o.firstID+uint64(i), err))
+			return errors.Join(fmt.Errorf("engine %d: %w", o.firstID+uint64(i), err), fl.Stop())
 		}
-		e, err := mocker.New(mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Groups: o.groups, Encoder: enc,
+		cfg := mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Groups: o.groups, Encoder: enc,
 			Publisher: mocker.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
 				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
 			PrefillPerToken: o.prefillPerTok, DecodePerToken: o.decodePerTok,
-			Store: store, Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl})
-		if err != nil {
-			ln.Close()
-			return abort(err)
+			Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl}
+		addr := ln.Addr().String()
+		if _, err := fl.Start(ctx, cfg, ln); err != nil {
+			return errors.Join(err, fl.Stop())
 		}
-		srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
-		g.Go(func() error { return e.Run(gctx) })
-		g.Go(func() error { return api.Serve(gctx, srv, ln, 5*time.Second) })
-		log.Info("mock engine", "worker", o.firstID+uint64(i), "http", ln.Addr().String())
+		log.Info("mock engine", "worker", o.firstID+uint64(i), "http", addr)
 	}
-	err = g.Wait()
-	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
-		return nil
+	select {
+	case <-ctx.Done():
+	case <-fl.Failed():
 	}
-	return err
+	return fl.Stop()
 }

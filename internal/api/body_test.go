@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/internal/httpserve"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -26,7 +27,7 @@ func liveServer(t *testing.T, h http.Handler, cfg ServerConfig) (addr string) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- Serve(ctx, NewServer(h, cfg), ln, 10*time.Second) }()
+	go func() { served <- httpserve.Serve(ctx, NewServer(h, cfg), ln, 10*time.Second) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {

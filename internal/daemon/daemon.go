@@ -23,6 +23,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/httpserve"
 )
 
 // Config configures a daemon. Zero fields take the defaults noted.
@@ -241,7 +242,7 @@ func Run(ctx context.Context, cfg Config) error {
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
-	g.Go(func() error { return api.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
+	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
 		cfg.OnReady(ln.Addr().String())

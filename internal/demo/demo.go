@@ -145,11 +145,6 @@ type Report struct {
 	Mismatches    []string // index vs engine cache differences; empty on success
 }
 
-type engine struct {
-	*mocker.Engine
-	worker catalog.Worker
-}
-
 // Run runs the demo and returns its report; the error is non-nil when the
 // demo could not run or the index did not match the engines' caches.
 func Run(ctx context.Context, cfg Config) (*Report, error) {
@@ -201,11 +196,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer store.Close()
 	fl, err := startEngines(ctx, cfg, store)
-	defer fl.stop()
+	defer fl.Stop()
 	if err != nil {
 		return nil, err
 	}
-	engines := fl.list()
+	engines := fl.Engines()
 	fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains\n",
 		len(engines), groupKV, groupRandom, groupDisagg)
 	if err := waitStreams(ctx, cl, len(engines)); err != nil {
@@ -390,10 +385,10 @@ func pollFor(ctx context.Context, what string, limit time.Duration, f func() err
 	}
 }
 
-func byGroup(engines []*engine, group string, role catalog.Role) []*engine {
-	var out []*engine
+func byGroup(engines []*mocker.Engine, group string, role catalog.Role) []*mocker.Engine {
+	var out []*mocker.Engine
 	for _, e := range engines {
-		if e.worker.RoutingGroup == group && (role == "" || e.worker.Role == role) {
+		if e.Worker().RoutingGroup == group && (role == "" || e.Worker().Role == role) {
 			out = append(out, e)
 		}
 	}
@@ -405,9 +400,9 @@ func byGroup(engines []*engine, group string, role catalog.Role) []*engine {
 // lease expires).
 var errNotInFleet = errors.New("not an engine the demo runs")
 
-func find(engines []*engine, id uint64) (*engine, error) {
+func find(engines []*mocker.Engine, id uint64) (*mocker.Engine, error) {
 	for _, e := range engines {
-		if e.worker.WorkerID == id {
+		if e.Worker().WorkerID == id {
 			return e, nil
 		}
 	}
@@ -416,20 +411,20 @@ func find(engines []*engine, id uint64) (*engine, error) {
 
 // serve runs p on e and records it; the simulated TTFT is the prefill of
 // the uncached prompt tokens.
-func serve(ctx context.Context, e *engine, p mocker.Request, m *ModeResult, cfg Config) error {
+func serve(ctx context.Context, e *mocker.Engine, p mocker.Request, m *ModeResult, cfg Config) error {
 	res, err := e.Serve(ctx, p)
 	if err != nil {
-		return fmt.Errorf("worker %d: %w", e.worker.WorkerID, err)
+		return fmt.Errorf("worker %d: %w", e.Worker().WorkerID, err)
 	}
 	m.Requests++
 	m.PromptTokens += res.PromptTokens
 	m.CachedTokens += res.CachedTokens
 	m.TTFT = append(m.TTFT, time.Duration(res.PromptTokens-res.CachedTokens)*cfg.PrefillPerToken)
-	m.PerWorker[e.worker.WorkerID]++
+	m.PerWorker[e.Worker().WorkerID]++
 	return nil
 }
 
-func routeKV(ctx context.Context, cl *client.Client, engines []*engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
+func routeKV(ctx context.Context, cl *client.Client, engines []*mocker.Engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
 	id := "kv-" + strconv.Itoa(i)
 	sel, err := cl.SelectAndReserve(ctx, api.SelectRequest{Prompt: api.Prompt{TokenIDs: p.TokenIDs}, ModelName: model,
 		RoutingGroup: groupKV, SelectionID: id})
@@ -447,7 +442,7 @@ func routeKV(ctx context.Context, cl *client.Client, engines []*engine, i int, p
 // the decode worker; remote prefill runs the prompt on the prefill worker,
 // then the decode worker receives the KV blocks (it caches the prompt, as
 // after a KV transfer) and decodes.
-func routePlan(ctx context.Context, cl *client.Client, engines []*engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
+func routePlan(ctx context.Context, cl *client.Client, engines []*mocker.Engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
 	id := "plan-" + strconv.Itoa(i)
 	plan, err := cl.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: p.TokenIDs}, ID: id, ModelName: model,
 		RoutingGroup: groupDisagg, Policy: &api.PlanPolicy{Kind: "isl_bounding", EffISLThreshold: 256}})
@@ -472,7 +467,7 @@ func routePlan(ctx context.Context, cl *client.Client, engines []*engine, i int,
 	return errors.Join(err, rerr)
 }
 
-func remotePrefill(ctx context.Context, cl *client.Client, engines []*engine, plan api.PlanInfo, dec *engine, p mocker.Request, m *ModeResult, cfg Config) error {
+func remotePrefill(ctx context.Context, cl *client.Client, engines []*mocker.Engine, plan api.PlanInfo, dec *mocker.Engine, p mocker.Request, m *ModeResult, cfg Config) error {
 	if plan.Prefill == nil {
 		return fmt.Errorf("plan %s: remote prefill without a prefill booking", plan.ID)
 	}
@@ -480,8 +475,8 @@ func remotePrefill(ctx context.Context, cl *client.Client, engines []*engine, pl
 	if err != nil {
 		return err
 	}
-	if pre.worker.TopologyDomains["rack"] != dec.worker.TopologyDomains["rack"] {
-		return fmt.Errorf("plan %s: prefill worker %d and decode worker %d are in different KV-transfer domains", plan.ID, pre.worker.WorkerID, dec.worker.WorkerID)
+	if pre.Worker().TopologyDomains["rack"] != dec.Worker().TopologyDomains["rack"] {
+		return fmt.Errorf("plan %s: prefill worker %d and decode worker %d are in different KV-transfer domains", plan.ID, pre.Worker().WorkerID, dec.Worker().WorkerID)
 	}
 	if err := serve(ctx, pre, mocker.Request{TokenIDs: p.TokenIDs, MaxTokens: 1}, m, cfg); err != nil {
 		return err
@@ -494,7 +489,7 @@ func remotePrefill(ctx context.Context, cl *client.Client, engines []*engine, pl
 }
 
 // caughtUp waits until the index has applied every engine's last batch.
-func caughtUp(ctx context.Context, ix *indexer.Index, engines []*engine) error {
+func caughtUp(ctx context.Context, ix *indexer.Index, engines []*mocker.Engine) error {
 	return poll(ctx, "index to catch up", func() error {
 		behind := 0
 		for _, e := range engines {
@@ -502,7 +497,7 @@ func caughtUp(ctx context.Context, ix *indexer.Index, engines []*engine) error {
 			if !ok {
 				continue
 			}
-			st, err := ix.Rank(indexer.PartitionKey{Model: model, Group: e.worker.RoutingGroup}, indexer.Rank{WorkerID: e.worker.WorkerID})
+			st, err := ix.Rank(indexer.PartitionKey{Model: model, Group: e.Worker().RoutingGroup}, indexer.Rank{WorkerID: e.Worker().WorkerID})
 			if err != nil || !st.HasSeq || st.Watermark != last {
 				behind++
 			}
@@ -516,23 +511,23 @@ func caughtUp(ctx context.Context, ix *indexer.Index, engines []*engine) error {
 
 // compare lists every difference between the index and the engines'
 // true caches.
-func compare(ix *indexer.Index, engines []*engine) []string {
+func compare(ix *indexer.Index, engines []*mocker.Engine) []string {
 	var diffs []string
 	for _, e := range engines {
 		holds := e.Holds()
-		rank := indexer.Rank{WorkerID: e.worker.WorkerID}
-		err := ix.Read(indexer.PartitionKey{Model: model, Group: e.worker.RoutingGroup}, func(t *indexer.Tree) {
+		rank := indexer.Rank{WorkerID: e.Worker().WorkerID}
+		err := ix.Read(indexer.PartitionKey{Model: model, Group: e.Worker().RoutingGroup}, func(t *indexer.Tree) {
 			if got := t.RankBlocks(rank); got != len(holds) {
-				diffs = append(diffs, fmt.Sprintf("worker %d: index holds %d blocks, engine %d", e.worker.WorkerID, got, len(holds)))
+				diffs = append(diffs, fmt.Sprintf("worker %d: index holds %d blocks, engine %d", e.Worker().WorkerID, got, len(holds)))
 			}
 			for h, n := range holds {
 				if c, ok := t.Holds(rank, h); !ok || int(c[indexer.TierDevice]) != n {
-					diffs = append(diffs, fmt.Sprintf("worker %d block %#x: index %d copies, engine %d", e.worker.WorkerID, h, c[indexer.TierDevice], n))
+					diffs = append(diffs, fmt.Sprintf("worker %d block %#x: index %d copies, engine %d", e.Worker().WorkerID, h, c[indexer.TierDevice], n))
 				}
 			}
 		})
 		if err != nil {
-			diffs = append(diffs, fmt.Sprintf("worker %d: %v", e.worker.WorkerID, err))
+			diffs = append(diffs, fmt.Sprintf("worker %d: %v", e.Worker().WorkerID, err))
 		}
 	}
 	return diffs

@@ -105,7 +105,7 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 	}
 	for _, e := range engines {
 		if seq, _ := e.LastSeq(); seq < 8 {
-			t.Fatalf("worker %d published %d batches: its replay buffer still reaches seq 0", e.worker.WorkerID, seq+1)
+			t.Fatalf("worker %d published %d batches: its replay buffer still reaches seq 0", e.Worker().WorkerID, seq+1)
 		}
 	}
 
@@ -151,7 +151,7 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 				return err
 			}
 			for _, w := range ws {
-				if w.InstanceID == crashed.worker.WorkerID {
+				if w.InstanceID == crashed.Worker().WorkerID {
 					return fmt.Errorf("worker %d still listed", w.InstanceID)
 				}
 			}
@@ -159,7 +159,7 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 		}); err != nil {
 			t.Fatal(err)
 		}
-		st, err := d.ix.Rank(indexer.PartitionKey{Model: model, Group: crashed.worker.RoutingGroup}, indexer.Rank{WorkerID: crashed.worker.WorkerID})
+		st, err := d.ix.Rank(indexer.PartitionKey{Model: model, Group: crashed.Worker().RoutingGroup}, indexer.Rank{WorkerID: crashed.Worker().WorkerID})
 		if err != nil || st.Blocks != 0 {
 			t.Fatalf("crashed worker: %d blocks still indexed (%v)", st.Blocks, err)
 		}
@@ -195,11 +195,11 @@ func e2eEtcd(t *testing.T) (context.Context, *catalog.Embedded, *catalog.EtcdSto
 
 // startE2EEngines starts one registered mock engine per config (ids 1, 2,
 // …, 256 blocks of 16 tokens unless set) and stops them at cleanup.
-func startE2EEngines(t *testing.T, ctx context.Context, store *catalog.EtcdStore, cfgs []mocker.Config) []*engine {
+func startE2EEngines(t *testing.T, ctx context.Context, store *catalog.EtcdStore, cfgs []mocker.Config) []*mocker.Engine {
 	t.Helper()
 	fl := newFleet(ctx, Config{}.Defaults(), store)
 	t.Cleanup(func() {
-		if err := fl.stop(); err != nil {
+		if err := fl.Stop(); err != nil {
 			t.Errorf("engines: %v", err)
 		}
 	})
@@ -207,16 +207,16 @@ func startE2EEngines(t *testing.T, ctx context.Context, store *catalog.EtcdStore
 		cfg.TotalBlocks = cmp.Or(cfg.TotalBlocks, 256)
 		cfg.BlockSize = cmp.Or(cfg.BlockSize, 16)
 		cfg.Worker = catalog.Worker{WorkerID: uint64(i + 1), ModelName: model, RoutingGroup: "e2e", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 19000+i)}
-		if _, err := fl.run(ctx, cfg); err != nil {
+		if _, err := fl.Start(ctx, cfg, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
-	return fl.list()
+	return fl.Engines()
 }
 
 // trafficOn returns a function serving the next n requests of a
 // deterministic workload round-robin on engines.
-func trafficOn(t *testing.T, ctx context.Context, engines []*engine) func(n int) {
+func trafficOn(t *testing.T, ctx context.Context, engines []*mocker.Engine) func(n int) {
 	prompts := Workload(Config{Requests: 600, Conversations: 12, Seed: 5})
 	next := 0
 	return func(n int) {
@@ -224,7 +224,7 @@ func trafficOn(t *testing.T, ctx context.Context, engines []*engine) func(n int)
 		for range n {
 			e := engines[next%len(engines)]
 			if _, err := e.Serve(ctx, prompts[next%len(prompts)]); err != nil {
-				t.Fatalf("request %d on worker %d: %v", next, e.worker.WorkerID, err)
+				t.Fatalf("request %d on worker %d: %v", next, e.Worker().WorkerID, err)
 			}
 			next++
 		}
@@ -233,7 +233,7 @@ func trafficOn(t *testing.T, ctx context.Context, engines []*engine) func(n int)
 
 // checkExact waits until ix has applied every engine's last batch, then
 // fails the test unless ix equals every engine's cache.
-func checkExact(t *testing.T, ctx context.Context, stage string, ix *indexer.Index, engines []*engine) {
+func checkExact(t *testing.T, ctx context.Context, stage string, ix *indexer.Index, engines []*mocker.Engine) {
 	t.Helper()
 	if err := caughtUp(ctx, ix, engines); err != nil {
 		t.Fatalf("%s: %v", stage, err)
@@ -245,18 +245,18 @@ func checkExact(t *testing.T, ctx context.Context, stage string, ix *indexer.Ind
 
 // notSubset lists every block ix holds for an engine's rank that the
 // engine does not cache (or with more copies than it has).
-func notSubset(ix *indexer.Index, engines []*engine) []string {
+func notSubset(ix *indexer.Index, engines []*mocker.Engine) []string {
 	var out []string
 	for _, e := range engines {
 		holds := e.Holds()
-		_ = ix.Read(indexer.PartitionKey{Model: model, Group: e.worker.RoutingGroup}, func(t *indexer.Tree) {
+		_ = ix.Read(indexer.PartitionKey{Model: model, Group: e.Worker().RoutingGroup}, func(t *indexer.Tree) {
 			for _, ev := range t.Dump().Events {
-				if ev.Rank.WorkerID != e.worker.WorkerID {
+				if ev.Rank.WorkerID != e.Worker().WorkerID {
 					continue
 				}
 				for _, b := range ev.Blocks {
 					if n := int(b.Counts[indexer.TierDevice]); n > holds[b.Hash] {
-						out = append(out, fmt.Sprintf("worker %d block %#x: index %d copies, engine %d", e.worker.WorkerID, b.Hash, n, holds[b.Hash]))
+						out = append(out, fmt.Sprintf("worker %d block %#x: index %d copies, engine %d", e.Worker().WorkerID, b.Hash, n, holds[b.Hash]))
 					}
 				}
 			}

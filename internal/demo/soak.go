@@ -158,15 +158,15 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 	}
 	defer store.Close()
 	fl, err := startEngines(ctx, cfg.Config, store)
-	defer fl.stop()
+	defer fl.Stop()
 	if err != nil {
 		return nil, err
 	}
-	if err := waitStreams(ctx, cl, len(fl.list())); err != nil {
+	if err := waitStreams(ctx, cl, len(fl.Engines())); err != nil {
 		return nil, err
 	}
 	fmt.Fprintf(cfg.Out, "%d mock engines; %v of load at %.0f requests/s over %d clients, fleet churn every %v, a sample every %v\n",
-		len(fl.list()), cfg.Duration, cfg.Rate, cfg.Clients, cfg.ChurnEvery, cfg.Sample)
+		len(fl.Engines()), cfg.Duration, cfg.Rate, cfg.Clients, cfg.ChurnEvery, cfg.Sample)
 
 	rep := &SoakReport{Warmup: cfg.Warmup, MaxGrowth: cfg.MaxGrowth, Failed: map[string]int64{}, Churn: map[string]int{}}
 	ld := &load{cfg: cfg, cl: cl, fleet: fl, failed: map[string]int64{}}
@@ -236,7 +236,7 @@ sampling:
 	ld.mu.Unlock()
 
 	fmt.Fprintln(cfg.Out, "load stopped; waiting for the daemon to catch up with every engine …")
-	engines := fl.list()
+	engines := fl.Engines()
 	rep.Mismatches = followed(ctx, cl, engines, cfg.ProbeInterval)
 	m, err := d.metrics(ctx)
 	if err != nil {
@@ -302,7 +302,7 @@ func flatness(samples []SoakSample, warmup time.Duration) (growth float64, slope
 // engines for which it never did. It waits up to the probe interval +
 // 15 s: when an engine's last batch was dropped, only the daemon's
 // quiet-socket probe finds it.
-func followed(ctx context.Context, cl *client.Client, engines []*engine, probe time.Duration) []string {
+func followed(ctx context.Context, cl *client.Client, engines []*mocker.Engine, probe time.Duration) []string {
 	var diffs []string
 	_ = pollFor(ctx, "index to follow every engine", probe+15*time.Second, func() error {
 		ws, err := cl.Workers(ctx, model, "")
@@ -315,16 +315,16 @@ func followed(ctx context.Context, cl *client.Client, engines []*engine, probe t
 		}
 		diffs = diffs[:0]
 		for _, e := range engines {
-			l, ok := byID[e.worker.WorkerID]
+			l, ok := byID[e.Worker().WorkerID]
 			last, published := e.LastSeq()
 			blocks := len(e.Holds())
 			switch {
 			case !ok:
-				diffs = append(diffs, fmt.Sprintf("worker %d: not listed", e.worker.WorkerID))
+				diffs = append(diffs, fmt.Sprintf("worker %d: not listed", e.Worker().WorkerID))
 			case l.Blocks != blocks:
-				diffs = append(diffs, fmt.Sprintf("worker %d: index %d blocks, engine %d (degraded %v)", e.worker.WorkerID, l.Blocks, blocks, l.Degraded))
+				diffs = append(diffs, fmt.Sprintf("worker %d: index %d blocks, engine %d (degraded %v)", e.Worker().WorkerID, l.Blocks, blocks, l.Degraded))
 			case published && (l.LastSeq == nil || *l.LastSeq != last):
-				diffs = append(diffs, fmt.Sprintf("worker %d: applied seq %v, engine published up to %d", e.worker.WorkerID, l.LastSeq, last))
+				diffs = append(diffs, fmt.Sprintf("worker %d: applied seq %v, engine published up to %d", e.Worker().WorkerID, l.LastSeq, last))
 			}
 		}
 		if len(diffs) > 0 {
@@ -408,7 +408,7 @@ func (l *load) client(ctx context.Context, c int, tokens <-chan struct{}) error 
 		p := prompts[i]
 		i++
 		n := int(l.seq.Add(1))
-		engines := l.fleet.list()
+		engines := l.fleet.Engines()
 		m := &ModeResult{PerWorker: map[uint64]int{}}
 		var err error
 		switch k := rng.IntN(4); {
@@ -454,10 +454,10 @@ func failure(err error) string {
 // churn does the n-th fleet event: restart an engine, crash one and
 // replace it by a new worker, reset one's prefix cache.
 func (l *load) churn(ctx context.Context, n int, nextID *uint64) (string, error) {
-	var pool []*engine
-	engines := l.fleet.list()
+	var pool []*mocker.Engine
+	engines := l.fleet.Engines()
 	for _, e := range engines {
-		if e.worker.Role == catalog.RoleAggregated {
+		if e.Worker().Role == catalog.RoleAggregated {
 			pool = append(pool, e)
 		}
 	}
@@ -467,9 +467,9 @@ func (l *load) churn(ctx context.Context, n int, nextID *uint64) (string, error)
 		e.Restart()
 		return "engine restarted", nil
 	case 1:
-		l.fleet.crash(e)
+		l.fleet.Crash(e)
 		*nextID++
-		_, err := l.fleet.start(ctx, engineSpec{id: *nextID, group: e.worker.RoutingGroup, role: e.worker.Role})
+		_, err := l.fleet.start(ctx, engineSpec{id: *nextID, group: e.Worker().RoutingGroup, role: e.Worker().Role})
 		return "engine crashed and replaced", err
 	default:
 		return "prefix cache reset", e.ResetPrefixCache(ctx)

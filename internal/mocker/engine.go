@@ -144,6 +144,9 @@ func sleep(ctx context.Context, d time.Duration) error {
 // Publisher returns the engine's publisher (endpoints, Seq, Stats, Stall).
 func (e *Engine) Publisher() *Publisher { return e.pub }
 
+// Worker returns the worker record the engine was configured with.
+func (e *Engine) Worker() catalog.Worker { return e.cfg.Worker }
+
 // Ready is closed once the sockets are bound, the engine accepts requests
 // and, with a Store, the worker is registered.
 func (e *Engine) Ready() <-chan struct{} { return e.ready }
