@@ -6,54 +6,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
-
-// testEngine is one engine rank for the manager's tests: a Go publisher
-// on loopback and the encoder of its batches.
-type testEngine struct {
-	t   *testing.T
-	pub *mocker.Publisher
-	enc wire.Encoder
-	blk uint64
-}
-
-func startTestEngine(t *testing.T) *testEngine {
-	t.Helper()
-	pub, err := mocker.NewPublisher(mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- pub.Run(ctx) }()
-	<-pub.Ready()
-	t.Cleanup(func() { cancel(); <-done })
-	return &testEngine{t: t, pub: pub, blk: 1}
-}
-
-// store publishes one root BlockStored of n fresh blocks (16 tokens each).
-func (e *testEngine) store(n int) {
-	e.t.Helper()
-	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU"}
-	for i := 0; i < n; i++ {
-		ev.BlockHashes = append(ev.BlockHashes, e.blk)
-		for j := 0; j < 16; j++ {
-			ev.TokenIDs = append(ev.TokenIDs, uint32(e.blk*100+uint64(j)))
-		}
-		e.blk++
-	}
-	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if _, err := e.pub.Publish(context.Background(), p); err != nil {
-		e.t.Fatal(err)
-	}
-}
 
 func startManager(t *testing.T, ix *indexer.Index) *Manager {
 	t.Helper()
@@ -80,12 +36,12 @@ func TestManagerLifecycle(t *testing.T) {
 	ix := indexer.New(indexer.Options{})
 	s := startManager(t, ix)
 	k := indexer.PartitionKey{Model: "m", Group: "default"}
-	e0, e1 := startTestEngine(t), startTestEngine(t)
-	e0.store(3)
-	e1.store(5)
+	e0, e1 := publishtest.Start(t, 0), publishtest.Start(t, 0)
+	e0.Store(3)
+	e1.Store(5)
 	w := Worker{ID: 7, Partition: k, BlockSize: 16, Sources: []Source{
-		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.pub.Endpoint(), ReplayEndpoint: e0.pub.ReplayEndpoint()},
-		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.pub.Endpoint(), ReplayEndpoint: e1.pub.ReplayEndpoint()},
+		{Rank: 0, Ranks: []uint32{0, 1}, Endpoint: e0.Pub.Endpoint(), ReplayEndpoint: e0.Pub.ReplayEndpoint()},
+		{Rank: 1, Ranks: []uint32{0, 1}, Endpoint: e1.Pub.Endpoint(), ReplayEndpoint: e1.Pub.ReplayEndpoint()},
 	}}
 	s.Set(w)
 	testsupport.Eventually(t, 20*time.Second, "both ranks indexed", func() bool {
@@ -100,9 +56,9 @@ func TestManagerLifecycle(t *testing.T) {
 	s.mu.Unlock()
 
 	// Rank 1 moves to another engine: only its stream restarts.
-	e2 := startTestEngine(t)
-	e2.store(2)
-	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.pub.Endpoint(), e2.pub.ReplayEndpoint()
+	e2 := publishtest.Start(t, 0)
+	e2.Store(2)
+	w.Sources[1].Endpoint, w.Sources[1].ReplayEndpoint = e2.Pub.Endpoint(), e2.Pub.ReplayEndpoint()
 	s.Set(w)
 	testsupport.Eventually(t, 20*time.Second, "rank 1 re-indexed from its new engine", func() bool {
 		return s.Synced() && rankBlocks(ix, k, 7, 1) == 2
@@ -117,7 +73,7 @@ func TestManagerLifecycle(t *testing.T) {
 	// A conflicting block size keeps the worker out, and says why.
 	bad := w
 	bad.ID, bad.BlockSize = 8, 32
-	bad.Sources = []Source{{Rank: 0, Endpoint: e0.pub.Endpoint()}}
+	bad.Sources = []Source{{Rank: 0, Endpoint: e0.Pub.Endpoint()}}
 	s.Set(bad)
 	testsupport.Eventually(t, 20*time.Second, "the conflict reported", func() bool {
 		for _, st := range s.Status() {

@@ -21,6 +21,7 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -92,24 +93,6 @@ func call(t *testing.T, method, url, token string, body any) (int, []byte) {
 	return resp.StatusCode, b
 }
 
-// storeTokens publishes one root BlockStored of the given tokens (block
-// size 16) and returns them.
-func (e *testEngine) storeTokens(tokens []uint32) {
-	e.t.Helper()
-	ev := wire.Event{Kind: wire.KindBlockStored, BlockSize: 16, Medium: "GPU", TokenIDs: tokens}
-	for i := 0; i < len(tokens)/16; i++ {
-		ev.BlockHashes = append(ev.BlockHashes, e.blk)
-		e.blk++
-	}
-	p, err := e.enc.AppendBatch(nil, &wire.Batch{Events: []wire.Event{ev}})
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	if e.last, err = e.pub.Publish(context.Background(), p); err != nil {
-		e.t.Fatal(err)
-	}
-}
-
 // TestDaemonRegisterQueryUnregister: the whole serve path on a real etcd:
 // POST /register writes the catalog, the watch starts the stream, the
 // engine's blocks answer POST /query, /workers shows the rank, and POST
@@ -117,13 +100,13 @@ func (e *testEngine) storeTokens(tokens []uint32) {
 func TestDaemonRegisterQueryUnregister(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "s3cret")
-	e := startTestEngine(t)
+	e := publishtest.Start(t, 0)
 	tokens := make([]uint32, 64)
 	for i := range tokens {
 		tokens[i] = uint32(1000 + i)
 	}
-	e.storeTokens(tokens)
-	reg := map[string]any{"instance_id": 42, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+	e.StoreTokens(tokens)
+	reg := map[string]any{"instance_id": 42, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 		"model_name": "meta-llama/Llama-3-8B", "block_size": 16}
 	if code, body := call(t, "POST", d.url+"/register", "", reg); code != http.StatusUnauthorized {
 		t.Fatalf("register without token: %d %s", code, body)
@@ -149,7 +132,7 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 		!bytes.Contains(body, []byte(`prefixd_index_entries{model="meta-llama/Llama-3-8B",routing_group="default"} 4`)) {
 		t.Fatalf("metrics: %d\n%s", code, body)
 	}
-	bad := map[string]any{"instance_id": 43, "endpoint": e.pub.Endpoint(), "model_name": "meta-llama/Llama-3-8B", "block_size": 32}
+	bad := map[string]any{"instance_id": 43, "endpoint": e.Pub.Endpoint(), "model_name": "meta-llama/Llama-3-8B", "block_size": 32}
 	if code, body := call(t, "POST", d.url+"/register", "s3cret", bad); code != http.StatusConflict {
 		t.Fatalf("block size conflict: %d %s", code, body)
 	}
@@ -170,14 +153,14 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 func TestDaemonLeaseExpiry(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
-	e := startTestEngine(t)
-	e.store(4)
+	e := publishtest.Start(t, 0)
+	e.Store(4)
 	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	w := catalog.Worker{WorkerID: 5, ModelName: "m", BlockSize: 16, EventsEndpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint(), DataParallelSize: 1}.WithDefaults()
+	w := catalog.Worker{WorkerID: 5, ModelName: "m", BlockSize: 16, EventsEndpoint: e.Pub.Endpoint(), ReplayEndpoint: e.Pub.ReplayEndpoint(), DataParallelSize: 1}.WithDefaults()
 	sess, err := catalog.Register(context.Background(), store, w, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
@@ -207,8 +190,8 @@ func TestDaemonLeaseExpiry(t *testing.T) {
 func TestDaemonPeerBootstrap(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	a := startDaemon(t, etcd.Endpoints(), "")
-	e := startTestEngineBuffer(t, 5)
-	reg := map[string]any{"instance_id": 1, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(), "model_name": "m", "block_size": 16}
+	e := publishtest.Start(t, 5)
+	reg := map[string]any{"instance_id": 1, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(), "model_name": "m", "block_size": 16}
 	if code, body := call(t, "POST", a.url+"/register", "", reg); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
@@ -227,7 +210,7 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 			blk[j] = uint32(i*100 + j)
 		}
 		tokens = append(tokens, blk...)
-		e.storeTokens(blk)
+		e.StoreTokens(blk)
 		testsupport.Eventually(t, 20*time.Second, fmt.Sprintf("a to apply batch %d", i), func() bool {
 			return bytes.Contains([]byte(rankLine(a)), []byte(fmt.Sprintf(`"last_seq":%d,`, i)))
 		})
@@ -413,17 +396,17 @@ func TestDataDirInUse(t *testing.T) {
 func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	a := startDaemon(t, etcd.Endpoints(), "")
-	e := startTestEngineBuffer(t, 3)
+	e := publishtest.Start(t, 3)
 	for range 8 {
-		e.store(1) // more than the 3-batch replay buffer holds
+		e.Store(1) // more than the 3-batch replay buffer holds
 	}
-	if code, body := register(t, a, map[string]any{"instance_id": 1, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+	if code, body := register(t, a, map[string]any{"instance_id": 1, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	degraded := func(d *testDaemon) (api.Listener, bool) {
 		l, ok := listener(t, d, "m", 1, 0)
-		return l, ok && l.Degraded && l.LastSeq != nil && *l.LastSeq == e.last
+		return l, ok && l.Degraded && l.LastSeq != nil && *l.LastSeq == e.Last
 	}
 	testsupport.Eventually(t, 20*time.Second, "a's rank degraded: its history was lost", func() bool { _, ok := degraded(a); return ok })
 	la, _ := degraded(a)
@@ -434,18 +417,18 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 	testsupport.Eventually(t, 20*time.Second, "b ready", func() bool { code, _ := call(t, "GET", b.url+"/ready", "", nil); return code == 200 })
 	testsupport.Eventually(t, 20*time.Second, "b's restored rank following the engine", func() bool {
 		l, ok := listener(t, b, "m", 1, 0)
-		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Status == api.StatusActive
+		return ok && l.LastSeq != nil && *l.LastSeq == e.Last && l.Status == api.StatusActive
 	})
 	if lb, ok := degraded(b); !ok || lb.DegradedReason != la.DegradedReason {
 		t.Fatalf("b restored the rank as %+v; want degraded, with a's reason %q", lb, la.DegradedReason)
 	}
 	// The engine clears its cache: both replicas lift the flag.
-	e.publishEvents(wire.Event{Kind: wire.KindAllBlocksCleared})
-	e.store(2)
+	e.Publish(wire.Event{Kind: wire.KindAllBlocksCleared})
+	e.Store(2)
 	for _, d := range []*testDaemon{a, b} {
 		testsupport.Eventually(t, 20*time.Second, "the rank exact after the engine cleared", func() bool {
 			l, ok := listener(t, d, "m", 1, 0)
-			return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.DegradedReason == "" && l.Blocks == 2
+			return ok && l.LastSeq != nil && *l.LastSeq == e.Last && !l.Degraded && l.DegradedReason == "" && l.Blocks == 2
 		})
 	}
 }

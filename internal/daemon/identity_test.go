@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -68,9 +69,9 @@ func etcdStore(t *testing.T, etcd *catalog.Embedded) *catalog.EtcdStore {
 func TestWorkerIDIsOneEngine(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
-	e := startTestEngine(t)
-	e.store(4)
-	if code, body := register(t, d, map[string]any{"instance_id": 2, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+	e := publishtest.Start(t, 0)
+	e.Store(4)
+	if code, body := register(t, d, map[string]any{"instance_id": 2, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 		"model_name": "mock-model", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
@@ -86,7 +87,7 @@ func TestWorkerIDIsOneEngine(t *testing.T) {
 	if code, body := call(t, "POST", d.url+"/unregister", "", map[string]any{"instance_id": 2, "model_name": "llama-3-8b"}); code != http.StatusNotFound {
 		t.Fatalf("unregister id 2 from the other model: %d %s", code, body)
 	}
-	e.store(1)
+	e.Store(1)
 	testsupport.Eventually(t, 20*time.Second, "worker 2 still indexed and following its engine", func() bool {
 		l, ok := listener(t, d, "mock-model", 2, 0)
 		return ok && l.Blocks == 5 && l.Status == api.StatusActive && !l.Degraded
@@ -206,13 +207,13 @@ func TestSidecarRecordIsTheSidecars(t *testing.T) {
 func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
-	e0 := startTestEngineBuffer(t, 4)
-	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e0.pub.Endpoint(), "replay_endpoint": e0.pub.ReplayEndpoint(),
+	e0 := publishtest.Start(t, 4)
+	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e0.Pub.Endpoint(), "replay_endpoint": e0.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register rank 0: %d %s", code, body)
 	}
 	for i := range 12 { // one at a time, so the 4-batch buffer always covers what the stream missed
-		e0.store(1)
+		e0.Store(1)
 		testsupport.Eventually(t, 20*time.Second, fmt.Sprintf("batch %d applied", i), func() bool {
 			l, ok := listener(t, d, "m", 1, 0)
 			return ok && l.LastSeq != nil && *l.LastSeq == uint64(i)
@@ -226,9 +227,9 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 		}
 	}
 	exact("before")
-	e1 := startTestEngine(t)
-	e1.store(3)
-	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e1.pub.Endpoint(), "replay_endpoint": e1.pub.ReplayEndpoint(),
+	e1 := publishtest.Start(t, 0)
+	e1.Store(3)
+	if code, body := register(t, d, map[string]any{"instance_id": 1, "endpoint": e1.Pub.Endpoint(), "replay_endpoint": e1.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16, "dp_rank": 1}); code != http.StatusCreated {
 		t.Fatalf("register rank 1: %d %s", code, body)
 	}
@@ -254,12 +255,12 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 func TestEmptyPartitionsGo(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
-	e := startTestEngine(t)
-	e.store(3)
+	e := publishtest.Start(t, 0)
+	e.Store(3)
 	const models = 60
 	for i := range models {
 		model := fmt.Sprintf("churn-%d", i)
-		if code, body := register(t, d, map[string]any{"instance_id": 1000 + i, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+		if code, body := register(t, d, map[string]any{"instance_id": 1000 + i, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 			"model_name": model, "block_size": 16}); code != http.StatusCreated {
 			t.Fatalf("register %s: %d %s", model, code, body)
 		}
@@ -298,18 +299,18 @@ func TestRankCapacity(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	logs, log := testlog.New(nil)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
-	e := startTestEngine(t)
-	if code, body := register(t, d, map[string]any{"instance_id": 9, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+	e := publishtest.Start(t, 0)
+	if code, body := register(t, d, map[string]any{"instance_id": 9, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16, "total_kv_blocks": 32}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	const limit = 32 + 32/8 + 64 // withMargin(32)
 	for range 20 {
-		e.store(10) // 200 blocks in all
+		e.Store(10) // 200 blocks in all
 	}
 	testsupport.Eventually(t, 20*time.Second, "the rank trimmed and degraded", func() bool {
 		l, ok := listener(t, d, "m", 9, 0)
-		return ok && l.LastSeq != nil && *l.LastSeq == e.last && l.Degraded && l.Blocks <= limit && l.Blocks > 0
+		return ok && l.LastSeq != nil && *l.LastSeq == e.Last && l.Degraded && l.Blocks <= limit && l.Blocks > 0
 	})
 	logs.Wait(t, 10*time.Second, "rank truncated: the index dropped some of its blocks (the memory cap, or more than its registered capacity); marked degraded until its engine clears", "worker=9", "rank=0")
 	_, metrics := call(t, "GET", d.url+"/metrics", "", nil)
@@ -322,11 +323,11 @@ func TestRankCapacity(t *testing.T) {
 		t.Fatal("no default index cap")
 	}
 	// The engine clears its cache: the rank is exact again.
-	e.publishEvents(wire.Event{Kind: wire.KindAllBlocksCleared})
-	e.store(2)
+	e.Publish(wire.Event{Kind: wire.KindAllBlocksCleared})
+	e.Store(2)
 	testsupport.Eventually(t, 20*time.Second, "the rank exact again", func() bool {
 		l, ok := listener(t, d, "m", 9, 0)
-		return ok && l.LastSeq != nil && *l.LastSeq == e.last && !l.Degraded && l.Blocks == 2
+		return ok && l.LastSeq != nil && *l.LastSeq == e.Last && !l.Degraded && l.Blocks == 2
 	})
 	logs.Wait(t, 10*time.Second, "rank exact again: degraded cleared", "worker=9", "rank=0")
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testlog"
 )
 
@@ -21,27 +22,27 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	logs.Wait(t, wait, "prefixd serving")
 	logs.Wait(t, wait, "catalog synced", "workers=0")
 
-	e := startTestEngine(t)
-	e.store(2)
-	if code, body := register(t, d, map[string]any{"instance_id": 7, "endpoint": e.pub.Endpoint(), "replay_endpoint": e.pub.ReplayEndpoint(),
+	e := publishtest.Start(t, 0)
+	e.Store(2)
+	if code, body := register(t, d, map[string]any{"instance_id": 7, "endpoint": e.Pub.Endpoint(), "replay_endpoint": e.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}
 	logs.Wait(t, wait, "worker joined", "worker=7", "model=m", "group=default", "role=aggregated", "ranks=[0]", "registration=persistent")
-	logs.Wait(t, wait, "stream connected", "worker=7", "rank=0", "endpoint="+e.pub.Endpoint())
+	logs.Wait(t, wait, "stream connected", "worker=7", "rank=0", "endpoint="+e.Pub.Endpoint())
 	logs.Wait(t, wait, "replay started", "worker=7", "rank=0", "reason=join", "from=0")
 	logs.Wait(t, wait, "replay complete", "worker=7", "rank=0", "reason=join", "applied_seq=0")
 
-	e.pub.Restart()
-	e.store(1)
+	e.Pub.Restart()
+	e.Store(1)
 	logs.Wait(t, wait, "engine restarted: a new incarnation; rank reset, replaying it", "worker=7", "rank=0")
 
 	// An engine whose replay buffer no longer holds its first batches.
-	old := startTestEngineBuffer(t, 2)
+	old := publishtest.Start(t, 2)
 	for range 6 {
-		old.store(1)
+		old.Store(1)
 	}
-	if code, body := register(t, d, map[string]any{"instance_id": 8, "endpoint": old.pub.Endpoint(), "replay_endpoint": old.pub.ReplayEndpoint(),
+	if code, body := register(t, d, map[string]any{"instance_id": 8, "endpoint": old.Pub.Endpoint(), "replay_endpoint": old.Pub.ReplayEndpoint(),
 		"model_name": "m", "block_size": 16}); code != http.StatusCreated {
 		t.Fatalf("register: %d %s", code, body)
 	}

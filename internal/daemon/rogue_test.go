@@ -16,6 +16,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -135,10 +136,10 @@ func TestRogueEngines(t *testing.T) {
 		c.Subscriber.Limits = zmtp.Limits{HandshakeTimeout: time.Second}
 		c.Subscriber.Cursor.MaxAttempts = 2
 	})
-	good := startTestEngine(t)
-	good.store(4)
-	half := startTestEngine(t) // a real PUB whose replay endpoint is hostile
-	half.store(2)
+	good := publishtest.Start(t, 0)
+	good.Store(4)
+	half := publishtest.Start(t, 0) // a real PUB whose replay endpoint is hostile
+	half.Store(2)
 	rogues := map[uint64]*rogue{
 		2: startRogue(t, claims("PUB", 1<<62)),
 		3: startRogue(t, claims("ROUTER", 1<<62)),
@@ -157,8 +158,8 @@ func TestRogueEngines(t *testing.T) {
 			t.Fatalf("register %d: %d %s", id, code, b)
 		}
 	}
-	reg(1, good.pub.Endpoint(), good.pub.ReplayEndpoint())
-	reg(3, half.pub.Endpoint(), rogues[3].endpoint())
+	reg(1, good.Pub.Endpoint(), good.Pub.ReplayEndpoint())
+	reg(3, half.Pub.Endpoint(), rogues[3].endpoint())
 	for _, id := range []uint64{2, 4, 5, 6, 7} {
 		reg(id, rogues[id].endpoint(), "")
 	}
@@ -169,9 +170,9 @@ func TestRogueEngines(t *testing.T) {
 	}
 	// A worker registered now is indexed at once: the stuck ones hold
 	// nothing up.
-	late := startTestEngine(t)
-	late.store(3)
-	reg(8, late.pub.Endpoint(), late.pub.ReplayEndpoint())
+	late := publishtest.Start(t, 0)
+	late.Store(3)
+	reg(8, late.Pub.Endpoint(), late.Pub.ReplayEndpoint())
 	testsupport.Eventually(t, 10*time.Second, "the late worker indexed", func() bool {
 		l, ok := listener(t, d, "m", 8, 0)
 		return ok && l.Blocks == 3 && l.Status == api.StatusActive

@@ -20,16 +20,19 @@ func Forbidden(t testing.TB, pkg string) { check(t, pkg, Offends, "must not impo
 // NoTestSupport fails t if the package pkg transitively imports test
 // support (see TestSupport): what ships in the binary must not carry
 // fakes, test harnesses or package testing.
-func NoTestSupport(t testing.TB, pkg string) { check(t, pkg, TestSupport, "must not ship test support:") }
+func NoTestSupport(t testing.TB, pkg string) {
+	check(t, pkg, TestSupport, "must not ship test support:")
+}
 
 // TestSupport reports whether path is test support: package testing, and
 // prefixd's test-support packages (catalog/storetest, internal/testsupport,
-// internal/pypub, internal/testlog).
+// internal/pypub, internal/testlog, internal/mocker/publishtest,
+// events/wire/wiretest).
 func TestSupport(path string) bool {
 	if path == "testing" {
 		return true
 	}
-	for _, p := range []string{"catalog/storetest", "internal/testsupport", "internal/pypub", "internal/testlog"} {
+	for _, p := range []string{"catalog/storetest", "internal/testsupport", "internal/pypub", "internal/testlog", "internal/mocker/publishtest", "events/wire/wiretest"} {
 		if path == "github.com/prefixd/prefixd/"+p {
 			return true
 		}
