@@ -145,6 +145,17 @@ def wire_hash(h, mode):
     return b"\x00" * 24 + h.to_bytes(8, "big")
 
 
+def wire_field(tag, name, v, hash_mode):
+    """A field's value as it goes on the wire: hashes in hash_mode."""
+    if name == "block_hashes":
+        if not isinstance(v, list):
+            raise EncodeError("%s: block_hashes must be a list" % tag)
+        return [wire_hash(h, hash_mode) for h in v]
+    if name == "parent_block_hash" and v is not None:
+        return wire_hash(v, hash_mode)
+    return v
+
+
 def event_fields(ev, era, hash_mode):
     """Returns (tag, [(name, value)...]) with every declared field present."""
     if not isinstance(ev, dict):
@@ -165,14 +176,7 @@ def event_fields(ev, era, hash_mode):
     for name in required + optional:
         if name not in ev and name in required and name not in NULLABLE:
             raise EncodeError("%s: missing %s" % (tag, name))
-        v = ev.get(name)
-        if name == "block_hashes":
-            if not isinstance(v, list):
-                raise EncodeError("%s: block_hashes must be a list" % tag)
-            v = [wire_hash(h, hash_mode) for h in v]
-        elif name == "parent_block_hash" and v is not None:
-            v = wire_hash(v, hash_mode)
-        fields.append((name, v))
+        fields.append((name, wire_field(tag, name, ev.get(name), hash_mode)))
     return tag, fields, len(required)
 
 
@@ -223,14 +227,7 @@ def encode_event_sglang(ev, hash_mode):
     for name in fields:
         if name not in ev and name not in NULLABLE:
             raise EncodeError("%s: missing %s" % (tag, name))
-        v = ev.get(name)
-        if name == "block_hashes":
-            if not isinstance(v, list):
-                raise EncodeError("%s: block_hashes must be a list" % tag)
-            v = [wire_hash(h, hash_mode) for h in v]
-        elif name == "parent_block_hash" and v is not None:
-            v = wire_hash(v, hash_mode)
-        out.append(v)
+        out.append(wire_field(tag, name, ev.get(name), hash_mode))
     meta = {k: ev[k] for k in SGLANG_METADATA if ev.get(k) is not None}
     if meta:
         out.append(meta)
