@@ -172,6 +172,18 @@ func (l *lexer) syntax(field, format string, args ...any) *httpError {
 	return badRequest(field, "invalid JSON at offset %d: %s", l.pos, fmt.Sprintf(format, args...))
 }
 
+// end returns err, or a syntax error if anything but whitespace follows
+// the value read (an UnmarshalJSON method is given exactly one value, so
+// this only guards direct calls).
+func (l *lexer) end(field string, err error) error {
+	if err == nil {
+		if l.ws(); l.pos != len(l.data) {
+			return l.syntax(field, "data after the value")
+		}
+	}
+	return err
+}
+
 // kind names the JSON value that starts with c, or "" if none does.
 func kind(c byte) string {
 	switch {

@@ -13,7 +13,7 @@ import (
 
 // QueryRequest is the body of POST /query. Unknown fields are ignored.
 type QueryRequest struct {
-	TokenIDs     []uint32 `json:"token_ids"`               // required; each in [0, 2^32-1]
+	TokenIDs     TokenIDs `json:"token_ids"`               // required; each in [0, 2^32-1]
 	ModelName    string   `json:"model_name"`              // required
 	RoutingGroup string   `json:"routing_group,omitempty"` // absent, null or "" → DefaultRoutingGroup
 	// LoraName and CacheSalt salt the block hashes (indexer.Seed), so

@@ -1,11 +1,9 @@
 package api
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 
 	"github.com/prefixd/prefixd/coordinator"
@@ -51,7 +49,7 @@ var ErrOverloaded = errors.New("overloaded")
 // Prompt is the prompt of a selection request: token ids, or local block
 // hashes.
 type Prompt struct {
-	TokenIDs  []uint32 `json:"token_ids"`
+	TokenIDs  TokenIDs `json:"token_ids"`
 	LoraName  string   `json:"lora_name,omitempty"`
 	CacheSalt string   `json:"cache_salt,omitempty"`
 	// BlockHashes give the prompt as local block hashes instead of
@@ -62,29 +60,41 @@ type Prompt struct {
 	ISLTokens   int      `json:"isl_tokens,omitempty"`
 }
 
+// TokenIDs are a prompt's token ids: on the wire a JSON array of integers
+// in [0, 2^32−1]. UnmarshalJSON reads them with the package's lexer (no
+// []any or float64 per element) and stops at DefaultMaxTokens (413).
+type TokenIDs []uint32
+
+// UnmarshalJSON implements json.Unmarshaler; null is nil. Errors name the
+// element ("token_ids[3]: -1 is out of range …").
+func (t *TokenIDs) UnmarshalJSON(b []byte) error {
+	l := lexer{data: b}
+	if isNull, err := l.null(); isNull || err != nil {
+		*t = nil
+		return err
+	}
+	v, err := l.tokens("token_ids", nil, DefaultMaxTokens)
+	*t = v
+	return l.end("token_ids", err)
+}
+
 // HashList decodes JSON integers as uint64 hashes: signed int64 values are
 // reinterpreted (Dynamo's convention), unsigned values up to 2^64−1 are
-// taken as they are.
+// taken as they are. UnmarshalJSON reads them with the package's lexer, as
+// /query_by_hash does, and stops at DefaultMaxBlockHashes (413).
 type HashList []uint64
 
-// UnmarshalJSON implements json.Unmarshaler.
+// UnmarshalJSON implements json.Unmarshaler; null is nil. Errors name the
+// element ("block_hashes[1]: … is out of range [-2^63, 2^64-1]").
 func (h *HashList) UnmarshalJSON(b []byte) error {
-	var raw []json.Number
-	if err := json.Unmarshal(b, &raw); err != nil {
-		return fmt.Errorf("expected an array of integers")
+	l := lexer{data: b}
+	if isNull, err := l.null(); isNull || err != nil {
+		*h = nil
+		return err
 	}
-	out := make(HashList, len(raw))
-	for i, n := range raw {
-		if u, err := strconv.ParseUint(n.String(), 10, 64); err == nil {
-			out[i] = u
-		} else if v, err := strconv.ParseInt(n.String(), 10, 64); err == nil {
-			out[i] = uint64(v)
-		} else {
-			return fmt.Errorf("element %d: %s is not a 64-bit integer", i, n)
-		}
-	}
-	*h = out
-	return nil
+	v, err := l.hashes("block_hashes", nil, DefaultMaxBlockHashes)
+	*h = v
+	return l.end("block_hashes", err)
 }
 
 // WorkerRef names one (worker id, dp rank).
