@@ -8,8 +8,11 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
 	"sync/atomic"
+	"unicode"
 )
 
 // Request bodies are read by lexer, a strict JSON reader over the whole body
@@ -685,4 +688,115 @@ func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error)
 		return err
 	})
 	return out, err
+}
+
+// decodeJSON decodes a cold request body (/register, /unregister, the
+// selection and plan routes) into v with encoding/json, v's JSON tags being
+// the wire; only the hot arrays (TokenIDs, HashList) and the bounded lists
+// read themselves with the lexer, in their UnmarshalJSON. A first pass of
+// the lexer checks the syntax, so syntax errors read as on /query ("body:
+// invalid JSON at offset N: …", or the field whose value is malformed),
+// and returns the top-level keys given a value other than null: the
+// required-field checks that follow decoding use it. Keys match exactly in
+// that pass; encoding/json matches them regardless of case.
+func decodeJSON(body []byte, v any) (have map[string]bool, err error) {
+	have = map[string]bool{}
+	l := &lexer{data: body}
+	if err := l.document(func(key string) error {
+		if c := l.peek(); c != 'n' {
+			have[key] = true
+		}
+		return l.skip(clip(key, maxEcho), 1)
+	}); err != nil {
+		return have, err
+	}
+	return have, jsonError(json.Unmarshal(body, v))
+}
+
+// jsonError maps an encoding/json error to "<field>: <problem>", worded as
+// the lexer words it. Errors of UnmarshalJSON methods (*httpError) pass
+// through.
+func jsonError(err error) error {
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case err == nil:
+		return nil
+	case errors.As(err, &te):
+		return typeError(te)
+	case errors.As(err, &se):
+		return badRequest("body", "invalid JSON at offset %d: %s", se.Offset, se)
+	}
+	var he *httpError
+	if errors.As(err, &he) {
+		return he
+	}
+	return badRequest("body", "%s", clip(err.Error(), maxEcho))
+}
+
+// typeError words a value of the wrong type, or a number out of its
+// field's range.
+func typeError(e *json.UnmarshalTypeError) *httpError {
+	// e.Field is the path of wire names, with the Go names of embedded
+	// structs (Prompt, Extensions, …) among them: wire names are lower case.
+	var parts []string
+	for p := range strings.SplitSeq(e.Field, ".") {
+		if p != "" && !unicode.IsUpper(rune(p[0])) {
+			parts = append(parts, p)
+		}
+	}
+	field := strings.Join(parts, ".")
+	if field == "" {
+		field = "body"
+	}
+	t := e.Type
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	if lit, ok := strings.CutPrefix(e.Value, "number "); ok {
+		lit = clip(lit, maxEcho)
+		switch {
+		case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
+			return badRequest(field, "%s is out of range", lit)
+		case strings.ContainsAny(lit, ".eE"):
+			return badRequest(field, "%s is not an integer", lit)
+		case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr:
+			hi, ok := fieldMax[field]
+			if !ok {
+				hi = uint64(1)<<(t.Bits()-1)*2 - 1
+			}
+			return badRequest(field, "%s is out of range [0, %d]", lit, hi)
+		case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
+			return badRequest(field, "%s is out of range [%d, %d]", lit, -int64(1)<<(t.Bits()-1), int64(1)<<(t.Bits()-1)-1)
+		}
+	}
+	got := map[string]string{"string": "a string", "number": "a number", "array": "an array", "object": "an object", "bool": "a boolean"}[e.Value]
+	if got == "" {
+		got = clip(e.Value, maxEcho)
+	}
+	return badRequest(field, "must be %s, got %s", wantKind(t), got)
+}
+
+// fieldMax holds the bounds of unsigned fields below their Go type's
+// maximum, which decoding checks after the value is read (a value beyond
+// the type's range is worded with the field's bound too).
+var fieldMax = map[string]uint64{"data_parallel_size": MaxDataParallelSize}
+
+// wantKind names the JSON value a Go type decodes from.
+func wantKind(t reflect.Type) string {
+	switch t.Kind() {
+	case reflect.String:
+		return "a string"
+	case reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64, reflect.Uintptr:
+		return "a non-negative integer"
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		return "an integer"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Slice, reflect.Array:
+		return "an array"
+	}
+	return "an object"
 }

@@ -122,9 +122,9 @@ type Extensions struct {
 	KVTransferEnforcement     string  `json:"kv_transfer_enforcement,omitempty"`
 	KVTransferPreferredWeight float64 `json:"kv_transfer_preferred_weight,omitempty"`
 	// TopologyDomains are labels such as {"zone": "a", "rack": "r7"}.
-	TopologyDomains map[string]string `json:"topology_domains,omitempty"`
+	TopologyDomains Labels `json:"topology_domains,omitempty"`
 	// Taints exclude the worker from requests that do not tolerate them.
-	Taints []string `json:"taints,omitempty"`
+	Taints TaintList `json:"taints,omitempty"`
 }
 
 // UnregisterRequest is the body of POST /unregister.
@@ -350,56 +350,33 @@ func (h *handler) fillWorker(wi *WorkerInfo) {
 	}
 }
 
-// decodeRegister reads and validates a /register body.
+// decodeRegister reads and validates a /register body. additional_salt
+// (alias additionalsalt) and tenant_id must be strings or null, and are
+// ignored, as Dynamo does.
 func decodeRegister(body []byte) (RegisterRequest, error) {
 	var req RegisterRequest
-	var have struct{ id, endpoint, model, bs bool }
-	l := &lexer{data: body}
-	err := l.document(func(key string) error {
-		var err error
-		switch key {
-		case "instance_id":
-			req.InstanceID, err = l.uint(key, math.MaxUint64)
-			have.id = true
-		case "endpoint":
-			req.Endpoint, err = l.string(key, false)
-			have.endpoint = true
-		case "model_name":
-			req.ModelName, err = l.string(key, false)
-			have.model = true
-		case "block_size":
-			var v uint64
-			v, err = l.uint(key, math.MaxUint32)
-			req.BlockSize, have.bs = uint32(v), true
-		case "routing_group":
-			req.RoutingGroup, err = l.string(key, true)
-		case "dp_rank":
-			var v uint64
-			v, err = l.uint(key, math.MaxUint32)
-			req.DPRank = uint32(v)
-		case "replay_endpoint":
-			req.ReplayEndpoint, err = l.string(key, true)
-		case "additional_salt", "additionalsalt", "tenant_id":
-			_, err = l.string(key, true) // accepted and ignored, as Dynamo does
-		default:
-			return l.extension(key, &req.Extensions)
-		}
-		return err
-	})
+	have, err := decodeJSON(body, &struct {
+		*RegisterRequest
+		AdditionalSalt      *string `json:"additional_salt"`
+		AdditionalSaltAlias *string `json:"additionalsalt"`
+		TenantID            *string `json:"tenant_id"`
+	}{RegisterRequest: &req})
 	if err != nil {
 		return req, err
 	}
 	switch {
-	case !have.id:
+	case !have["instance_id"]:
 		return req, badRequest("instance_id", "required")
-	case !have.endpoint || req.Endpoint == "":
+	case req.Endpoint == "":
 		return req, badRequest("endpoint", "required")
-	case !have.model || req.ModelName == "":
+	case req.ModelName == "":
 		return req, badRequest("model_name", "required")
-	case !have.bs:
+	case !have["block_size"]:
 		return req, badRequest("block_size", "required")
 	case req.BlockSize == 0:
 		return req, badRequest("block_size", "must be positive")
+	case req.DataParallelSize > MaxDataParallelSize:
+		return req, badRequest("data_parallel_size", "%d is out of range [0, %d]", req.DataParallelSize, MaxDataParallelSize)
 	}
 	if last := uint64(req.DPRank) + uint64(max(req.DataParallelSize, 1)) - 1; last > math.MaxUint32 {
 		return req, badRequest("data_parallel_size", "%d ranks from dp_rank %d run past the last dp rank, %d", max(req.DataParallelSize, 1), req.DPRank, uint32(math.MaxUint32))
@@ -418,45 +395,28 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 	return req, nil
 }
 
-// extension decodes one Extensions field, or skips an unknown key.
-func (l *lexer) extension(key string, x *Extensions) error {
-	var err error
-	switch key {
-	case "role":
-		x.Role, err = l.string(key, true)
-	case "topic":
-		x.Topic, err = l.string(key, true)
-	case "data_parallel_size":
-		var v uint64
-		v, err = l.uint(key, MaxDataParallelSize)
-		x.DataParallelSize = uint32(v)
-	case "total_kv_blocks":
-		x.TotalKVBlocks, err = l.uint(key, math.MaxUint64)
-	case "host_kv_blocks":
-		x.HostKVBlocks, err = l.uint(key, math.MaxUint64)
-	case "disk_kv_blocks":
-		x.DiskKVBlocks, err = l.uint(key, math.MaxUint64)
-	case "max_num_batched_tokens":
-		x.MaxNumBatchedTokens, err = l.uint(key, math.MaxUint64)
-	case "engine_endpoint":
-		x.EngineEndpoint, err = l.string(key, true)
-	case "kv_transfer_domain":
-		x.KVTransferDomain, err = l.string(key, true)
-	case "kv_transfer_enforcement":
-		x.KVTransferEnforcement, err = l.string(key, true)
-	case "kv_transfer_preferred_weight":
-		var isNull bool
-		if isNull, err = l.null(); !isNull && err == nil {
-			x.KVTransferPreferredWeight, err = l.float(key)
-		}
-	case "topology_domains":
-		x.TopologyDomains, err = l.stringMap(key, MaxTaints)
-	case "taints":
-		x.Taints, err = l.strings(key, MaxTaints, 0)
-	default:
-		err = l.skip(clip(key, maxEcho), 1) // unknown: tolerated for forward compatibility
-	}
-	return err
+// TaintList is a worker's taints: at most MaxTaints strings, counted
+// before they are allocated (413 beyond). null is nil.
+type TaintList []string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (t *TaintList) UnmarshalJSON(b []byte) error {
+	l := lexer{data: b}
+	v, err := l.strings("taints", MaxTaints, 0)
+	*t = v
+	return l.end("taints", err)
+}
+
+// Labels are a worker's topology domains: at most MaxTaints string
+// values, counted before they are allocated (413 beyond). null is nil.
+type Labels map[string]string
+
+// UnmarshalJSON implements json.Unmarshaler.
+func (m *Labels) UnmarshalJSON(b []byte) error {
+	l := lexer{data: b}
+	v, err := l.stringMap("topology_domains", MaxTaints)
+	*m = v
+	return l.end("topology_domains", err)
 }
 
 // checkEndpoint accepts the ZMQ endpoints an indexer can connect to:
@@ -496,38 +456,13 @@ func checkEndpoint(field, ep string) error {
 // decodeUnregister reads and validates an /unregister body.
 func decodeUnregister(body []byte) (UnregisterRequest, error) {
 	var req UnregisterRequest
-	var have struct{ id, model bool }
-	l := &lexer{data: body}
-	err := l.document(func(key string) error {
-		var err error
-		switch key {
-		case "instance_id":
-			req.InstanceID, err = l.uint(key, math.MaxUint64)
-			have.id = true
-		case "model_name":
-			req.ModelName, err = l.string(key, false)
-			have.model = true
-		case "routing_group":
-			req.RoutingGroup, err = l.string(key, true)
-		case "dp_rank":
-			var isNull bool
-			if isNull, err = l.null(); !isNull && err == nil {
-				var v uint64
-				v, err = l.uint(key, math.MaxUint32)
-				rank := uint32(v)
-				req.DPRank = &rank
-			}
-		default:
-			err = l.skip(clip(key, maxEcho), 1) // tenant_id and unknown fields
-		}
-		return err
-	})
+	have, err := decodeJSON(body, &req)
 	switch {
 	case err != nil:
 		return req, err
-	case !have.id:
+	case !have["instance_id"]:
 		return req, badRequest("instance_id", "required")
-	case !have.model || req.ModelName == "":
+	case req.ModelName == "":
 		return req, badRequest("model_name", "required")
 	}
 	if req.RoutingGroup == "" {
