@@ -59,11 +59,14 @@ type Config struct {
 	MaxBodyBytes int
 	// MaxTokens limits token_ids per request (413 beyond) and the
 	// isl_tokens a prompt of block hashes may claim (400 beyond); 0 means
-	// DefaultMaxTokens.
+	// DefaultMaxTokens. On the selection routes token_ids never go beyond
+	// DefaultMaxTokens (TokenIDs.UnmarshalJSON stops there, before it
+	// allocates more); a larger MaxTokens raises only /query's bound.
 	MaxTokens int
 	// MaxBlockHashes limits block_hashes per request, /query_by_hash
 	// and the selection routes alike (413 beyond); 0 means
-	// DefaultMaxBlockHashes.
+	// DefaultMaxBlockHashes. As for MaxTokens, the selection routes never
+	// go beyond DefaultMaxBlockHashes.
 	MaxBlockHashes int
 	// MaxInflightBodyBytes bounds the bytes of request bodies that all
 	// requests in flight hold together, counted as they arrive: a body

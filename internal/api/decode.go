@@ -15,16 +15,25 @@ import (
 	"unicode"
 )
 
-// Request bodies are read by lexer, a strict JSON reader over the whole body
-// held in memory (bounded by Config.MaxBodyBytes). It exists for two
-// reasons. encoding/json takes about 810 µs to decode an 8,192-token /query
-// body (50 KB) into QueryRequest on the benchmark machine, two orders of
-// magnitude more than hashing and matching the prompt; lexer takes 91 µs
+// The hot request bodies, /query and /query_by_hash, are read by lexer, a
+// strict JSON reader over the whole body held in memory (bounded by
+// Config.MaxBodyBytes). encoding/json takes about 860 µs to decode an
+// 8,192-token /query body (50 KB) into a []uint32 on the benchmark machine,
+// two orders of magnitude more than hashing and matching the prompt, and
+// still about 520 µs with TokenIDs reading the array (its scanner reads the
+// body twice before any UnmarshalJSON runs); lexer takes about 67 µs
 // (BenchmarkDecodeQuery8K), reading the body once and appending token ids
 // straight into a reused []uint32, never through []any, float64 or
-// json.Number. And every error it returns names the field concerned
+// json.Number. Every error it returns names the field concerned
 // ("token_ids[3]: -1 is out of range …"), with the byte offset for syntax
 // errors.
+//
+// The cold bodies (/register, /unregister, the selection and plan routes)
+// are decoded by encoding/json into the API types (decodeJSON); only their
+// token and hash arrays (TokenIDs, HashList) and the bounded lists
+// (WorkerIDs, RequiredTaints, TaintWeights, TaintList, Labels) read
+// themselves with lexer, in their UnmarshalJSON, so that counts are
+// checked before anything is allocated.
 //
 // lexer accepts exactly the documents encoding/json accepts (FuzzLexer
 // checks this against json.Valid and json.Unmarshal), except that nesting
@@ -698,8 +707,11 @@ func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error)
 // invalid JSON at offset N: …", or the field whose value is malformed),
 // and returns the top-level keys given a value other than null: the
 // required-field checks that follow decoding use it. Keys match exactly in
-// that pass; encoding/json matches them regardless of case.
-func decodeJSON(body []byte, v any) (have map[string]bool, err error) {
+// that pass; encoding/json matches them regardless of case. bounds gives
+// the range [0, bound] of the integer fields checked after decoding
+// (data_parallel_size, isl_tokens), for the wording of a value beyond
+// their Go type's range.
+func decodeJSON(body []byte, v any, bounds map[string]uint64) (have map[string]bool, err error) {
 	have = map[string]bool{}
 	l := &lexer{data: body}
 	if err := l.document(func(key string) error {
@@ -710,20 +722,20 @@ func decodeJSON(body []byte, v any) (have map[string]bool, err error) {
 	}); err != nil {
 		return have, err
 	}
-	return have, jsonError(json.Unmarshal(body, v))
+	return have, jsonError(json.Unmarshal(body, v), bounds)
 }
 
 // jsonError maps an encoding/json error to "<field>: <problem>", worded as
 // the lexer words it. Errors of UnmarshalJSON methods (*httpError) pass
 // through.
-func jsonError(err error) error {
+func jsonError(err error, bounds map[string]uint64) error {
 	var te *json.UnmarshalTypeError
 	var se *json.SyntaxError
 	switch {
 	case err == nil:
 		return nil
 	case errors.As(err, &te):
-		return typeError(te)
+		return typeError(te, bounds)
 	case errors.As(err, &se):
 		return badRequest("body", "invalid JSON at offset %d: %s", se.Offset, se)
 	}
@@ -735,8 +747,8 @@ func jsonError(err error) error {
 }
 
 // typeError words a value of the wrong type, or a number out of its
-// field's range.
-func typeError(e *json.UnmarshalTypeError) *httpError {
+// field's range (bounds, or its type's).
+func typeError(e *json.UnmarshalTypeError, bounds map[string]uint64) *httpError {
 	// e.Field is the path of wire names, with the Go names of embedded
 	// structs (Prompt, Extensions, …) among them: wire names are lower case.
 	var parts []string
@@ -753,6 +765,7 @@ func typeError(e *json.UnmarshalTypeError) *httpError {
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
 	}
+	bound, bounded := bounds[field]
 	if lit, ok := strings.CutPrefix(e.Value, "number "); ok {
 		lit = clip(lit, maxEcho)
 		switch {
@@ -760,12 +773,10 @@ func typeError(e *json.UnmarshalTypeError) *httpError {
 			return badRequest(field, "%s is out of range", lit)
 		case strings.ContainsAny(lit, ".eE"):
 			return badRequest(field, "%s is not an integer", lit)
+		case bounded:
+			return badRequest(field, "%s is out of range [0, %d]", lit, bound)
 		case t.Kind() >= reflect.Uint && t.Kind() <= reflect.Uintptr:
-			hi, ok := fieldMax[field]
-			if !ok {
-				hi = uint64(1)<<(t.Bits()-1)*2 - 1
-			}
-			return badRequest(field, "%s is out of range [0, %d]", lit, hi)
+			return badRequest(field, "%s is out of range [0, %d]", lit, uint64(1)<<(t.Bits()-1)*2-1)
 		case t.Kind() >= reflect.Int && t.Kind() <= reflect.Int64:
 			return badRequest(field, "%s is out of range [%d, %d]", lit, -int64(1)<<(t.Bits()-1), int64(1)<<(t.Bits()-1)-1)
 		}
@@ -774,13 +785,12 @@ func typeError(e *json.UnmarshalTypeError) *httpError {
 	if got == "" {
 		got = clip(e.Value, maxEcho)
 	}
-	return badRequest(field, "must be %s, got %s", wantKind(t), got)
+	want := wantKind(t)
+	if bounded {
+		want = "a non-negative integer"
+	}
+	return badRequest(field, "must be %s, got %s", want, got)
 }
-
-// fieldMax holds the bounds of unsigned fields below their Go type's
-// maximum, which decoding checks after the value is read (a value beyond
-// the type's range is worded with the field's bound too).
-var fieldMax = map[string]uint64{"data_parallel_size": MaxDataParallelSize}
 
 // wantKind names the JSON value a Go type decodes from.
 func wantKind(t reflect.Type) string {

@@ -345,17 +345,17 @@ func FuzzLexer(f *testing.F) {
 		// (encoding/json matches keys case-insensitively and merges
 		// repeated objects).
 		if plainKeys(data) {
-			sel := func() *selDecoder {
-				return &selDecoder{lexer: lexer{data: data}, maxTokens: 1 << 20, maxHashes: 1 << 20}
+			var sel SelectRequest
+			if _, err := decodeJSON(data, &sel, nil); err == nil {
+				sameAsJSON(t, data, normalPrompt(sel, &sel.Prompt), &SelectRequest{}, func(v *SelectRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
-			if got, err := sel().decodeSelect(); err == nil {
-				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &SelectRequest{}, func(v *SelectRequest) any { return normalPrompt(*v, &v.Prompt) })
+			var res ReserveRequest
+			if _, err := decodeJSON(data, &res, nil); err == nil {
+				sameAsJSON(t, data, normalPrompt(res, &res.Prompt), &ReserveRequest{}, func(v *ReserveRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
-			if got, err := sel().decodeReserve(); err == nil {
-				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &ReserveRequest{}, func(v *ReserveRequest) any { return normalPrompt(*v, &v.Prompt) })
-			}
-			if got, err := sel().decodePlan(); err == nil {
-				sameAsJSON(t, data, normalPrompt(got, &got.Prompt), &PlanRequest{}, func(v *PlanRequest) any { return normalPrompt(*v, &v.Prompt) })
+			var plan PlanRequest
+			if _, err := decodeJSON(data, &plan, nil); err == nil {
+				sameAsJSON(t, data, normalPrompt(plan, &plan.Prompt), &PlanRequest{}, func(v *PlanRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 		}
 		if req, err := decodeRegister(data); err == nil {

@@ -105,8 +105,8 @@ type WorkerRef struct {
 
 // RoutingConstraints are a request's required and preferred taints.
 type RoutingConstraints struct {
-	RequiredTaints  []string           `json:"required_taints,omitempty"`
-	PreferredTaints map[string]float64 `json:"preferred_taints,omitempty"`
+	RequiredTaints  RequiredTaints `json:"required_taints,omitempty"`
+	PreferredTaints TaintWeights   `json:"preferred_taints,omitempty"`
 }
 
 // SelectRequest is the body of POST /select and /select_and_reserve.
@@ -120,7 +120,7 @@ type SelectRequest struct {
 	// /select only echoes it.
 	SelectionID        string              `json:"selection_id,omitempty"`
 	PinnedWorker       *WorkerRef          `json:"pinned_worker,omitempty"`
-	AllowedWorkerIDs   []uint64            `json:"allowed_worker_ids,omitempty"`
+	AllowedWorkerIDs   WorkerIDs           `json:"allowed_worker_ids,omitempty"`
 	RoutingConstraints *RoutingConstraints `json:"routing_constraints,omitempty"`
 	// Temperature overrides the configured selection temperature when set.
 	Temperature *float64 `json:"router_temperature,omitempty"`
@@ -185,7 +185,7 @@ type PlanRequest struct {
 	Policy              *PlanPolicy         `json:"policy,omitempty"`
 	PrefillFailure      string              `json:"prefill_failure,omitempty"` // "free_decode" or "bypass_on_decode"
 	PinnedPrefillWorker *WorkerRef          `json:"pinned_prefill_worker,omitempty"`
-	AllowedWorkerIDs    []uint64            `json:"allowed_worker_ids,omitempty"`
+	AllowedWorkerIDs    WorkerIDs           `json:"allowed_worker_ids,omitempty"`
 	RoutingConstraints  *RoutingConstraints `json:"routing_constraints,omitempty"`
 }
 
@@ -268,18 +268,23 @@ func selectionError(err error) error {
 	return workersError(err)
 }
 
-// decodeBody reads r's body and decodes it with decode, which must not
-// keep the body (the scratch buffer holding it is reused once decodeBody
-// returns). Errors name the field at fault.
-func decodeBody[T any](h *handler, w http.ResponseWriter, r *http.Request, decode func(*selDecoder) (T, error)) (T, error) {
+// decodeBody reads r's body and decodes it into a T (decodeJSON), whose
+// Prompt prompt returns for promptBounds. Errors name the field at fault.
+func decodeBody[T any](h *handler, w http.ResponseWriter, r *http.Request, prompt func(*T) *Prompt) (T, error) {
+	var req T
 	s := h.getScratch()
 	defer h.putScratch(s)
 	body, herr := h.readBody(w, r, s)
 	if herr != nil {
-		var zero T
-		return zero, herr
+		return req, herr
 	}
-	return decode(h.selDecoder(body))
+	if _, err := decodeJSON(body, &req, map[string]uint64{"isl_tokens": uint64(h.cfg.MaxTokens)}); err != nil {
+		return req, err
+	}
+	if herr := h.promptBounds(prompt(&req)); herr != nil {
+		return req, herr
+	}
+	return req, nil
 }
 
 // maxIDBytes bounds the ids a client chooses (selection_id, request_id).
@@ -331,7 +336,7 @@ func checkPartition(model string, group *string) *httpError {
 }
 
 func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve bool) (SelectRequest, coordinator.Role, bool) {
-	req, err := decodeBody(h, w, r, (*selDecoder).decodeSelect)
+	req, err := decodeBody(h, w, r, func(r *SelectRequest) *Prompt { return &r.Prompt })
 	if err != nil {
 		h.fail(w, r, err)
 		return req, 0, false
@@ -387,7 +392,7 @@ func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool)
 }
 
 func (h *handler) reserve(w http.ResponseWriter, r *http.Request) {
-	req, err := decodeBody(h, w, r, (*selDecoder).decodeReserve)
+	req, err := decodeBody(h, w, r, func(r *ReserveRequest) *Prompt { return &r.Prompt })
 	if err != nil {
 		h.fail(w, r, err)
 		return
@@ -458,7 +463,7 @@ func (h *handler) reservationOp(w http.ResponseWriter, r *http.Request, op func(
 }
 
 func (h *handler) createPlan(w http.ResponseWriter, r *http.Request) {
-	req, err := decodeBody(h, w, r, (*selDecoder).decodePlan)
+	req, err := decodeBody(h, w, r, func(r *PlanRequest) *Prompt { return &r.Prompt })
 	if err != nil {
 		h.fail(w, r, err)
 		return
