@@ -273,3 +273,27 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 		}
 	})
 }
+
+// planBody is a /disagg/plans body with the 8K-token prompt of benchIndex
+// and every optional field.
+func planBody(b *testing.B) []byte {
+	_, p := benchIndex(b)
+	return []byte(`{"request_id":"p1","model_name":"m","routing_group":"g","prefill_routing_group":"pg",` +
+		`"policy":{"kind":"isl_or_load","eff_isl_threshold":100,"decode_busy_threshold":0.8},"prefill_failure":"free_decode",` +
+		`"pinned_prefill_worker":{"worker_id":3,"dp_rank":1},"allowed_worker_ids":[1,2,3,4],` +
+		`"routing_constraints":{"required_taints":["gpu"],"preferred_taints":{"zone-a":0.5}},"token_ids":` + tokensJSON(p) + `}`)
+}
+
+// BenchmarkDecodePlan8K is a cold body's decoding alone: decodeJSON (the
+// lexer's syntax pass, then encoding/json with TokenIDs reading the array).
+func BenchmarkDecodePlan8K(b *testing.B) {
+	body := planBody(b)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var req PlanRequest
+		if _, err := decodeJSON(body, &req, nil); err != nil || len(req.TokenIDs) != 8192 {
+			b.Fatal(err)
+		}
+	}
+}
