@@ -285,14 +285,14 @@ func planBody(b *testing.B) []byte {
 }
 
 // BenchmarkDecodePlan8K is a cold body's decoding alone: decodeJSON (the
-// lexer's syntax pass, then encoding/json with TokenIDs reading the array).
+// lexer's pass, which reads token_ids, then encoding/json for the rest).
 func BenchmarkDecodePlan8K(b *testing.B) {
 	body := planBody(b)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
 		var req PlanRequest
-		if _, err := decodeJSON(body, &req, nil); err != nil || len(req.TokenIDs) != 8192 {
+		if _, err := decodeJSON(body, &req, nil, defaultHot(&req.Prompt)); err != nil || len(req.TokenIDs) != 8192 {
 			b.Fatal(err)
 		}
 	}

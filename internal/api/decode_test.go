@@ -340,21 +340,22 @@ func FuzzLexer(f *testing.F) {
 				t.Fatalf("%q: model %q", data, k.Model)
 			}
 		}
-		// The selection bodies: what the lexer accepts, encoding/json reads
-		// the same, for documents whose keys are all lower case and unique
+		// The selection bodies: what decodeJSON reads (the lexer's pass for
+		// the hot arrays, encoding/json for the rest), encoding/json alone
+		// reads the same, for documents whose keys are all lower case and unique
 		// (encoding/json matches keys case-insensitively and merges
 		// repeated objects).
 		if plainKeys(data) {
 			var sel SelectRequest
-			if _, err := decodeJSON(data, &sel, nil); err == nil {
+			if _, err := decodeJSON(data, &sel, nil, defaultHot(&sel.Prompt)); err == nil {
 				sameAsJSON(t, data, normalPrompt(sel, &sel.Prompt), &SelectRequest{}, func(v *SelectRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 			var res ReserveRequest
-			if _, err := decodeJSON(data, &res, nil); err == nil {
+			if _, err := decodeJSON(data, &res, nil, defaultHot(&res.Prompt)); err == nil {
 				sameAsJSON(t, data, normalPrompt(res, &res.Prompt), &ReserveRequest{}, func(v *ReserveRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 			var plan PlanRequest
-			if _, err := decodeJSON(data, &plan, nil); err == nil {
+			if _, err := decodeJSON(data, &plan, nil, defaultHot(&plan.Prompt)); err == nil {
 				sameAsJSON(t, data, normalPrompt(plan, &plan.Prompt), &PlanRequest{}, func(v *PlanRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 		}

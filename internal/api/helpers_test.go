@@ -168,3 +168,8 @@ func tokensJSON(tokens []uint32) string {
 	b.WriteByte(']')
 	return b.String()
 }
+
+// defaultHot reads p's hot arrays within the default limits.
+func defaultHot(p *Prompt) *hotArrays {
+	return &hotArrays{prompt: p, maxTokens: DefaultMaxTokens, maxHashes: DefaultMaxBlockHashes}
+}

@@ -61,16 +61,19 @@ type Prompt struct {
 }
 
 // TokenIDs are a prompt's token ids: on the wire a JSON array of integers
-// in [0, 2^32−1]. UnmarshalJSON reads them with the package's lexer (no
-// []any or float64 per element) and stops at DefaultMaxTokens (413).
+// in [0, 2^32−1]. The routes read a body's token_ids with the package's
+// lexer before encoding/json sees the body (decodeJSON); UnmarshalJSON
+// reads them with the same lexer (no []any or float64 per element) where
+// a TokenIDs is decoded by encoding/json alone, and stops at
+// DefaultMaxTokens (413).
 type TokenIDs []uint32
 
-// UnmarshalJSON implements json.Unmarshaler; null is nil. Errors name the
-// element ("token_ids[3]: -1 is out of range …").
+// UnmarshalJSON implements json.Unmarshaler; null leaves t as it is, by
+// the interface's convention. Errors name the element ("token_ids[3]: -1
+// is out of range …").
 func (t *TokenIDs) UnmarshalJSON(b []byte) error {
 	l := lexer{data: b}
 	if isNull, err := l.null(); isNull || err != nil {
-		*t = nil
 		return err
 	}
 	v, err := l.tokens("token_ids", nil, DefaultMaxTokens)
@@ -80,16 +83,19 @@ func (t *TokenIDs) UnmarshalJSON(b []byte) error {
 
 // HashList decodes JSON integers as uint64 hashes: signed int64 values are
 // reinterpreted (Dynamo's convention), unsigned values up to 2^64−1 are
-// taken as they are. UnmarshalJSON reads them with the package's lexer, as
-// /query_by_hash does, and stops at DefaultMaxBlockHashes (413).
+// taken as they are. The routes read a body's block_hashes with the
+// package's lexer, as /query_by_hash does, before encoding/json sees the
+// body (decodeJSON); UnmarshalJSON reads them with the same lexer where a
+// HashList is decoded by encoding/json alone, and stops at
+// DefaultMaxBlockHashes (413).
 type HashList []uint64
 
-// UnmarshalJSON implements json.Unmarshaler; null is nil. Errors name the
-// element ("block_hashes[1]: … is out of range [-2^63, 2^64-1]").
+// UnmarshalJSON implements json.Unmarshaler; null leaves h as it is, by
+// the interface's convention. Errors name the element ("block_hashes[1]:
+// … is out of range [-2^63, 2^64-1]").
 func (h *HashList) UnmarshalJSON(b []byte) error {
 	l := lexer{data: b}
 	if isNull, err := l.null(); isNull || err != nil {
-		*h = nil
 		return err
 	}
 	v, err := l.hashes("block_hashes", nil, DefaultMaxBlockHashes)
@@ -278,7 +284,8 @@ func decodeBody[T any](h *handler, w http.ResponseWriter, r *http.Request, promp
 	if herr != nil {
 		return req, herr
 	}
-	if _, err := decodeJSON(body, &req, map[string]uint64{"isl_tokens": uint64(h.cfg.MaxTokens)}); err != nil {
+	hot := &hotArrays{prompt: prompt(&req), maxTokens: h.cfg.MaxTokens, maxHashes: h.cfg.MaxBlockHashes}
+	if _, err := decodeJSON(body, &req, map[string]uint64{"isl_tokens": uint64(h.cfg.MaxTokens)}, hot); err != nil {
 		return req, err
 	}
 	if herr := h.promptBounds(prompt(&req)); herr != nil {

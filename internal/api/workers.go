@@ -360,7 +360,7 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 		AdditionalSalt      *string `json:"additional_salt"`
 		AdditionalSaltAlias *string `json:"additionalsalt"`
 		TenantID            *string `json:"tenant_id"`
-	}{RegisterRequest: &req}, map[string]uint64{"data_parallel_size": MaxDataParallelSize})
+	}{RegisterRequest: &req}, map[string]uint64{"data_parallel_size": MaxDataParallelSize}, nil)
 	if err != nil {
 		return req, err
 	}
@@ -456,7 +456,7 @@ func checkEndpoint(field, ep string) error {
 // decodeUnregister reads and validates an /unregister body.
 func decodeUnregister(body []byte) (UnregisterRequest, error) {
 	var req UnregisterRequest
-	have, err := decodeJSON(body, &req, nil)
+	have, err := decodeJSON(body, &req, nil, nil)
 	switch {
 	case err != nil:
 		return req, err
