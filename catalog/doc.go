@@ -1,7 +1,9 @@
-// Package catalog owns prefixd's worker catalog: the worker record and its
-// validation, where records live (etcd, or memory for tests), lease-backed
+// Package catalog owns prefixd's worker catalog: the worker record, its
+// validation and every change to it, the Store contract records live
+// behind (package catalog/etcdstore implements it on etcd), lease-backed
 // registration, and the watch that turns record changes into workers
-// coming, changing and going.
+// coming, changing and going. It links neither etcd nor ZMQ (TestLight),
+// so the API's types and the Go client can carry its records.
 //
 // # The record
 //
@@ -15,7 +17,19 @@
 // lifecycle (active or draining) and the engine's first event seq.
 // WithDefaults fills defaults; Validate returns a *ValidationError whose
 // FieldErrors name the JSON field ("block_size: must be positive").
-// json.Marshal of a Worker is stable, so Equal compares encodings.
+// json.Marshal of a Worker is stable, so Equal compares encodings. The
+// fields that describe the engine are Attributes, embedded in Worker and,
+// with the same JSON names, in the API's /register body and /workers
+// listing: a field added there is stored, registered and listed.
+//
+// # Changes
+//
+// RegisterRanks merges a Registration (one or more consecutive dp ranks
+// of an engine, as POST /register gives them) into its persistent record,
+// and UnregisterRanks removes a worker, a worker from every group of its
+// model, or one rank; both go through Store.Update's compare-and-swap, so
+// concurrent changes to different ranks all land, and both refuse a
+// record a sidecar keeps under a lease (*ConflictError).
 //
 // # Keys
 //
@@ -29,13 +43,14 @@
 // Store is the contract: put with or without a lease, get, delete (one
 // record, or a worker from every group of a model), list at a revision,
 // watch from a revision, and leases (grant, keep alive once, revoke).
-// EtcdStore implements it on etcd (client v3; EtcdConfig carries
-// endpoints, TLS files and credentials, and NewEtcdStore fails early with
-// an error that says whether etcd is unreachable, wants credentials or
-// rejected them). storetest.MemoryStore (test support) implements it in memory with etcd's
+// etcdstore.Store implements it on etcd (client v3; etcdstore.Config
+// carries endpoints, TLS files and credentials, and etcdstore.New fails
+// early with an error that says whether etcd is unreachable, wants
+// credentials or rejected them); etcdstore.Embedded runs a single-member
+// etcd in process for a daemon given no etcd endpoints.
+// storetest.MemoryStore (test support) implements it in memory with etcd's
 // revision, compaction and lease semantics. Package catalog/storetest is
-// the conformance suite both pass. Embedded runs a single-member etcd in
-// process for a daemon given no etcd endpoints.
+// the conformance suite both pass.
 //
 // Records registered by sidecars are attached to the sidecar's lease
 // (DefaultSessionTTL, 10 s) and vanish when it expires; records written
@@ -63,6 +78,5 @@
 //
 // Concurrency: stores, Session and Watcher methods are safe for concurrent
 // use; Session.Run and Watcher.Run each run once, return ctx's error, and
-// leave no goroutine behind. Constructors start nothing except
-// StartEmbedded (a server) and NewEtcdStore (the etcd client's connection).
+// leave no goroutine behind. Constructors start nothing.
 package catalog

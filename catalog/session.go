@@ -38,7 +38,7 @@ type Session struct {
 	lostShut  bool          // lost is closed
 	closed    bool
 	closing   chan struct{} // closed by Close
-	onRenewal func(LeaseID) // test hook, may be nil
+	onRenewal func(LeaseID) // OnRenewal; may be nil
 }
 
 // SessionOption configures Register.
@@ -48,6 +48,12 @@ type SessionOption func(*Session)
 // (default slog.Default()).
 func WithLogger(l *slog.Logger) SessionOption {
 	return func(s *Session) { s.logger = l }
+}
+
+// OnRenewal makes a Session call f with its lease after each successful
+// renewal, on Run's goroutine (f must not block).
+func OnRenewal(f func(LeaseID)) SessionOption {
+	return func(s *Session) { s.onRenewal = f }
 }
 
 // Register validates w (apply WithDefaults first), grants a lease of ttl

@@ -56,6 +56,10 @@ func (e *IDInUseError) Error() string {
 
 func (e *IDInUseError) Is(target error) bool { return target == ErrIDInUse }
 
+// ErrContended is returned (wrapped) by Update when its compare-and-swap
+// lost MaxUpdateAttempts times to concurrent writers.
+var ErrContended = errors.New("catalog: too many concurrent changes; try again")
+
 // RemoveRecord, returned by an Update function, deletes the record
 // instead of writing it (as filepath.SkipDir changes what a walk does).
 //
@@ -83,7 +87,7 @@ const MaxUpdateAttempts = 64
 
 // Store is the worker catalog: records keyed by Key, optionally attached
 // to leases, with revisions, lists at a revision and watches from one. It
-// is the package's contract, implemented by EtcdStore (and, for tests, storetest.MemoryStore) and
+// is the package's contract, implemented by etcdstore.Store (and, for tests, storetest.MemoryStore) and
 // checked for both by catalog/storetest. Implementations are safe for
 // concurrent use. Consumers that need less declare less: a Watcher takes a
 // WatchSource, a Session a Registrar.

@@ -74,7 +74,8 @@ type Worker struct {
 	WorkerID     uint64 `json:"worker_id"`
 	ModelName    string `json:"model_name"`
 	RoutingGroup string `json:"routing_group"` // default DefaultRoutingGroup
-	Role         Role   `json:"role"`          // default RoleAggregated
+	// Attributes are what the registrant says about the engine.
+	Attributes
 
 	// Endpoint is the engine's HTTP base URL, where requests are sent.
 	// Optional (a worker without one is indexed but not schedulable).
@@ -92,29 +93,42 @@ type Worker struct {
 	// events endpoints. In the per-rank form a rank may have none.
 	ReplayEndpoint  string            `json:"replay_endpoint,omitempty"`
 	ReplayEndpoints map[uint32]string `json:"replay_endpoints,omitempty"`
-	// Topic is the ZMQ topic prefix the engine publishes under ("" = all).
-	Topic string `json:"topic,omitempty"`
 
 	BlockSize uint32 `json:"block_size"`
 	// The worker's ranks are [DataParallelStartRank, +DataParallelSize),
 	// or, with EventsEndpoints, that map's keys: then the start is the
 	// lowest key and the size the number of keys.
-	DataParallelStartRank uint32 `json:"data_parallel_start_rank"`
-	DataParallelSize      uint32 `json:"data_parallel_size"` // default 1
-	TotalKVBlocks         uint64 `json:"total_kv_blocks,omitempty"`
-	// HostKVBlocks and DiskKVBlocks are one rank's offload capacities in
-	// blocks (CPU memory; local disk), for engines that offload KV blocks.
-	// The index never holds more of a rank in a tier than that tier's
-	// capacity (TotalKVBlocks for the device), with a margin; a tier
-	// without one is bounded only by the index's memory cap.
-	HostKVBlocks        uint64 `json:"host_kv_blocks,omitempty"`
-	DiskKVBlocks        uint64 `json:"disk_kv_blocks,omitempty"`
+	DataParallelStartRank uint32    `json:"data_parallel_start_rank"`
+	DataParallelSize      uint32    `json:"data_parallel_size"` // default 1
+	Lifecycle             Lifecycle `json:"lifecycle"`          // default LifecycleActive
+	// SeqBase is the first event seq of an engine incarnation (0 for vLLM).
+	SeqBase uint64 `json:"seq_base,omitempty"`
+}
+
+// Attributes are a worker record's fields that describe the engine
+// (everything but its identity, its ranks' endpoints and the record's
+// bookkeeping). They are embedded in Worker and, with the same JSON names,
+// in the API's /register body and /workers listing, so a field added here
+// is stored, registered and listed. Zero values mean "not given".
+type Attributes struct {
+	Role Role `json:"role,omitempty"` // default RoleAggregated
+	// Topic is the ZMQ topic prefix the engine publishes under ("" = all).
+	Topic string `json:"topic,omitempty"`
+	// TotalKVBlocks is one rank's KV cache capacity in blocks;
+	// HostKVBlocks and DiskKVBlocks its offload capacities (CPU memory;
+	// local disk), for engines that offload KV blocks. The index never
+	// holds more of a rank in a tier than that tier's capacity, with a
+	// margin; a tier without one is bounded only by the index's memory cap.
+	TotalKVBlocks uint64 `json:"total_kv_blocks,omitempty"`
+	HostKVBlocks  uint64 `json:"host_kv_blocks,omitempty"`
+	DiskKVBlocks  uint64 `json:"disk_kv_blocks,omitempty"`
+	// MaxNumBatchedTokens is the engine's prefill budget per step.
 	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens,omitempty"`
 
 	// TopologyDomains maps a domain (e.g. "rack") to this worker's value.
 	TopologyDomains map[string]string `json:"topology_domains,omitempty"`
-	// KVTransferDomain names the topology domain that constrains KV
-	// transfers; it must have a value in TopologyDomains.
+	// KVTransferDomain names the topology domain (a key of
+	// TopologyDomains) within which KV blocks must or should move.
 	KVTransferDomain string `json:"kv_transfer_domain,omitempty"`
 	// KVTransferEnforcement is required whenever KVTransferDomain is set.
 	KVTransferEnforcement Enforcement `json:"kv_transfer_enforcement,omitempty"`
@@ -126,10 +140,6 @@ type Worker struct {
 	// selection policy may filter on; a list like Dynamo's selection API.
 	// WithDefaults sorts it; duplicates are invalid.
 	Taints []string `json:"taints,omitempty"`
-
-	Lifecycle Lifecycle `json:"lifecycle"` // default LifecycleActive
-	// SeqBase is the first event seq of an engine incarnation (0 for vLLM).
-	SeqBase uint64 `json:"seq_base,omitempty"`
 }
 
 // Stream is one rank's KV-events source as a subscriber dials it.
@@ -228,7 +238,7 @@ func (w Worker) endpointFor(field, base string, per map[uint32]string, r uint32)
 	if base == "" {
 		return "", nil
 	}
-	return offsetEndpoint(base, r)
+	return OffsetEndpoint(base, r)
 }
 
 // Streams returns one Stream per rank, in rank order, or nil when the
@@ -427,7 +437,7 @@ func (w Worker) checkEndpoints() []FieldError {
 				return
 			}
 			for _, r := range w.Ranks() {
-				s, err := offsetEndpoint(base, r)
+				s, err := OffsetEndpoint(base, r)
 				if err != nil {
 					errs = append(errs, FieldError{baseField, err.Error() + "; list " + perField + " instead"})
 					return
@@ -586,11 +596,11 @@ func parseEndpoint(s string) (endpoint, error) {
 	return endpoint{scheme: "tcp", host: host, port: uint16(port)}, nil
 }
 
-// offsetEndpoint is vLLM's per-dp-rank endpoint (the same rule as
-// stream.OffsetEndpoint, kept here so catalog does not import events/stream):
-// rank 0 keeps base; a tcp port grows by rank; an inproc name gets
-// "_dp<rank>"; ipc cannot be offset.
-func offsetEndpoint(base string, rank uint32) (string, error) {
+// OffsetEndpoint returns the endpoint a vLLM publisher of dp rank uses when
+// configured with base (the live and the replay endpoint alike): rank 0
+// keeps base; a tcp port grows by rank; an inproc name gets "_dp<rank>";
+// other transports (ipc) cannot be offset, which vLLM rejects too.
+func OffsetEndpoint(base string, rank uint32) (string, error) {
 	if rank == 0 {
 		return base, nil
 	}

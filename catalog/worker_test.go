@@ -149,7 +149,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateListsEveryField(t *testing.T) {
-	err := catalog.Worker{Version: 1, Role: "x", Lifecycle: "y"}.Validate()
+	err := catalog.Worker{Version: 1, Lifecycle: "y", Attributes: catalog.Attributes{Role: "x"}}.Validate()
 	want := []string{"model_name", "routing_group", "role", "block_size", "data_parallel_size", "lifecycle"}
 	var ve *catalog.ValidationError
 	if !errors.As(err, &ve) || len(ve.Fields) != len(want) {
@@ -163,7 +163,7 @@ func TestValidateListsEveryField(t *testing.T) {
 }
 
 func TestWithDefaults(t *testing.T) {
-	w := catalog.Worker{WorkerID: 1, ModelName: "m", BlockSize: 16, Taints: []string{"b", "a"}}.WithDefaults()
+	w := catalog.Worker{WorkerID: 1, ModelName: "m", BlockSize: 16, Attributes: catalog.Attributes{Taints: []string{"b", "a"}}}.WithDefaults()
 	if w.Version != 1 || w.RoutingGroup != "default" || w.Role != catalog.RoleAggregated || w.DataParallelSize != 1 || w.Lifecycle != catalog.LifecycleActive {
 		t.Fatalf("WithDefaults = %+v", w)
 	}
@@ -233,11 +233,13 @@ func TestJSONStableAndRoundTrips(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The attributes (role … taints) come together, after the identity.
 	const want = `{"version":1,"worker_id":7,"model_name":"meta-llama/Llama-3-8B","routing_group":"default","role":"aggregated",` +
-		`"endpoint":"http://10.0.0.2:8000","events_endpoints":{"0":"tcp://h:1","1":"tcp://h:2"},"block_size":16,` +
-		`"data_parallel_start_rank":0,"data_parallel_size":2,"total_kv_blocks":1000,"max_num_batched_tokens":8192,` +
+		`"total_kv_blocks":1000,"max_num_batched_tokens":8192,` +
 		`"topology_domains":{"rack":"r","zone":"z"},"kv_transfer_domain":"rack","kv_transfer_enforcement":"preferred",` +
-		`"kv_transfer_preferred_weight":0,"taints":["a","gpu=h100"],"lifecycle":"active","seq_base":1}`
+		`"kv_transfer_preferred_weight":0,"taints":["a","gpu=h100"],` +
+		`"endpoint":"http://10.0.0.2:8000","events_endpoints":{"0":"tcp://h:1","1":"tcp://h:2"},"block_size":16,` +
+		`"data_parallel_start_rank":0,"data_parallel_size":2,"lifecycle":"active","seq_base":1}`
 	if string(b1) != want {
 		t.Fatalf("JSON\n%s\nwant\n%s", b1, want)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/prometheus/model/labels"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -198,7 +199,7 @@ func TestMetricsExported(t *testing.T) {
 	})
 	engines := map[uint64]*mocker.Engine{}
 	for id, role := range map[uint64]catalog.Role{1: catalog.RoleAggregated, 2: catalog.RoleDecode, 3: catalog.RolePrefill} {
-		w := catalog.Worker{WorkerID: id, ModelName: "mock-model", Role: role, Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18000+id)}
+		w := catalog.Worker{WorkerID: id, ModelName: "mock-model", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18000+id), Attributes: catalog.Attributes{Role: role}}
 		if role != catalog.RoleAggregated {
 			w.TopologyDomains = map[string]string{"zone": "a"}
 			w.KVTransferDomain, w.KVTransferEnforcement = "zone", catalog.EnforcementRequired
@@ -236,7 +237,7 @@ func TestMetricsExported(t *testing.T) {
 	dctx, stopDaemon := context.WithCancel(ctx)
 	ready, ddone := make(chan string, 1), make(chan error, 1)
 	go func() {
-		ddone <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd.Endpoints()}, Listen: "127.0.0.1:0",
+		ddone <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints()}, Listen: "127.0.0.1:0",
 			APIToken: "tok", MaxEntries: 1 << 20, Logger: slog.New(slog.DiscardHandler), OnReady: func(a string) { ready <- a }})
 	}()
 	t.Cleanup(func() {

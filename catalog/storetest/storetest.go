@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite of catalog.Store: one set of
-// tests that every implementation (storetest.MemoryStore, catalog.EtcdStore
+// tests that every implementation (storetest.MemoryStore, etcdstore.Store
 // on a real etcd) must pass, covering records, revisions, lists at a
 // revision, watches, compaction, leases, and the Session and Watcher
 // built on them. It also starts embedded etcd servers for tests.
@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/internal/testsupport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
@@ -1040,12 +1041,12 @@ func testWatcherCompaction(t *testing.T, s Testable) {
 
 // StartEtcd starts an embedded etcd for t in a temporary directory on
 // free loopback ports (fsync off), stopped when t ends.
-func StartEtcd(t testing.TB) *catalog.Embedded {
+func StartEtcd(t testing.TB) *etcdstore.Embedded {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	start := time.Now()
-	e, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true})
+	e, err := etcdstore.StartEmbedded(ctx, etcdstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true})
 	if err != nil {
 		t.Fatalf("start embedded etcd: %v", err)
 	}
@@ -1054,11 +1055,11 @@ func StartEtcd(t testing.TB) *catalog.Embedded {
 	return e
 }
 
-// EtcdStore is a catalog.EtcdStore with the suite's raw-write hook, on a
+// EtcdStore is a etcdstore.Store with the suite's raw-write hook, on a
 // client of its own: writing unvalidated records is for tests, so the
 // production store has no such method.
 type EtcdStore struct {
-	*catalog.EtcdStore
+	*etcdstore.Store
 	raw *clientv3.Client
 }
 
@@ -1078,7 +1079,7 @@ func NewEtcdStore(t testing.TB, endpoints []string, prefix string) *EtcdStore {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: endpoints, Prefix: prefix})
+	s, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: endpoints, Prefix: prefix})
 	if err != nil {
 		t.Fatalf("connect to etcd: %v", err)
 	}
@@ -1088,5 +1089,5 @@ func NewEtcdStore(t testing.TB, endpoints []string, prefix string) *EtcdStore {
 		t.Fatalf("connect to etcd: %v", err)
 	}
 	t.Cleanup(func() { raw.Close() })
-	return &EtcdStore{EtcdStore: s, raw: raw}
+	return &EtcdStore{Store: s, raw: raw}
 }

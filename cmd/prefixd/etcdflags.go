@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 )
 
 // etcdFlags are the etcd client flags shared by serve, sidecar and mocker.
@@ -48,7 +49,7 @@ func (f *etcdFlags) Validate() error {
 	return nil
 }
 
-func (f *etcdFlags) Config() catalog.EtcdConfig {
-	return catalog.EtcdConfig{Endpoints: f.endpoints, Prefix: f.prefix, Username: f.user, Password: f.password,
+func (f *etcdFlags) Config() etcdstore.Config {
+	return etcdstore.Config{Endpoints: f.endpoints, Prefix: f.prefix, Username: f.user, Password: f.password,
 		CertFile: f.cert, KeyFile: f.key, CAFile: f.ca}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
@@ -106,9 +107,11 @@ func (o *mockerOptions) Validate() error {
 // worker is engine i's catalog record, serving HTTP on port; the engine
 // fills in its ZMQ endpoints once bound.
 func (o *mockerOptions) worker(i, port int) catalog.Worker {
-	w := catalog.Worker{WorkerID: o.firstID + uint64(i), ModelName: o.model, RoutingGroup: o.group, Role: catalog.Role(o.role),
+	w := catalog.Worker{WorkerID: o.firstID + uint64(i), ModelName: o.model, RoutingGroup: o.group,
 		Endpoint: "http://" + net.JoinHostPort(o.host, strconv.Itoa(port)), BlockSize: uint32(o.blockSize), DataParallelSize: 1,
-		EventsEndpoint: "tcp://" + o.host + ":5557", TopologyDomains: o.topology, KVTransferDomain: o.kvDomain}
+		EventsEndpoint: "tcp://" + o.host + ":5557",
+		Attributes:     catalog.Attributes{Role: catalog.Role(o.role), TopologyDomains: o.topology, KVTransferDomain: o.kvDomain},
+	}
 	if o.kvDomain != "" {
 		w.KVTransferEnforcement = catalog.EnforcementRequired
 	}
@@ -138,7 +141,7 @@ func newMockerCommand() *cobra.Command {
 }
 
 func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
-	store, err := catalog.NewEtcdStore(ctx, o.etcd.Config())
+	store, err := etcdstore.New(ctx, o.etcd.Config())
 	if err != nil {
 		return err
 	}

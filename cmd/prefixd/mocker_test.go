@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -52,7 +53,7 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
 
-	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: emb.Endpoints(), Prefix: "/mocker-test"})
+	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: emb.Endpoints(), Prefix: "/mocker-test"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -7,18 +7,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 )
 
-type fixedWorkers []api.WorkerInfo
+type fixedWorkers []api.WorkerState
 
-func (f fixedWorkers) Register(context.Context, api.RegisterRequest) error     { return nil }
-func (f fixedWorkers) Unregister(context.Context, api.UnregisterRequest) error { return nil }
-func (f fixedWorkers) List(model, group string) []api.WorkerInfo {
-	var out []api.WorkerInfo
+func (f fixedWorkers) Register(context.Context, catalog.Registration) error { return nil }
+func (f fixedWorkers) Unregister(context.Context, string, string, uint64, *uint32) error {
+	return nil
+}
+func (f fixedWorkers) List(model, group string) []api.WorkerState {
+	var out []api.WorkerState
 	for _, w := range f {
-		if (model == "" || w.ModelName == model) && (group == "" || w.RoutingGroup == group) {
+		if (model == "" || w.Record.ModelName == model) && (group == "" || w.Record.RoutingGroup == group) {
 			out = append(out, w)
 		}
 	}
@@ -44,8 +48,9 @@ func TestWorkersAndQueryCommands(t *testing.T) {
 	if _, err := ix.Apply(k, indexer.Rank{WorkerID: 3}, 9, []indexer.Op{{Kind: indexer.OpStore, Store: st}}); err != nil {
 		t.Fatal(err)
 	}
-	workers := fixedWorkers{{InstanceID: 3, ModelName: "m", RoutingGroup: "default", BlockSize: 4,
-		Listeners: map[uint32]api.Listener{0: {Endpoint: "tcp://10.0.0.3:5557", Status: api.StatusActive}}}}
+	workers := fixedWorkers{{Record: catalog.Worker{WorkerID: 3, ModelName: "m", RoutingGroup: "default", BlockSize: 4,
+		EventsEndpoint: "tcp://10.0.0.3:5557", DataParallelSize: 1},
+		Streams: map[uint32]streamstate.Rank{0: {Running: true, State: streamstate.State{Connected: true, Synced: true}}}}}
 	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Workers: workers}))
 	defer srv.Close()
 

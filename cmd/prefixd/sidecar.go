@@ -71,10 +71,13 @@ func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
 }
 
 func (o *sidecarOptions) options() sidecar.Options {
-	w := catalog.Worker{WorkerID: o.workerID, ModelName: o.model, RoutingGroup: o.group, Role: catalog.Role(o.role),
-		Endpoint: o.engineURL, EventsEndpoint: o.events, ReplayEndpoint: o.replay, Topic: o.topic, BlockSize: o.blockSize,
-		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize, TotalKVBlocks: o.totalBlocks, HostKVBlocks: o.hostBlocks, DiskKVBlocks: o.diskBlocks, MaxNumBatchedTokens: o.maxBatched,
-		TopologyDomains: o.topology, KVTransferDomain: o.kvDomain, KVTransferEnforcement: catalog.Enforcement(o.kvEnforce), Taints: o.taints}
+	w := catalog.Worker{WorkerID: o.workerID, ModelName: o.model, RoutingGroup: o.group,
+		Endpoint: o.engineURL, EventsEndpoint: o.events, ReplayEndpoint: o.replay, BlockSize: o.blockSize,
+		DataParallelStartRank: o.dpStart, DataParallelSize: o.dpSize,
+		Attributes: catalog.Attributes{Role: catalog.Role(o.role), Topic: o.topic,
+			TotalKVBlocks: o.totalBlocks, HostKVBlocks: o.hostBlocks, DiskKVBlocks: o.diskBlocks, MaxNumBatchedTokens: o.maxBatched,
+			TopologyDomains: o.topology, KVTransferDomain: o.kvDomain, KVTransferEnforcement: catalog.Enforcement(o.kvEnforce), Taints: o.taints},
+	}
 	so := sidecar.Options{Worker: w, AdvertiseHost: o.advertise, TTL: o.ttl,
 		Etcd: o.etcd.Config()}
 	if o.engineURL != "" && o.healthPath != "" {

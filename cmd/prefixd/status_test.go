@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/internal/api"
@@ -64,7 +65,7 @@ func startStatusDaemon(t *testing.T, etcd []string) string {
 	addr := make(chan string, 1)
 	done := make(chan error, 1)
 	go func() {
-		done <- daemon.Run(ctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, MaxEntries: -1, // "(no cap)" below
+		done <- daemon.Run(ctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd, DialTimeout: 5 * time.Second}, MaxEntries: -1, // "(no cap)" below
 			Listen: "127.0.0.1:0", OnReady: func(a string) { addr <- a },
 			Subscriber: stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}})
 	}()
@@ -101,7 +102,7 @@ func startStatusDaemon(t *testing.T, etcd []string) string {
 func TestStatusAgainstDaemon(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	url := startStatusDaemon(t, etcd.Endpoints())
-	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@
 // replay, and hands batches in order to an Applier; IndexApplier applies
 // them to a partition of indexer.Index. ReplaySlots bounds concurrent
 // replays across subscribers, and Metrics are the stream metrics
-// (Prometheus). OffsetEndpoint is vLLM's per-dp-rank endpoint rule.
+// (Prometheus).
 //
 // The decisions are the cursor's, which does no I/O; what this package
 // adds is the sockets, the timers the cursor asks for, the live queue

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"sync"
 
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -24,27 +25,6 @@ type Worker struct {
 	// the record's total/host/disk_kv_blocks, with a margin); zero tiers
 	// are unbounded.
 	Capacity indexer.Capacity
-}
-
-// RankStatus is the state of one worker rank's stream.
-type RankStatus struct {
-	Worker    uint64
-	Rank      uint32
-	Partition indexer.PartitionKey
-	Endpoint  string
-	State
-	// Running: the rank's stream runs (State is its subscriber's).
-	Running bool
-	Blocks  int
-	// Truncated: the index dropped some of the rank's blocks (memory cap
-	// or the rank's capacity), so it holds a strict subset of the engine's
-	// cache: the rank is degraded whatever its stream says.
-	Truncated bool
-	// DegradedReason is why the stream says the rank is degraded, as the
-	// index recorded it with the rank's last batch (restored from a peer
-	// with its dump).
-	DegradedReason string
-	Err            string // why the rank is not indexed, if it is not
 }
 
 // Manager is the per-worker stream manager. It runs one Subscriber per
@@ -459,12 +439,12 @@ func (s *Manager) reap(k rankKey) {
 
 // Status reports every wanted rank, ordered by worker and rank: its
 // stream's state, or why it has none.
-func (s *Manager) Status() []RankStatus {
+func (s *Manager) Status() []streamstate.Rank {
 	s.mu.Lock()
-	out := make([]RankStatus, 0, len(s.subs))
+	out := make([]streamstate.Rank, 0, len(s.subs))
 	for id, w := range s.workers {
 		for _, src := range w.Sources {
-			rs := RankStatus{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
+			rs := streamstate.Rank{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
 			st := s.subs[rankKey{id, src.Rank}]
 			if st != nil && !st.stopping && sameSource(src, st.src) && st.part == w.Partition {
 				rs.State, rs.Running = st.sub.State(), true
@@ -480,7 +460,7 @@ func (s *Manager) Status() []RankStatus {
 			out[i].Blocks, out[i].Truncated, out[i].DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
 		}
 	}
-	slices.SortFunc(out, func(a, b RankStatus) int {
+	slices.SortFunc(out, func(a, b streamstate.Rank) int {
 		return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 	})
 	return out

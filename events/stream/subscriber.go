@@ -14,6 +14,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
@@ -113,10 +114,10 @@ type SubscriberConfig struct {
 	// dropped{reason="oversize"}) and the ZMTP handshake time. Zero
 	// fields take zmtp's defaults (16 MiB, 10 s).
 	Limits        zmtp.Limits
-	Logger        *slog.Logger // default slog.Default()
-	Metrics       *Metrics     // nil: no metrics
-	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
-	ReplaySlots   *ReplaySlots // shared bound on concurrent replay attempts; nil = unbounded
+	Logger        *slog.Logger            // default slog.Default()
+	Metrics       *Metrics                // nil: no metrics
+	OnStateChange func(streamstate.State) // called (from the Subscriber's goroutine) whenever State changes; may be nil
+	ReplaySlots   *ReplaySlots            // shared bound on concurrent replay attempts; nil = unbounded
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -146,52 +147,6 @@ func (c *SubscriberConfig) defaults() {
 	}
 }
 
-// State is what a Subscriber reports about its source.
-type State struct {
-	Connected  bool
-	Mode       cursor.Mode
-	Applied    uint64
-	HasApplied bool
-	// LastLive is the highest seq received on the live socket of the
-	// current connection (HasLive false before the first): LastLive −
-	// Applied batches have arrived but wait for a replay to close a gap.
-	// It restarts with each connection, and falls back with the seq when
-	// the engine restarts.
-	LastLive uint64
-	HasLive  bool
-	Degraded bool
-	// Synced is true once the first replay (or, without a replay
-	// endpoint, the first live batch) has completed or failed: the rank's
-	// history is as good as it is going to get.
-	Synced bool
-	// Replay is what the rank's replay is doing: ReplayNone, ReplayQueued
-	// (an attempt waits for a slot; ReplayQueuedSince says since when) or
-	// ReplayRunning. While a session runs the index lags the engine.
-	Replay            ReplayPhase
-	ReplayQueuedSince time.Time
-	Stats             cursor.Stats
-}
-
-// ReplayPhase says what a rank's replay is doing.
-type ReplayPhase uint8
-
-// The replay phases.
-const (
-	ReplayNone    ReplayPhase = iota // no replay session
-	ReplayQueued                     // an attempt waits for a replay slot
-	ReplayRunning                    // an attempt holds a slot, or waits for its backoff
-)
-
-func (p ReplayPhase) String() string {
-	switch p {
-	case ReplayQueued:
-		return "queued"
-	case ReplayRunning:
-		return "running"
-	}
-	return ""
-}
-
 // Subscriber follows one Source: one goroutine owns its SUB socket, its
 // replay DEALER and its Cursor, and applies batches in order. Create with
 // NewSubscriber and call Run.
@@ -201,7 +156,7 @@ type Subscriber struct {
 	cfg SubscriberConfig
 
 	mu    sync.Mutex // guards state
-	state State
+	state streamstate.State
 	// ranks is the worker's registered ranks (Source.Ranks, changed by
 	// SetRanks without a restart).
 	ranks atomic.Pointer[[]uint32]
@@ -232,7 +187,7 @@ func (s *Subscriber) SetRanks(ranks []uint32) {
 }
 
 // State returns the latest state. Safe for concurrent use.
-func (s *Subscriber) State() State {
+func (s *Subscriber) State() streamstate.State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state
@@ -859,12 +814,12 @@ func (r *run) publish() {
 	r.armDeadline()
 	seq, ok := c.Applied()
 	live, hasLive := c.LastLive()
-	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
+	next := streamstate.State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
 		LastLive: live, HasLive: hasLive, Degraded: degraded, Synced: r.synced, Stats: st}
 	if c.Mode() == cursor.ModeReplay || c.Mode() == cursor.ModeVerify {
-		next.Replay = ReplayRunning
+		next.Replay = streamstate.ReplayRunning
 		if !r.queuedSince.IsZero() {
-			next.Replay, next.ReplayQueuedSince = ReplayQueued, r.queuedSince
+			next.Replay, next.ReplayQueuedSince = streamstate.ReplayQueued, r.queuedSince
 		}
 	}
 	r.s.mu.Lock()

@@ -11,12 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // Defaults for the zero values of Config's limits.
@@ -163,7 +163,7 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	route("/metrics", methods{http.MethodGet: h.metrics})
 	h.registerSelection(route)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + clip(r.URL.Path, maxEcho)})
+		writeError(w, &httpError{http.StatusNotFound, "path: no endpoint " + clip.N(r.URL.Path, maxEcho)})
 	})
 	return h, mux
 }
@@ -191,7 +191,7 @@ func (m methods) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	slices.Sort(allow)
 	w.Header().Set("Allow", strings.Join(allow, ", "))
 	writeError(w, &httpError{http.StatusMethodNotAllowed,
-		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", clip(r.Method, maxEcho), clip(r.URL.Path, maxEcho), strings.Join(allow, ", "))})
+		fmt.Sprintf("method: %s not allowed on %s (allowed: %s)", clip.N(r.Method, maxEcho), clip.N(r.URL.Path, maxEcho), strings.Join(allow, ", "))})
 }
 
 // access is who may call a route.
@@ -313,36 +313,23 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *httpError) {
 	writeJSON(w, e.status, struct {
 		Error string `json:"error"`
-	}{clip(e.msg, maxErrorBytes)})
+	}{clip.N(e.msg, maxErrorBytes)})
 }
 
 // Error messages repeat at most maxEcho bytes of any one value a client
 // sent, and are at most maxErrorBytes long in all (a Workers or Selector
 // error quoting a client's value included).
 const (
-	maxEcho       = 64
+	maxEcho       = clip.Echo
 	maxErrorBytes = 1024
 )
 
-// Clip shortens a value a client sent for an error message: a value of up
-// to 64 bytes is returned as is, a longer one as its first 64 bytes (cut
-// at a UTF-8 boundary) followed by "… (N bytes)". Every error the API
-// writes quotes client values through it, so a request can never make an
-// error as large as itself; Selector and Workers implementations should
+// Clip shortens a value a client sent for an error message (clip.String):
+// a value of up to 64 bytes is returned as is, a longer one as its first
+// 64 bytes followed by "… (N bytes)". Every error the API writes quotes
+// client values through it; Selector and Workers implementations should
 // do the same.
-func Clip(s string) string { return clip(s, maxEcho) }
-
-// clip is Clip at n bytes. A string short enough is returned without a copy.
-func clip[T string | []byte](s T, n int) string {
-	if len(s) <= n {
-		return string(s)
-	}
-	cut := n
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return string(s[:cut]) + "… (" + strconv.Itoa(len(s)) + " bytes)"
-}
+func Clip(s string) string { return clip.String(s) }
 
 // fail writes err: an *httpError as is, anything else as a 500 that is
 // logged (its text still goes to the client).
@@ -352,7 +339,7 @@ func (h *handler) fail(w http.ResponseWriter, r *http.Request, err error) {
 		he = &httpError{http.StatusInternalServerError, err.Error()}
 	}
 	if he.status >= 500 {
-		h.log.Error("http request failed", "method", r.Method, "path", clip(r.URL.Path, maxEcho), "status", he.status, "err", clip(err.Error(), maxErrorBytes))
+		h.log.Error("http request failed", "method", r.Method, "path", clip.N(r.URL.Path, maxEcho), "status", he.status, "err", clip.N(err.Error(), maxErrorBytes))
 	}
 	writeError(w, he)
 }

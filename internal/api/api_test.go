@@ -17,6 +17,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -110,15 +112,16 @@ func TestQueryHybrid(t *testing.T) {
 			t.Fatal(err, res.Errs)
 		}
 	}
-	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{list: []WorkerInfo{{InstanceID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16,
-		Listeners: map[uint32]Listener{0: {Endpoint: "tcp://h:1", Status: StatusActive}}}}}})
+	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{list: []WorkerState{{
+		Record:  catalog.Worker{WorkerID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16, EventsEndpoint: "tcp://h:1", DataParallelSize: 1},
+		Streams: map[uint32]streamstate.Rank{0: {Running: true, State: streamstate.State{Connected: true, Synced: true}}}}}}})
 	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
 		`{"scores":{"1":{"0":32}},"frequencies":[],"instances":{"1":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`)
 	// /workers lists the groups the index learned, by group_idx.
 	s.get("/workers").expect(t, 200, `[{"instance_id":1,"source":"zmq","status":"active","model_name":"m","routing_group":"default","block_size":16,`+
 		`"endpoints":{"0":"tcp://h:1"},"listeners":{"0":{"endpoint":"tcp://h:1","status":"active","degraded":false,"last_seq":1,"blocks":4,"last_seen_seq":null,`+
 		`"kv_cache_groups":[{"group_idx":0,"attention":"sliding_window","kind":"sliding_window","sliding_window":18,"tracked":true,"blocks":3},`+
-		`{"group_idx":1,"attention":"full","kind":"full_attention","main":true,"tracked":true,"blocks":4}]}}}]`)
+		`{"group_idx":1,"attention":"full","kind":"full_attention","main":true,"tracked":true,"blocks":4}]}},"data_parallel_size":1}]`)
 }
 
 func TestQueryUnknownPartition(t *testing.T) {
@@ -333,10 +336,10 @@ func TestRegister(t *testing.T) {
 		expect(t, 201, `{"status":"ok"}`)
 	s.post("/register", `{"instance_id":3,"endpoint":"tcp://[::1]:5557","model_name":"m","block_size":16,"routing_group":null}`).
 		expect(t, 201, `{"status":"ok"}`)
-	want := []RegisterRequest{
-		{InstanceID: 2, Endpoint: "tcp://10.0.0.2:5557", ModelName: "llama-3-8b", RoutingGroup: "customer-a", BlockSize: 16, ReplayEndpoint: "tcp://10.0.0.2:5560"},
-		{InstanceID: math.MaxUint64, Endpoint: "ipc:///tmp/kv.sock", ModelName: "m", RoutingGroup: "default", BlockSize: 32, DPRank: 3},
-		{InstanceID: 3, Endpoint: "tcp://[::1]:5557", ModelName: "m", RoutingGroup: "default", BlockSize: 16},
+	want := []catalog.Registration{
+		{Key: catalog.Key{Model: "llama-3-8b", Group: "customer-a", WorkerID: 2}, EventsEndpoint: "tcp://10.0.0.2:5557", BlockSize: 16, ReplayEndpoint: "tcp://10.0.0.2:5560"},
+		{Key: catalog.Key{Model: "m", Group: "default", WorkerID: math.MaxUint64}, EventsEndpoint: "ipc:///tmp/kv.sock", BlockSize: 32, Rank: 3},
+		{Key: catalog.Key{Model: "m", Group: "default", WorkerID: 3}, EventsEndpoint: "tcp://[::1]:5557", BlockSize: 16},
 	}
 	if !reflect.DeepEqual(fw.registered, want) {
 		t.Errorf("registered %+v\nwant %+v", fw.registered, want)
@@ -344,25 +347,39 @@ func TestRegister(t *testing.T) {
 }
 
 // TestRegisterExtensions checks that every field survives encoding/json
-// marshalling of RegisterRequest and the handler's decoding.
+// marshalling of RegisterRequest and the handler's decoding, and reaches
+// the catalog's registration: a field added to catalog.Attributes is
+// registered with no change here (reflect fills every attribute).
 func TestRegisterExtensions(t *testing.T) {
 	fw := &fakeWorkers{}
 	s := newServer(t, Config{Index: newIndex(t), Workers: fw})
-	want := RegisterRequest{
+	weight := 0.25
+	req := RegisterRequest{
 		InstanceID: 9, Endpoint: "inproc://w9", ModelName: "m", BlockSize: 64, RoutingGroup: "g", DPRank: 4,
 		ReplayEndpoint: "tcp://w9:6000",
 		Extensions: Extensions{
-			Role: "prefill", Topic: "kv", DataParallelSize: 4, TotalKVBlocks: 123456, MaxNumBatchedTokens: 8192,
-			EngineEndpoint: "http://w9:8000", KVTransferDomain: "rack", KVTransferEnforcement: "preferred",
-			KVTransferPreferredWeight: 0.25, TopologyDomains: map[string]string{"zone": "a", "rack": "r\u00e97"},
-			Taints: []string{"gpu=h100", "spot"},
+			DataParallelSize: 4, EngineEndpoint: "http://w9:8000",
+			Attributes: catalog.Attributes{
+				Role: "prefill", Topic: "kv", TotalKVBlocks: 123456, HostKVBlocks: 7, DiskKVBlocks: 8, MaxNumBatchedTokens: 8192,
+				KVTransferDomain: "rack", KVTransferEnforcement: "preferred",
+				KVTransferPreferredWeight: &weight, TopologyDomains: map[string]string{"zone": "a", "rack": "r\u00e97"},
+				Taints: []string{"gpu=h100", "spot"},
+			},
 		},
 	}
-	b, err := json.Marshal(want)
+	// Every attribute is set: a new one must be added above.
+	for i, a := 0, reflect.ValueOf(req.Attributes); i < a.NumField(); i++ {
+		if a.Field(i).IsZero() {
+			t.Fatalf("attribute %s not set in the test", a.Type().Field(i).Name)
+		}
+	}
+	b, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s.post("/register", string(b)).expect(t, 201, `{"status":"ok"}`)
+	want := catalog.Registration{Key: catalog.Key{Model: "m", Group: "g", WorkerID: 9}, Rank: 4, Size: 4,
+		EventsEndpoint: "inproc://w9", ReplayEndpoint: "tcp://w9:6000", BlockSize: 64, Endpoint: "http://w9:8000", Attributes: req.Attributes}
 	if len(fw.registered) != 1 || !reflect.DeepEqual(fw.registered[0], want) {
 		t.Errorf("registered %+v\nwant %+v", fw.registered, want)
 	}
@@ -384,6 +401,12 @@ func TestRegisterErrors(t *testing.T) {
 		{fmt.Errorf("catalog: %w", Invalid("model_name", "too long")), 400, `catalog: model_name: too long`},
 		{fmt.Errorf("etcd: %w", ErrUnavailable), 503, `etcd: temporarily unavailable`},
 		{errors.New("etcd: put: boom"), 500, `etcd: put: boom`},
+		// The catalog's errors.
+		{&catalog.ConflictError{Field: "block_size", Reason: "32 conflicts with the registered 16"}, 409, `block_size: 32 conflicts with the registered 16`},
+		{&catalog.ValidationError{Fields: []catalog.FieldError{{Field: "role", Reason: `"x" is not a role`}}}, 400, `role: "x" is not a role`},
+		{&catalog.IDInUseError{ID: 1, Holder: catalog.Key{Model: "n", Group: "h", WorkerID: 1}}, 409,
+			`instance_id: 1 is registered for model=n routing_group=h; a worker id names one engine, so unregister it there first`},
+		{fmt.Errorf("update: %w", catalog.ErrContended), 503, `update: catalog: too many concurrent changes; try again`},
 	} {
 		fw.registerErr = c.err
 		want, _ := json.Marshal(map[string]string{"error": c.want})
@@ -406,10 +429,10 @@ func TestUnregister(t *testing.T) {
 	s.post("/unregister", `{"instance_id":7,"model_name":"m","dp_rank":2,"tenant_id":"x"}`).expect(t, 200, `{"status":"ok"}`)
 	s.post("/unregister", `{"instance_id":7,"model_name":"m","routing_group":"g","dp_rank":null}`).expect(t, 200, `{"status":"ok"}`)
 	two := uint32(2)
-	want := []UnregisterRequest{
-		{InstanceID: 7, ModelName: "m", RoutingGroup: "g", DPRank: &two},
-		{InstanceID: 7, ModelName: "m"}, // dp_rank without routing_group is ignored
-		{InstanceID: 7, ModelName: "m", RoutingGroup: "g"},
+	want := []unregistration{
+		{"m", "g", 7, &two},
+		{"m", "", 7, nil}, // dp_rank without routing_group is ignored
+		{"m", "g", 7, nil},
 	}
 	if !reflect.DeepEqual(fw.unregistered, want) {
 		t.Errorf("unregistered %+v\nwant %+v", fw.unregistered, want)
@@ -425,26 +448,29 @@ func TestWorkers(t *testing.T) {
 	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 6, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
 	store(t, ix, mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, 7, indexer.TierDevice, indexer.BaseSeed, 0, seq(1, 3), p)
 	seen := uint64(9) // two batches behind last_seq 7, waiting for a replay
-	fw := &fakeWorkers{list: []WorkerInfo{
+	fw := &fakeWorkers{list: []WorkerState{
 		{
-			InstanceID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16,
-			ReplayEndpoint: "tcp://10.0.0.1:6000", Lifecycle: "schedulable",
-			Listeners: map[uint32]Listener{
-				0: {Endpoint: "tcp://10.0.0.1:5557", ReplayEndpoint: "tcp://10.0.0.1:6000", Status: StatusActive, LastSeenSeq: &seen},
-				1: {Endpoint: "tcp://10.0.0.1:5558", ReplayEndpoint: "tcp://10.0.0.1:6001", Status: StatusPending, LastError: "connect: refused", Degraded: true},
+			Record: catalog.Worker{WorkerID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16, Lifecycle: "schedulable",
+				EventsEndpoints:  map[uint32]string{0: "tcp://10.0.0.1:5557", 1: "tcp://10.0.0.1:5558"},
+				ReplayEndpoints:  map[uint32]string{0: "tcp://10.0.0.1:6000", 1: "tcp://10.0.0.1:6001"},
+				DataParallelSize: 2, Attributes: catalog.Attributes{Role: "decode", TotalKVBlocks: 1000}},
+			Streams: map[uint32]streamstate.Rank{
+				0: {Running: true, State: streamstate.State{Connected: true, Synced: true, HasLive: true, LastLive: seen}},
+				1: {Running: true, State: streamstate.State{Degraded: true}},
 			},
-			Extensions: Extensions{Role: "decode", DataParallelSize: 2, TotalKVBlocks: 1000},
 		},
-		{InstanceID: 4, ModelName: "other", RoutingGroup: "g", BlockSize: 32, Status: StatusPaused},
+		{Record: catalog.Worker{WorkerID: 4, ModelName: "other", RoutingGroup: "g", BlockSize: 32, EventsEndpoint: "tcp://10.0.0.4:5557", DataParallelSize: 1},
+			Streams: map[uint32]streamstate.Rank{0: {Err: "block_size: 32 conflicts with block size 16 of model=other routing_group=g"}}},
 	}}
 	s := newServer(t, Config{Index: ix, Workers: fw})
 	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
 		`"endpoints":{"0":"tcp://10.0.0.1:5557","1":"tcp://10.0.0.1:5558"},` +
 		`"listeners":{"0":{"endpoint":"tcp://10.0.0.1:5557","replay_endpoint":"tcp://10.0.0.1:6000","status":"active","degraded":false,"last_seq":7,"blocks":3,"redundant_store_blocks":3,"last_seen_seq":9,` +
 		`"kv_cache_groups":[{"group_idx":0,"attention":"full","main":true,"tracked":true,"blocks":3}]},` +
-		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","last_error":"connect: refused","degraded":true,"last_seq":null,"blocks":0,"last_seen_seq":null}},` +
-		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","data_parallel_size":2,"total_kv_blocks":1000}`
-	w4 := `{"instance_id":4,"source":"zmq","status":"paused","model_name":"other","routing_group":"g","block_size":32,"endpoints":{},"listeners":{}}`
+		`"1":{"endpoint":"tcp://10.0.0.1:5558","replay_endpoint":"tcp://10.0.0.1:6001","status":"pending","degraded":true,"last_seq":null,"blocks":0,"last_seen_seq":null}},` +
+		`"replay_endpoint":"tcp://10.0.0.1:6000","lifecycle":"schedulable","role":"decode","total_kv_blocks":1000,"data_parallel_size":2}`
+	w4 := `{"instance_id":4,"source":"zmq","status":"failed","model_name":"other","routing_group":"g","block_size":32,"endpoints":{"0":"tcp://10.0.0.4:5557"},` +
+		`"listeners":{"0":{"endpoint":"tcp://10.0.0.4:5557","status":"failed","last_error":"block_size: 32 conflicts with block size 16 of model=other routing_group=g","degraded":false,"last_seq":null,"blocks":0,"last_seen_seq":null}},"data_parallel_size":1}`
 	s.get("/workers").expect(t, 200, `[`+w1+`,`+w4+`]`)
 	s.get("/workers?model_name=m").expect(t, 200, `[`+w1+`]`)
 	s.get("/workers?routing_group=g").expect(t, 200, `[`+w4+`]`)
@@ -452,9 +478,6 @@ func TestWorkers(t *testing.T) {
 	want := [][2]string{{"", ""}, {"m", ""}, {"", "g"}, {"m", "g"}}
 	if !reflect.DeepEqual(fw.listArgs, want) {
 		t.Errorf("list args %v, want %v", fw.listArgs, want)
-	}
-	if l := fw.list[0].Listeners[0]; l.Blocks != 0 || l.RedundantStoreBlocks != 0 || l.LastSeq != nil || fw.list[1].Listeners != nil {
-		t.Errorf("the handler modified the maps List returned: %+v", fw.list)
 	}
 	// The response decodes into the exported type.
 	var got []WorkerInfo

@@ -292,7 +292,7 @@ func BenchmarkDecodePlan8K(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		var req PlanRequest
-		if _, err := decodeJSON(body, &req, nil, defaultHot(&req.Prompt)); err != nil || len(req.TokenIDs) != 8192 {
+		if _, err := decodeJSON(body, &req, nil, defaultHot(&req.Prompt)...); err != nil || len(req.TokenIDs) != 8192 {
 			b.Fatal(err)
 		}
 	}

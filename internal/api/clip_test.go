@@ -10,22 +10,6 @@ import (
 	"testing"
 )
 
-func TestClip(t *testing.T) {
-	long := strings.Repeat("é", 40) // 80 bytes
-	for _, c := range []struct{ in, want string }{
-		{"", ""},
-		{"model", "model"},
-		{strings.Repeat("a", 64), strings.Repeat("a", 64)},
-		{strings.Repeat("a", 65), strings.Repeat("a", 64) + "… (65 bytes)"},
-		{long, strings.Repeat("é", 32) + "… (80 bytes)"}, // cut at a rune boundary
-		{"a" + long, "a" + strings.Repeat("é", 31) + "… (81 bytes)"},
-	} {
-		if got := Clip(c.in); got != c.want {
-			t.Errorf("Clip(%q) = %q, want %q", c.in, got, c.want)
-		}
-	}
-}
-
 // TestErrorsClipClientValues sends multi-megabyte values to every route
 // whose errors quote what the client sent: each answer is short and names
 // the value's length instead of repeating it.

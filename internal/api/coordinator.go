@@ -8,6 +8,7 @@ import (
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // The mapping between the selection routes' bodies and the coordinator's
@@ -22,7 +23,7 @@ func parseRole(role string) (coordinator.Role, *httpError) {
 	if err := r.UnmarshalText([]byte(role)); err != nil {
 		var ne *coordinator.NameError
 		errors.As(err, &ne)
-		return 0, badRequest("role", "%q is not one of %s", clip(role, maxEcho), strings.Join(ne.Names, ", "))
+		return 0, badRequest("role", "%q is not one of %s", clip.N(role, maxEcho), strings.Join(ne.Names, ", "))
 	}
 	return r, nil
 }
@@ -33,7 +34,7 @@ func nameError(field string, err error) *httpError {
 	if !errors.As(err, &ne) {
 		return badRequest(field, "%v", err)
 	}
-	return badRequest(field, "%q: want %s", clip(ne.Name, maxEcho), ne.Want())
+	return badRequest(field, "%q: want %s", clip.N(ne.Name, maxEcho), ne.Want())
 }
 
 func constraints(rc *RoutingConstraints) coordinator.Constraints {

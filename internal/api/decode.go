@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"unicode"
+
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // The hot request bodies, /query and /query_by_hash, are read by lexer, a
@@ -155,8 +157,9 @@ func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
 
 // lexer reads one JSON document. pos is the offset of the next unread byte.
 type lexer struct {
-	data []byte
-	pos  int
+	data   []byte
+	pos    int
+	member int // where the object member being read starts (its key)
 }
 
 // ws skips whitespace.
@@ -269,12 +272,13 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			}
 			return l.syntax(field, "expected a string key, got %q", l.data[l.pos])
 		}
+		l.member = l.pos
 		key, err := l.str(field)
 		if err != nil {
 			return err
 		}
 		if l.peek() != ':' {
-			return l.syntax(field, "expected ':' after key %q", clip(key, maxEcho))
+			return l.syntax(field, "expected ':' after key %q", clip.N(key, maxEcho))
 		}
 		l.pos++
 		if err := f(key); err != nil {
@@ -287,7 +291,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			l.pos++
 			return nil
 		default:
-			return l.syntax(field, "expected ',' or '}' after the value of %q", clip(key, maxEcho))
+			return l.syntax(field, "expected ',' or '}' after the value of %q", clip.N(key, maxEcho))
 		}
 	}
 }
@@ -506,14 +510,14 @@ func (l *lexer) uint(field string, max uint64) (uint64, error) {
 		return 0, l.syntax(field, "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(field, "%s is not an integer", clip(raw, maxEcho))
+		return 0, badRequest(field, "%s is not an integer", clip.N(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok && v <= max {
 			return v, nil
 		}
 	}
-	return 0, badRequest(field, "%s is out of range [0, %d]", clip(raw, maxEcho), max)
+	return 0, badRequest(field, "%s is out of range [0, %d]", clip.N(raw, maxEcho), max)
 }
 
 // at names element i of field (or field itself when i < 0); it is only
@@ -537,7 +541,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 		return 0, l.syntax(at(field, i), "%s", p)
 	}
 	if !isInt {
-		return 0, badRequest(at(field, i), "%s is not an integer", clip(raw, maxEcho))
+		return 0, badRequest(at(field, i), "%s is not an integer", clip.N(raw, maxEcho))
 	}
 	if raw[0] != '-' {
 		if v, ok := parseDigits(raw); ok {
@@ -546,7 +550,7 @@ func (l *lexer) hash(field string, i int) (uint64, error) {
 	} else if v, ok := parseDigits(raw[1:]); ok && v <= 1<<63 {
 		return -v, nil // two's complement: the int64 bit pattern of -v
 	}
-	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", clip(raw, maxEcho))
+	return 0, badRequest(at(field, i), "%s is out of range [-2^63, 2^64-1]", clip.N(raw, maxEcho))
 }
 
 // float reads a finite number.
@@ -560,7 +564,7 @@ func (l *lexer) float(field string) (float64, error) {
 	}
 	f, err := strconv.ParseFloat(string(raw), 64)
 	if err != nil {
-		return 0, badRequest(field, "%s is out of range", clip(raw, maxEcho))
+		return 0, badRequest(field, "%s is out of range", clip.N(raw, maxEcho))
 	}
 	return f, nil
 }
@@ -673,7 +677,7 @@ func (l *lexer) strings(field string, maxItems, maxBytes int) ([]string, error) 
 		}
 		s, err := l.string(at(field, i), false)
 		if err == nil && maxBytes > 0 && len(s) > maxBytes {
-			return badRequest(at(field, i), "%q is longer than %d bytes", clip(s, maxEcho), maxBytes)
+			return badRequest(at(field, i), "%q is longer than %d bytes", clip.N(s, maxEcho), maxBytes)
 		}
 		out = append(out, s)
 		return err
@@ -692,7 +696,7 @@ func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error)
 		if n++; n > maxItems {
 			return tooLarge(field, "more than %d entries", maxItems)
 		}
-		s, err := l.string(field+"."+clip(k, maxEcho), false)
+		s, err := l.string(field+"."+clip.N(k, maxEcho), false)
 		out[k] = s
 		return err
 	})
@@ -710,82 +714,85 @@ func (l *lexer) stringMap(field string, maxItems int) (map[string]string, error)
 // (data_parallel_size, isl_tokens), for the wording of a value beyond their
 // Go type's range.
 //
-// With hot set, that first pass also reads the body's top-level token_ids
-// and block_hashes into hot.prompt itself, within hot's limits, and hands
-// encoding/json the body with null in their place (TokenIDs and HashList
-// take null as "leave as is", by the json.Unmarshaler convention):
-// encoding/json's scanner reads every byte of a body twice before any
-// UnmarshalJSON runs, which for an 8,192-token plan body is about 600 µs
-// of the 700 µs it would take (BenchmarkDecodePlan8K). The bounded lists
-// (WorkerIDs, RequiredTaints, TaintWeights, TaintList, Labels) read
-// themselves with the lexer, in their UnmarshalJSON, so that counts are
-// checked before anything is allocated.
-func decodeJSON(body []byte, v any, bounds map[string]uint64, hot *hotArrays) (have map[string]bool, err error) {
+// The top-level fields in own are read by that first pass itself (keys
+// matched regardless of case, a repeated key taking its last value, as in
+// encoding/json) and left out of what encoding/json is given: the token
+// and hash arrays, because encoding/json's scanner reads every byte of a
+// body twice before a field's UnmarshalJSON runs (for an 8,192-token plan
+// body about 600 µs of the 700 µs it would take, BenchmarkDecodePlan8K);
+// and lists whose length must be bounded before anything is allocated for
+// them (a worker's taints and topology domains).
+func decodeJSON(body []byte, v any, bounds map[string]uint64, own ...ownField) (have map[string]bool, err error) {
 	have = map[string]bool{}
-	var cuts [][2]int // the hot values read, to be replaced by null
+	var kept [][2]int // the members encoding/json reads, when some are not
+	cut := false
 	l := &lexer{data: body}
 	if err := l.document(func(key string) error {
 		if c := l.peek(); c != 'n' {
 			have[strings.ToLower(key)] = true
 		}
-		if hot == nil {
-			return l.skip(clip(key, maxEcho), 1)
+		member := l.member
+		for _, f := range own {
+			if strings.EqualFold(key, f.name) {
+				cut = true
+				return f.read(l)
+			}
 		}
-		start := l.pos
-		var err error
-		switch {
-		case strings.EqualFold(key, "token_ids"):
-			err = hot.tokens(l)
-		case strings.EqualFold(key, "block_hashes"):
-			err = hot.hashes(l)
-		default:
-			return l.skip(clip(key, maxEcho), 1)
-		}
-		cuts = append(cuts, [2]int{start, l.pos})
+		err := l.skip(clip.N(key, maxEcho), 1)
+		kept = append(kept, [2]int{member, l.pos})
 		return err
 	}); err != nil {
 		return have, err
 	}
-	if len(cuts) > 0 {
-		n := len(body)
-		for _, c := range cuts {
-			n -= c[1] - c[0] - len("null")
+	if cut {
+		rest := make([]byte, 0, 2+len(kept)+func() (n int) {
+			for _, m := range kept {
+				n += m[1] - m[0]
+			}
+			return n
+		}())
+		rest = append(rest, '{')
+		for i, m := range kept {
+			if i > 0 {
+				rest = append(rest, ',')
+			}
+			rest = append(rest, body[m[0]:m[1]]...)
 		}
-		rest, last := make([]byte, 0, n), 0
-		for _, c := range cuts {
-			rest = append(append(rest, body[last:c[0]]...), "null"...)
-			last = c[1]
-		}
-		body = append(rest, body[last:]...)
+		body = append(rest, '}')
 	}
 	return have, jsonError(json.Unmarshal(body, v), bounds)
 }
 
-// hotArrays are a cold body's token and hash arrays (decodeJSON), and the
-// most of each the route accepts.
-type hotArrays struct {
-	prompt               *Prompt
-	maxTokens, maxHashes int
+// ownField is a top-level field decodeJSON reads with the lexer: read
+// consumes its value (which may be null) at l.pos.
+type ownField struct {
+	name string
+	read func(l *lexer) error
 }
 
-func (h *hotArrays) tokens(l *lexer) error {
-	if isNull, err := l.null(); isNull || err != nil {
-		h.prompt.TokenIDs = nil
-		return err
+// promptFields are the hot arrays of a selection or plan body's prompt p,
+// read within the route's limits.
+func promptFields(p *Prompt, maxTokens, maxHashes int) []ownField {
+	return []ownField{
+		{"token_ids", func(l *lexer) error {
+			if isNull, err := l.null(); isNull || err != nil {
+				p.TokenIDs = nil
+				return err
+			}
+			v, err := l.tokens("token_ids", p.TokenIDs[:0], maxTokens)
+			p.TokenIDs = v
+			return err
+		}},
+		{"block_hashes", func(l *lexer) error {
+			if isNull, err := l.null(); isNull || err != nil {
+				p.BlockHashes = nil
+				return err
+			}
+			v, err := l.hashes("block_hashes", p.BlockHashes[:0], maxHashes)
+			p.BlockHashes = v
+			return err
+		}},
 	}
-	v, err := l.tokens("token_ids", h.prompt.TokenIDs[:0], h.maxTokens)
-	h.prompt.TokenIDs = v
-	return err
-}
-
-func (h *hotArrays) hashes(l *lexer) error {
-	if isNull, err := l.null(); isNull || err != nil {
-		h.prompt.BlockHashes = nil
-		return err
-	}
-	v, err := l.hashes("block_hashes", h.prompt.BlockHashes[:0], h.maxHashes)
-	h.prompt.BlockHashes = v
-	return err
 }
 
 // jsonError maps an encoding/json error to "<field>: <problem>", worded as
@@ -806,7 +813,7 @@ func jsonError(err error, bounds map[string]uint64) error {
 	if errors.As(err, &he) {
 		return he
 	}
-	return badRequest("body", "%s", clip(err.Error(), maxEcho))
+	return badRequest("body", "%s", clip.N(err.Error(), maxEcho))
 }
 
 // typeError words a value of the wrong type, or a number out of its
@@ -830,7 +837,7 @@ func typeError(e *json.UnmarshalTypeError, bounds map[string]uint64) *httpError 
 	}
 	bound, bounded := bounds[field]
 	if lit, ok := strings.CutPrefix(e.Value, "number "); ok {
-		lit = clip(lit, maxEcho)
+		lit = clip.N(lit, maxEcho)
 		switch {
 		case t.Kind() == reflect.Float32 || t.Kind() == reflect.Float64:
 			return badRequest(field, "%s is out of range", lit)
@@ -846,7 +853,7 @@ func typeError(e *json.UnmarshalTypeError, bounds map[string]uint64) *httpError 
 	}
 	got := map[string]string{"string": "a string", "number": "a number", "array": "an array", "object": "an object", "bool": "a boolean"}[e.Value]
 	if got == "" {
-		got = clip(e.Value, maxEcho)
+		got = clip.N(e.Value, maxEcho)
 	}
 	want := wantKind(t)
 	if bounded {

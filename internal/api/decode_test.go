@@ -347,15 +347,15 @@ func FuzzLexer(f *testing.F) {
 		// repeated objects).
 		if plainKeys(data) {
 			var sel SelectRequest
-			if _, err := decodeJSON(data, &sel, nil, defaultHot(&sel.Prompt)); err == nil {
+			if _, err := decodeJSON(data, &sel, nil, defaultHot(&sel.Prompt)...); err == nil {
 				sameAsJSON(t, data, normalPrompt(sel, &sel.Prompt), &SelectRequest{}, func(v *SelectRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 			var res ReserveRequest
-			if _, err := decodeJSON(data, &res, nil, defaultHot(&res.Prompt)); err == nil {
+			if _, err := decodeJSON(data, &res, nil, defaultHot(&res.Prompt)...); err == nil {
 				sameAsJSON(t, data, normalPrompt(res, &res.Prompt), &ReserveRequest{}, func(v *ReserveRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 			var plan PlanRequest
-			if _, err := decodeJSON(data, &plan, nil, defaultHot(&plan.Prompt)); err == nil {
+			if _, err := decodeJSON(data, &plan, nil, defaultHot(&plan.Prompt)...); err == nil {
 				sameAsJSON(t, data, normalPrompt(plan, &plan.Prompt), &PlanRequest{}, func(v *PlanRequest) any { return normalPrompt(*v, &v.Prompt) })
 			}
 		}

@@ -10,43 +10,51 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/indexer"
 )
 
 // fakeWorkers records calls and answers with the configured errors.
 type fakeWorkers struct {
 	mu            sync.Mutex // guards every field
-	registered    []RegisterRequest
-	unregistered  []UnregisterRequest
+	registered    []catalog.Registration
+	unregistered  []unregistration
 	listArgs      [][2]string
-	list          []WorkerInfo
+	list          []WorkerState
 	registerErr   error
 	unregisterErr error
 }
 
 var _ Workers = (*fakeWorkers)(nil)
 
-func (f *fakeWorkers) Register(_ context.Context, r RegisterRequest) error {
+// unregistration is the arguments of one Unregister call.
+type unregistration struct {
+	model, group string
+	id           uint64
+	rank         *uint32
+}
+
+func (f *fakeWorkers) Register(_ context.Context, r catalog.Registration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.registered = append(f.registered, r)
 	return f.registerErr
 }
 
-func (f *fakeWorkers) Unregister(_ context.Context, r UnregisterRequest) error {
+func (f *fakeWorkers) Unregister(_ context.Context, model, group string, id uint64, rank *uint32) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.unregistered = append(f.unregistered, r)
+	f.unregistered = append(f.unregistered, unregistration{model, group, id, rank})
 	return f.unregisterErr
 }
 
-func (f *fakeWorkers) List(model, group string) []WorkerInfo {
+func (f *fakeWorkers) List(model, group string) []WorkerState {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.listArgs = append(f.listArgs, [2]string{model, group})
-	var out []WorkerInfo
+	var out []WorkerState
 	for _, w := range f.list {
-		if (model == "" || w.ModelName == model) && (group == "" || w.RoutingGroup == group) {
+		if (model == "" || w.Record.ModelName == model) && (group == "" || w.Record.RoutingGroup == group) {
 			out = append(out, w)
 		}
 	}
@@ -170,6 +178,6 @@ func tokensJSON(tokens []uint32) string {
 }
 
 // defaultHot reads p's hot arrays within the default limits.
-func defaultHot(p *Prompt) *hotArrays {
-	return &hotArrays{prompt: p, maxTokens: DefaultMaxTokens, maxHashes: DefaultMaxBlockHashes}
+func defaultHot(p *Prompt) []ownField {
+	return promptFields(p, DefaultMaxTokens, DefaultMaxBlockHashes)
 }

@@ -9,6 +9,7 @@ import (
 	"strconv"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // QueryRequest is the body of POST /query. Unknown fields are ignored.
@@ -57,7 +58,7 @@ type InstanceScore struct {
 }
 
 func noPartition(k indexer.PartitionKey) *httpError {
-	return &httpError{http.StatusNotFound, fmt.Sprintf("no indexer for model=%s routing_group=%s", clip(k.Model, maxEcho), clip(k.Group, maxEcho))}
+	return &httpError{http.StatusNotFound, fmt.Sprintf("no indexer for model=%s routing_group=%s", clip.N(k.Model, maxEcho), clip.N(k.Group, maxEcho))}
 }
 
 func (h *handler) query(w http.ResponseWriter, r *http.Request) {
@@ -223,7 +224,7 @@ func decodeQuery(body []byte, tokens []uint32, limit int) (QueryRequest, error) 
 		case "cache_salt":
 			req.CacheSalt, err = l.string(key, true)
 		default:
-			err = l.skip(clip(key, maxEcho), 1) // unknown: tolerated for forward compatibility
+			err = l.skip(clip.N(key, maxEcho), 1) // unknown: tolerated for forward compatibility
 		}
 		return err
 	})
@@ -266,7 +267,7 @@ func decodeQueryByHash(body []byte, hashes []uint64, limit int) (indexer.Partiti
 				err = badRequest(key, "must be omitted or null: block hashes are already salted")
 			}
 		default:
-			err = l.skip(clip(key, maxEcho), 1)
+			err = l.skip(clip.N(key, maxEcho), 1)
 		}
 		return err
 	})

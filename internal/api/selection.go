@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // Selector is what the selection routes need from the coordinator
@@ -284,8 +285,8 @@ func decodeBody[T any](h *handler, w http.ResponseWriter, r *http.Request, promp
 	if herr != nil {
 		return req, herr
 	}
-	hot := &hotArrays{prompt: prompt(&req), maxTokens: h.cfg.MaxTokens, maxHashes: h.cfg.MaxBlockHashes}
-	if _, err := decodeJSON(body, &req, map[string]uint64{"isl_tokens": uint64(h.cfg.MaxTokens)}, hot); err != nil {
+	own := promptFields(prompt(&req), h.cfg.MaxTokens, h.cfg.MaxBlockHashes)
+	if _, err := decodeJSON(body, &req, map[string]uint64{"isl_tokens": uint64(h.cfg.MaxTokens)}, own...); err != nil {
 		return req, err
 	}
 	if herr := h.promptBounds(prompt(&req)); herr != nil {
@@ -304,7 +305,7 @@ func checkID(field, id string) *httpError {
 	case id == "":
 		return badRequest(field, "required")
 	case len(id) > maxIDBytes:
-		return badRequest(field, "%q is longer than %d bytes", clip(id, maxEcho), maxIDBytes)
+		return badRequest(field, "%q is longer than %d bytes", clip.N(id, maxEcho), maxIDBytes)
 	case strings.Contains(id, "/"):
 		return badRequest(field, "%q must not contain '/'", id)
 	}
@@ -515,7 +516,7 @@ func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan coordina
 	writeJSON(w, he.status, struct {
 		Error string    `json:"error"`
 		Plan  *PlanInfo `json:"plan"`
-	}{clip(he.msg, maxErrorBytes), &info})
+	}{clip.N(he.msg, maxErrorBytes), &info})
 }
 
 func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {

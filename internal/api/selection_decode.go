@@ -2,6 +2,8 @@ package api
 
 import (
 	"math"
+
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // Limits of the selection and plan bodies, checked while a body is read,
@@ -82,7 +84,7 @@ func (m *TaintWeights) UnmarshalJSON(b []byte) error {
 		if n++; n > MaxTaints {
 			return tooLarge(field, "more than %d taints", MaxTaints)
 		}
-		name := field + "." + clip(taint, maxEcho)
+		name := field + "." + clip.N(taint, maxEcho)
 		if len(taint) > MaxTaintBytes {
 			return badRequest(name, "the taint is longer than %d bytes", MaxTaintBytes)
 		}

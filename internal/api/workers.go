@@ -11,25 +11,41 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/clip"
 )
 
 // Workers is what the API needs from the worker catalog and the stream
 // manager. Implementations must be safe for concurrent use.
 type Workers interface {
-	// Register records a worker rank's event stream. Errors: ErrInvalid
-	// (400; use Invalid to name the field), ErrConflict (409, e.g. another
-	// block size for an existing (model, group)), ErrUnavailable (503,
-	// e.g. etcd unreachable); anything else is a 500. The error text is
-	// sent to the client, so it should read "<field>: <problem>".
-	Register(ctx context.Context, r RegisterRequest) error
-	// Unregister removes an instance (or one rank of it); ErrNotFound →
-	// 404, other errors as for Register.
-	Unregister(ctx context.Context, r UnregisterRequest) error
+	// Register writes a registration into the catalog
+	// (catalog.RegisterRanks). Errors: the catalog's
+	// (*catalog.ValidationError → 400 naming the field,
+	// *catalog.ConflictError and *catalog.IDInUseError → 409), or one
+	// wrapping this package's sentinels; a store error is a 503. The
+	// error text is sent to the client, so it should read "<field>:
+	// <problem>".
+	Register(ctx context.Context, r catalog.Registration) error
+	// Unregister removes worker id of model from group, from every group
+	// of the model (group ""), or only rank (catalog.UnregisterRanks);
+	// catalog.ErrNotFound → 404, other errors as for Register.
+	Unregister(ctx context.Context, model, group string, id uint64, rank *uint32) error
 	// List returns the workers of model and group ("" matches any), in
 	// any order. The caller owns the slice and may modify it.
-	List(modelName, routingGroup string) []WorkerInfo
+	List(modelName, routingGroup string) []WorkerState
+}
+
+// WorkerState is a worker as a Workers implementation knows it: its
+// catalog record and the state of its ranks' event streams.
+type WorkerState struct {
+	Record catalog.Worker
+	// Streams are the ranks' streams by dp rank; a rank without one
+	// (not started yet) is pending.
+	Streams map[uint32]streamstate.Rank
 }
 
 // Errors a Workers implementation wraps so that the API picks the status.
@@ -56,13 +72,11 @@ func Invalid(field, format string, args ...any) error {
 }
 
 // DefaultRoutingGroup is the routing group of requests that name none.
-const DefaultRoutingGroup = "default"
+const DefaultRoutingGroup = catalog.DefaultRoutingGroup
 
-// MaxDataParallelSize bounds data_parallel_size on /register: it is the
-// catalog's bound (catalog.MaxDataParallelSize, which a test checks),
-// mirrored here rather than imported so that the API's clients do not
-// link the etcd client that shares the catalog package.
-const MaxDataParallelSize = 4096
+// MaxDataParallelSize bounds data_parallel_size on /register (the
+// catalog's bound).
+const MaxDataParallelSize = catalog.MaxDataParallelSize
 
 // RegisterRequest is the body of POST /register: Dynamo's standalone
 // indexer fields (instance_id … replay_endpoint) plus prefixd's optional
@@ -83,48 +97,37 @@ type RegisterRequest struct {
 }
 
 // Extensions are prefixd's optional worker fields beyond Dynamo's
-// /register: the catalog record's fields. They have the same wire names
-// in RegisterRequest and WorkerInfo. Zero values mean "not given".
+// /register, with the same wire names in RegisterRequest and WorkerInfo:
+// the catalog record's attributes (catalog.Attributes: a field added there
+// is registered and listed), the number of ranks registered at once, and
+// the engine's HTTP endpoint. Zero values mean "not given".
 //
 // The handler checks only their JSON types; what the values mean (known
 // roles, the kv-transfer domain rules, well-formed taints) is checked by
-// the Workers implementation, i.e. by the catalog's record validation,
-// which reports a bad field as Invalid(field, …) → 400.
+// the catalog's record validation, which names the field at fault (400).
 type Extensions struct {
-	// Role is "aggregated", "prefill", "decode" or "encoder"; "" means
-	// aggregated.
-	Role string `json:"role,omitempty"`
-	// Topic is the ZMQ subscription prefix; "" subscribes to every topic.
-	Topic string `json:"topic,omitempty"`
+	catalog.Attributes
 	// DataParallelSize > 1 registers ranks DPRank … DPRank+size-1 in one
 	// request, each at vLLM's per-rank endpoint (the tcp port, or the
 	// inproc name, offset by the rank's distance from DPRank); 0 means 1.
 	// At most MaxDataParallelSize, and DPRank+size-1 must be a dp rank
 	// (400 otherwise).
 	DataParallelSize uint32 `json:"data_parallel_size,omitempty"`
-	// TotalKVBlocks is the KV cache capacity of one rank, in blocks;
-	// HostKVBlocks and DiskKVBlocks its offload tiers' (CPU memory, disk).
-	// A rank's index never holds more than these (with a margin) in a tier.
-	TotalKVBlocks uint64 `json:"total_kv_blocks,omitempty"`
-	HostKVBlocks  uint64 `json:"host_kv_blocks,omitempty"`
-	DiskKVBlocks  uint64 `json:"disk_kv_blocks,omitempty"`
-	// MaxNumBatchedTokens is the engine's prefill budget per step.
-	MaxNumBatchedTokens uint64 `json:"max_num_batched_tokens,omitempty"`
 	// EngineEndpoint is where clients send requests (e.g.
 	// http://10.0.0.2:8000); Endpoint is the KV-event stream.
 	EngineEndpoint string `json:"engine_endpoint,omitempty"`
-	// KVTransferDomain names the topology domain (a key of
-	// TopologyDomains) within which KV blocks must or should move;
-	// KVTransferEnforcement is "required" or "preferred", and
-	// KVTransferPreferredWeight, in [0, 1], weighs "preferred" (as in
-	// Dynamo's topology-aware KV transfer). 0 means absent.
-	KVTransferDomain          string  `json:"kv_transfer_domain,omitempty"`
-	KVTransferEnforcement     string  `json:"kv_transfer_enforcement,omitempty"`
-	KVTransferPreferredWeight float64 `json:"kv_transfer_preferred_weight,omitempty"`
-	// TopologyDomains are labels such as {"zone": "a", "rack": "r7"}.
-	TopologyDomains Labels `json:"topology_domains,omitempty"`
-	// Taints exclude the worker from requests that do not tolerate them.
-	Taints TaintList `json:"taints,omitempty"`
+}
+
+// Registration is r as the catalog takes it. On the API a
+// kv_transfer_preferred_weight of 0 means absent, as it always has.
+func (r RegisterRequest) Registration() catalog.Registration {
+	reg := catalog.Registration{Key: catalog.Key{Model: r.ModelName, Group: r.RoutingGroup, WorkerID: r.InstanceID},
+		Rank: r.DPRank, Size: r.DataParallelSize, EventsEndpoint: r.Endpoint, ReplayEndpoint: r.ReplayEndpoint,
+		BlockSize: r.BlockSize, Endpoint: r.EngineEndpoint, Attributes: r.Attributes}
+	if w := reg.KVTransferPreferredWeight; w != nil && *w == 0 {
+		reg.KVTransferPreferredWeight = nil
+	}
+	return reg
 }
 
 // UnregisterRequest is the body of POST /unregister.
@@ -235,11 +238,15 @@ type KVCacheGroup struct {
 var statusOrder = []string{StatusPaused, StatusActive, StatusPending, StatusFailed}
 
 func (h *handler) register(w http.ResponseWriter, r *http.Request) {
-	catalogChange(h, w, r, "register", decodeRegister, Workers.Register, http.StatusCreated)
+	catalogChange(h, w, r, "register", decodeRegister, func(ws Workers, ctx context.Context, req RegisterRequest) error {
+		return ws.Register(ctx, req.Registration())
+	}, http.StatusCreated)
 }
 
 func (h *handler) unregister(w http.ResponseWriter, r *http.Request) {
-	catalogChange(h, w, r, "unregister", decodeUnregister, Workers.Unregister, http.StatusOK)
+	catalogChange(h, w, r, "unregister", decodeUnregister, func(ws Workers, ctx context.Context, req UnregisterRequest) error {
+		return ws.Unregister(ctx, req.ModelName, req.RoutingGroup, req.InstanceID, req.DPRank)
+	}, http.StatusOK)
 }
 
 // catalogChange reads a /register or /unregister body, decodes it and
@@ -269,8 +276,12 @@ func catalogChange[T any](h *handler, w http.ResponseWriter, r *http.Request, op
 	writeRaw(w, status, statusOK)
 }
 
-// workersError maps a Workers error to its status.
+// workersError maps a Workers error to its status: the catalog's errors
+// (catalogError), then this package's sentinels.
 func workersError(err error) error {
+	if he := catalogError(err); he != nil {
+		return he
+	}
 	status := http.StatusInternalServerError
 	switch {
 	case errors.Is(err, ErrInvalid):
@@ -288,22 +299,86 @@ func workersError(err error) error {
 	return &httpError{status, err.Error()}
 }
 
+// catalogError maps the catalog's errors (catalog.RegisterRanks,
+// catalog.UnregisterRanks, a store's) to statuses, or returns nil for an
+// error that is none of them.
+func catalogError(err error) *httpError {
+	var ve *catalog.ValidationError
+	var inUse *catalog.IDInUseError
+	switch {
+	case errors.As(err, &inUse):
+		return &httpError{http.StatusConflict, fmt.Sprintf("instance_id: %d is registered for model=%s routing_group=%s; a worker id names one engine, so unregister it there first",
+			inUse.ID, clip.String(inUse.Holder.Model), clip.String(inUse.Holder.Group))}
+	case errors.Is(err, catalog.ErrConflict):
+		return &httpError{http.StatusConflict, err.Error()}
+	case errors.As(err, &ve) && len(ve.Fields) > 0:
+		return badRequest(ve.Fields[0].Field, "%s", ve.Fields[0].Reason)
+	case errors.As(err, &ve):
+		return badRequest("body", "%v", err)
+	case errors.Is(err, catalog.ErrNotFound):
+		return &httpError{http.StatusNotFound, err.Error()}
+	case errors.Is(err, catalog.ErrContended), errors.Is(err, catalog.ErrStoreClosed):
+		return &httpError{http.StatusServiceUnavailable, err.Error()}
+	}
+	return nil
+}
+
 func (h *handler) workers(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
-	var list []WorkerInfo
+	list := []WorkerInfo{}
 	if h.cfg.Workers != nil {
-		list = h.cfg.Workers.List(q.Get("model_name"), q.Get("routing_group"))
-	}
-	if list == nil {
-		list = []WorkerInfo{}
-	}
-	for i := range list {
-		h.fillWorker(&list[i])
+		for _, ws := range h.cfg.Workers.List(q.Get("model_name"), q.Get("routing_group")) {
+			wi := workerInfo(ws, time.Now())
+			h.fillWorker(&wi)
+			list = append(list, wi)
+		}
 	}
 	slices.SortFunc(list, func(a, b WorkerInfo) int {
 		return cmp.Or(cmp.Compare(a.ModelName, b.ModelName), cmp.Compare(a.RoutingGroup, b.RoutingGroup), cmp.Compare(a.InstanceID, b.InstanceID))
 	})
 	writeJSON(w, http.StatusOK, list)
+}
+
+// workerInfo is ws as /workers shows it, at now.
+func workerInfo(ws WorkerState, now time.Time) WorkerInfo {
+	w := ws.Record
+	info := WorkerInfo{InstanceID: w.WorkerID, ModelName: w.ModelName, RoutingGroup: w.RoutingGroup,
+		BlockSize: w.BlockSize, Lifecycle: string(w.Lifecycle), Listeners: map[uint32]Listener{},
+		Extensions: Extensions{DataParallelSize: w.DataParallelSize, EngineEndpoint: w.Endpoint, Attributes: w.Attributes}}
+	for _, r := range w.Ranks() {
+		ep, _ := w.EventsEndpointFor(r)
+		rp, _ := w.ReplayEndpointFor(r)
+		l := Listener{Endpoint: ep, ReplayEndpoint: rp, Status: StatusPending}
+		if info.ReplayEndpoint == "" {
+			info.ReplayEndpoint = rp
+		}
+		switch st, ok := ws.Streams[r]; {
+		case ok && st.Running:
+			l.Degraded = st.Degraded || st.Truncated
+			switch {
+			case !l.Degraded:
+			case st.DegradedReason != "":
+				l.DegradedReason = st.DegradedReason
+			case st.Truncated:
+				l.DegradedReason = "truncated: the index dropped some of its blocks (the memory cap, or more than its capacity)"
+			}
+			if st.HasLive {
+				seen := st.LastLive
+				l.LastSeenSeq = &seen
+			}
+			l.Replay = st.Replay.String()
+			if st.Replay == streamstate.ReplayQueued {
+				l.ReplayQueuedSeconds = now.Sub(st.ReplayQueuedSince).Round(time.Millisecond).Seconds()
+			}
+			if st.Connected && st.Synced && st.Replay != streamstate.ReplayQueued {
+				l.Status = StatusActive
+			}
+		case ok && st.Err != "":
+			l.Status, l.LastError = StatusFailed, st.Err
+		}
+		info.Listeners[r] = l
+	}
+	return info
 }
 
 // fillWorker completes what the handler derives: source, aggregate status,
@@ -360,7 +435,17 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 		AdditionalSalt      *string `json:"additional_salt"`
 		AdditionalSaltAlias *string `json:"additionalsalt"`
 		TenantID            *string `json:"tenant_id"`
-	}{RegisterRequest: &req}, map[string]uint64{"data_parallel_size": MaxDataParallelSize}, nil)
+	}{RegisterRequest: &req}, map[string]uint64{"data_parallel_size": MaxDataParallelSize},
+		// At most MaxTaints each, counted before they are allocated (413
+		// beyond).
+		ownField{"taints", func(l *lexer) (err error) {
+			req.Taints, err = l.strings("taints", MaxTaints, 0)
+			return err
+		}},
+		ownField{"topology_domains", func(l *lexer) (err error) {
+			req.TopologyDomains, err = l.stringMap("topology_domains", MaxTaints)
+			return err
+		}})
 	if err != nil {
 		return req, err
 	}
@@ -395,37 +480,13 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 	return req, nil
 }
 
-// TaintList is a worker's taints: at most MaxTaints strings, counted
-// before they are allocated (413 beyond). null is nil.
-type TaintList []string
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (t *TaintList) UnmarshalJSON(b []byte) error {
-	l := lexer{data: b}
-	v, err := l.strings("taints", MaxTaints, 0)
-	*t = v
-	return l.end("taints", err)
-}
-
-// Labels are a worker's topology domains: at most MaxTaints string
-// values, counted before they are allocated (413 beyond). null is nil.
-type Labels map[string]string
-
-// UnmarshalJSON implements json.Unmarshaler.
-func (m *Labels) UnmarshalJSON(b []byte) error {
-	l := lexer{data: b}
-	v, err := l.stringMap("topology_domains", MaxTaints)
-	*m = v
-	return l.end("topology_domains", err)
-}
-
 // checkEndpoint accepts the ZMQ endpoints an indexer can connect to:
 // tcp://host:port (host not a wildcard, port 1–65535), ipc://path and
 // inproc://name.
 func checkEndpoint(field, ep string) error {
 	scheme, addr, ok := strings.Cut(ep, "://")
 	if !ok {
-		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", clip(ep, maxEcho))
+		return badRequest(field, "%q is not a ZMQ endpoint (tcp://host:port, ipc://path or inproc://name)", clip.N(ep, maxEcho))
 	}
 	switch scheme {
 	case "tcp":
@@ -435,20 +496,20 @@ func checkEndpoint(field, ep string) error {
 			if ae, ok := err.(*net.AddrError); ok {
 				why = ae.Err // the rest repeats the address
 			}
-			return badRequest(field, "%q: %s", clip(ep, maxEcho), why)
+			return badRequest(field, "%q: %s", clip.N(ep, maxEcho), why)
 		}
 		if host == "" || host == "*" || host == "0.0.0.0" || host == "::" {
-			return badRequest(field, "%q: host %q is not an address to connect to", clip(ep, maxEcho), clip(host, maxEcho))
+			return badRequest(field, "%q: host %q is not an address to connect to", clip.N(ep, maxEcho), clip.N(host, maxEcho))
 		}
 		if p, err := strconv.ParseUint(port, 10, 16); err != nil || p == 0 {
-			return badRequest(field, "%q: port %q is not in 1–65535", clip(ep, maxEcho), clip(port, maxEcho))
+			return badRequest(field, "%q: port %q is not in 1–65535", clip.N(ep, maxEcho), clip.N(port, maxEcho))
 		}
 	case "ipc", "inproc":
 		if addr == "" {
-			return badRequest(field, "%q: empty %s address", clip(ep, maxEcho), scheme)
+			return badRequest(field, "%q: empty %s address", clip.N(ep, maxEcho), scheme)
 		}
 	default:
-		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", clip(ep, maxEcho), clip(scheme, maxEcho))
+		return badRequest(field, "%q: transport %q is not tcp, ipc or inproc", clip.N(ep, maxEcho), clip.N(scheme, maxEcho))
 	}
 	return nil
 }
@@ -456,7 +517,7 @@ func checkEndpoint(field, ep string) error {
 // decodeUnregister reads and validates an /unregister body.
 func decodeUnregister(body []byte) (UnregisterRequest, error) {
 	var req UnregisterRequest
-	have, err := decodeJSON(body, &req, nil, nil)
+	have, err := decodeJSON(body, &req, nil)
 	switch {
 	case err != nil:
 		return req, err

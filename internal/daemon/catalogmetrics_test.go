@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 )
 
@@ -16,7 +17,7 @@ import (
 // the watch counters pass through.
 func TestCatalogCollector(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
-	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,8 +16,10 @@ import (
 func TestSelectorExpireAndRoleChange(t *testing.T) {
 	s := newTestSelector(indexer.New(indexer.Options{}))
 	w := func(id uint64, role catalog.Role) catalog.Worker {
-		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", Role: role, BlockSize: 16, DataParallelSize: 1,
-			Endpoint: fmt.Sprintf("http://w%d:8000", id)}.WithDefaults()
+		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", BlockSize: 16, DataParallelSize: 1,
+			Endpoint:   fmt.Sprintf("http://w%d:8000", id),
+			Attributes: catalog.Attributes{Role: role},
+		}.WithDefaults()
 	}
 	s.setWorker(w(1, catalog.RoleDecode))
 	s.setWorker(w(2, catalog.RolePrefill))

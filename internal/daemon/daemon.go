@@ -19,6 +19,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
@@ -30,7 +31,7 @@ import (
 type Config struct {
 	// Etcd is the catalog's etcd; no Endpoints means an embedded etcd in
 	// DataDir (default ./prefixd-data) on EmbeddedURL.
-	Etcd    catalog.EtcdConfig
+	Etcd    etcdstore.Config
 	DataDir string
 	// EmbeddedURL is the embedded etcd's client URL (default: a free loopback
 	// port). Sidecars and mock engines on the same host register there.
@@ -117,7 +118,7 @@ func Run(ctx context.Context, cfg Config) error {
 		if err := os.MkdirAll(dir, 0o700); err != nil {
 			return fmt.Errorf("embedded etcd data dir: %w", err)
 		}
-		emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir, ClientURL: cfg.EmbeddedURL})
+		emb, err := etcdstore.StartEmbedded(ctx, etcdstore.EmbeddedConfig{Dir: dir, ClientURL: cfg.EmbeddedURL})
 		if errors.Is(err, syscall.EADDRINUSE) {
 			return fmt.Errorf("embedded etcd: %s is in use (another prefixd or etcd?): pass --embedded-etcd-url with a free port, or --etcd-endpoints to use that etcd: %w", cfg.EmbeddedURL, err)
 		}
@@ -128,7 +129,7 @@ func Run(ctx context.Context, cfg Config) error {
 		etcdCfg.Endpoints = emb.Endpoints()
 		log.Info("no --etcd-endpoints: running an embedded etcd", "endpoints", etcdCfg.Endpoints, "data_dir", dir)
 	}
-	store, err := catalog.NewEtcdStore(ctx, etcdCfg)
+	store, err := etcdstore.New(ctx, etcdCfg)
 	if err != nil {
 		return fmt.Errorf("etcd: %w", err)
 	}

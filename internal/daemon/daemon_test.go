@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
@@ -43,7 +44,7 @@ func startDaemonWith(t *testing.T, etcd []string, edit func(*Config)) *testDaemo
 	ctx, cancel := context.WithCancel(context.Background())
 	addr := make(chan string, 1)
 	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
-	cfg := Config{Etcd: catalog.EtcdConfig{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
+	cfg := Config{Etcd: etcdstore.Config{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 		ReadyTimeout: 30 * time.Second,
 		Subscriber:   stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
 	if edit != nil {
@@ -155,7 +156,7 @@ func TestDaemonLeaseExpiry(t *testing.T) {
 	d := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 0)
 	e.Store(4)
-	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +330,7 @@ func TestRunListenInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer taken.Close()
-	err = Run(context.Background(), Config{Etcd: catalog.EtcdConfig{Endpoints: etcd.Endpoints()}, Listen: taken.Addr().String()})
+	err = Run(context.Background(), Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints()}, Listen: taken.Addr().String()})
 	if err == nil || !strings.Contains(err.Error(), "pass --listen with a free port") {
 		t.Fatalf("Run on a taken address: %v", err)
 	}

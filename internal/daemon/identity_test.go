@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
@@ -52,9 +53,9 @@ func register(t *testing.T, d *testDaemon, body map[string]any) (int, string) {
 	return code, string(b)
 }
 
-func etcdStore(t *testing.T, etcd *catalog.Embedded) *catalog.EtcdStore {
+func etcdStore(t *testing.T, etcd *etcdstore.Embedded) *etcdstore.Store {
 	t.Helper()
-	s, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	s, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,7 +92,7 @@ func (a *selectorAPI) do(method, path string, body any) (int, string) {
 // worker is a catalog record of model m; endpoint "" registers it
 // without an engine endpoint.
 func worker(id uint64, group string, role catalog.Role, endpoint string) catalog.Worker {
-	return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: group, Role: role, BlockSize: 16, DataParallelSize: 1, Endpoint: endpoint}.WithDefaults()
+	return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: group, BlockSize: 16, DataParallelSize: 1, Endpoint: endpoint, Attributes: catalog.Attributes{Role: role}}.WithDefaults()
 }
 
 func engine(id uint64) string { return fmt.Sprintf("http://w%d:8000", id) }

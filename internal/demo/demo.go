@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
@@ -159,7 +160,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	defer os.RemoveAll(dir)
 	fmt.Fprintf(cfg.Out, "starting embedded etcd in %s …\n", dir)
-	emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true})
+	emb, err := etcdstore.StartEmbedded(ctx, etcdstore.EmbeddedConfig{Dir: dir, UnsafeNoFsync: true})
 	if err != nil {
 		return nil, err
 	}
@@ -171,7 +172,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	dctx, stopDaemon := context.WithCancel(ctx)
 	daemonDone := make(chan error, 1)
 	go func() {
-		daemonDone <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: emb.Endpoints()}, Listen: "127.0.0.1:0",
+		daemonDone <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: emb.Endpoints()}, Listen: "127.0.0.1:0",
 			Index: ix, Registry: reg, Logger: cfg.Log, OnReady: func(a string) { addrCh <- a },
 			Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
@@ -190,7 +191,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cl := &client.Client{BaseURL: "http://" + addr}
 	fmt.Fprintf(cfg.Out, "prefixd serving on %s\n", addr)
 
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
+	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: emb.Endpoints()})
 	if err != nil {
 		return nil, err
 	}
@@ -326,7 +327,7 @@ func runMode(ctx context.Context, name string, prompts []mocker.Request, cfg Con
 }
 
 // startEngines starts the demo's pools and waits until all are registered.
-func startEngines(ctx context.Context, cfg Config, store *catalog.EtcdStore) (*fleet, error) {
+func startEngines(ctx context.Context, cfg Config, store *etcdstore.Store) (*fleet, error) {
 	f := newFleet(ctx, cfg, store)
 	for _, s := range demoSpecs() {
 		if _, err := f.start(ctx, s); err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
@@ -55,7 +56,7 @@ func TestEndToEndFailures(t *testing.T) {
 	check("daemon restart", d.ix)
 
 	emb.Close()
-	emb2, err := catalog.StartEmbedded(ctx, emb.Config())
+	emb2, err := etcdstore.StartEmbedded(ctx, emb.Config())
 	if err != nil {
 		t.Fatalf("restart etcd: %v", err)
 	}
@@ -180,12 +181,12 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 
 // e2eEtcd starts an embedded etcd and a store on it, and a context that
 // bounds the test.
-func e2eEtcd(t *testing.T) (context.Context, *catalog.Embedded, *catalog.EtcdStore) {
+func e2eEtcd(t *testing.T) (context.Context, *etcdstore.Embedded, *etcdstore.Store) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	emb := storetest.StartEtcd(t)
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
+	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: emb.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -195,7 +196,7 @@ func e2eEtcd(t *testing.T) (context.Context, *catalog.Embedded, *catalog.EtcdSto
 
 // startE2EEngines starts one registered mock engine per config (ids 1, 2,
 // …, 256 blocks of 16 tokens unless set) and stops them at cleanup.
-func startE2EEngines(t *testing.T, ctx context.Context, store *catalog.EtcdStore, cfgs []mocker.Config) []*mocker.Engine {
+func startE2EEngines(t *testing.T, ctx context.Context, store *etcdstore.Store, cfgs []mocker.Config) []*mocker.Engine {
 	t.Helper()
 	fl := newFleet(ctx, Config{}.Defaults(), store)
 	t.Cleanup(func() {
@@ -297,7 +298,7 @@ func startDaemon(t *testing.T, ctx context.Context, etcd []string, peers ...stri
 	d.cancel = cancel
 	ready := make(chan string, 1)
 	go func() {
-		d.done <- daemon.Run(dctx, daemon.Config{Etcd: catalog.EtcdConfig{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
+		d.done <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
 			OnReady: func(a string) { ready <- a }, Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	select {

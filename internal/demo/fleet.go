@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/internal/mocker"
 )
 
@@ -24,13 +25,13 @@ type fleet struct {
 	cfg Config
 }
 
-func newFleet(ctx context.Context, cfg Config, store *catalog.EtcdStore) *fleet {
+func newFleet(ctx context.Context, cfg Config, store *etcdstore.Store) *fleet {
 	return &fleet{Fleet: mocker.NewFleet(ctx, store, cfg.Log), cfg: cfg}
 }
 
 // start runs an engine for s and returns once it is registered.
 func (f *fleet) start(ctx context.Context, s engineSpec) (*mocker.Engine, error) {
-	w := catalog.Worker{WorkerID: s.id, ModelName: model, RoutingGroup: s.group, Role: s.role, Endpoint: "http://127.0.0.1:" + strconv.FormatUint(18000+s.id, 10)}
+	w := catalog.Worker{WorkerID: s.id, ModelName: model, RoutingGroup: s.group, Endpoint: "http://127.0.0.1:" + strconv.FormatUint(18000+s.id, 10), Attributes: catalog.Attributes{Role: s.role}}
 	if s.domain != "" {
 		w.TopologyDomains = map[string]string{"rack": s.domain}
 		w.KVTransferDomain = "rack"

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/mocker"
@@ -138,7 +139,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 		return nil, err
 	}
 	defer os.RemoveAll(dir)
-	emb, err := catalog.StartEmbedded(ctx, catalog.EmbeddedConfig{Dir: filepath.Join(dir, "etcd"), UnsafeNoFsync: true})
+	emb, err := etcdstore.StartEmbedded(ctx, etcdstore.EmbeddedConfig{Dir: filepath.Join(dir, "etcd"), UnsafeNoFsync: true})
 	if err != nil {
 		return nil, err
 	}
@@ -152,7 +153,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 	cl := &client.Client{BaseURL: d.url}
 	fmt.Fprintf(cfg.Out, "prefixd (pid %d) serving on %s; its log is kept until the end in %s\n", d.cmd.Process.Pid, d.url, d.log)
 
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: emb.Endpoints()})
+	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: emb.Endpoints()})
 	if err != nil {
 		return nil, err
 	}

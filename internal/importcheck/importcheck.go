@@ -17,6 +17,17 @@ import (
 // its own GOROOT/bin first on PATH, so that is the toolchain under test.
 func Forbidden(t testing.TB, pkg string) { check(t, pkg, Offends, "must not import") }
 
+// Light fails t if the package pkg transitively imports the etcd client
+// or server or a ZMQ library: the record schema (catalog), the API's types
+// and the Go client are imported by routers and tools that must not link
+// the daemon's machinery.
+func Light(t testing.TB, pkg string) { check(t, pkg, Heavy, "must not import") }
+
+// Heavy reports whether path is etcd or ZMQ.
+func Heavy(path string) bool {
+	return strings.Contains(path, "go.etcd.io") || strings.Contains(path, "zmq")
+}
+
 // NoTestSupport fails t if the package pkg transitively imports test
 // support (see TestSupport): what ships in the binary must not carry
 // fakes, test harnesses or package testing.

@@ -12,9 +12,11 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/stream"
+	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -92,7 +94,7 @@ func caughtUp(t *testing.T, s *stream.Subscriber, e *Engine) {
 	if !ok {
 		t.Fatal("engine published nothing")
 	}
-	var st stream.State
+	var st streamstate.State
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
@@ -367,7 +369,7 @@ func TestEngineFaultEndpoints(t *testing.T) {
 func TestEngineCrash(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	ctx := context.Background()
-	store, err := catalog.NewEtcdStore(ctx, catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}

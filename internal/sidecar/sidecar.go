@@ -16,13 +16,14 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 )
 
 // Options configure a sidecar. Worker is the record to register; its
 // endpoints may use a wildcard host (tcp://*:5557, as vLLM binds), which
 // Run replaces with AdvertiseHost.
 type Options struct {
-	Etcd          catalog.EtcdConfig
+	Etcd          etcdstore.Config
 	Worker        catalog.Worker
 	AdvertiseHost string        // default: the first non-loopback IPv4 address of this host
 	TTL           time.Duration // lease TTL (default 10 s)
@@ -146,7 +147,7 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return fmt.Errorf("worker record: %w", err)
 	}
-	store, err := catalog.NewEtcdStore(ctx, o.Etcd)
+	store, err := etcdstore.New(ctx, o.Etcd)
 	if err != nil {
 		return err
 	}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -46,7 +47,7 @@ func TestSidecarLifecycle(t *testing.T) {
 		}
 	}))
 	defer engine.Close()
-	store, err := catalog.NewEtcdStore(context.Background(), catalog.EtcdConfig{Endpoints: etcd.Endpoints()})
+	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +58,7 @@ func TestSidecarLifecycle(t *testing.T) {
 		return w, err == nil
 	}
 	o := Options{
-		Etcd: catalog.EtcdConfig{Endpoints: etcd.Endpoints()},
+		Etcd: etcdstore.Config{Endpoints: etcd.Endpoints()},
 		Worker: catalog.Worker{WorkerID: 11, ModelName: key.Model, BlockSize: 16, DataParallelSize: 2,
 			EventsEndpoint: "tcp://*:5557", ReplayEndpoint: "tcp://*:5600", Endpoint: engine.URL},
 		AdvertiseHost: "10.1.2.3", TTL: 2 * time.Second,

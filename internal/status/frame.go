@@ -11,6 +11,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/internal/api"
 )
 
@@ -150,7 +151,7 @@ func Build(ws []api.WorkerInfo, m Metrics) Frame {
 func rank(w api.WorkerInfo, r uint32, l api.Listener, m Metrics) Rank {
 	wl := []string{"worker", strconv.FormatUint(w.InstanceID, 10), "rank", strconv.FormatUint(uint64(r), 10)}
 	res := m.By("prefixd_stream_replays_total", "result", wl...)
-	out := Rank{Worker: w.InstanceID, Rank: r, Model: w.ModelName, Group: w.RoutingGroup, Role: cmp.Or(w.Role, "aggregated"),
+	out := Rank{Worker: w.InstanceID, Rank: r, Model: w.ModelName, Group: w.RoutingGroup, Role: string(cmp.Or(w.Role, catalog.RoleAggregated)),
 		Status: l.Status, LastError: l.LastError, LastSeq: l.LastSeq, LastSeenSeq: l.LastSeenSeq, Blocks: l.Blocks, Replay: l.Replay,
 		Replays:  Replays{OK: count(res["ok"]), Partial: count(res["partial"]), Failed: count(res["failed"])},
 		Gaps:     count(m.Sum("prefixd_stream_gaps_total", wl...)),

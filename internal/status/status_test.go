@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/internal/api"
 )
 
@@ -218,7 +219,7 @@ func TestBuildFleetCounters(t *testing.T) {
 
 func TestWriteText(t *testing.T) {
 	ws := []api.WorkerInfo{
-		{InstanceID: 1, ModelName: "m", RoutingGroup: "default", Extensions: api.Extensions{Role: "decode"}, Listeners: map[uint32]api.Listener{
+		{InstanceID: 1, ModelName: "m", RoutingGroup: "default", Extensions: api.Extensions{Attributes: catalog.Attributes{Role: "decode"}}, Listeners: map[uint32]api.Listener{
 			0: {Status: api.StatusActive, LastSeq: u64(41), LastSeenSeq: u64(41), Blocks: 60},
 			1: {Status: api.StatusActive, LastSeq: u64(9), LastSeenSeq: u64(12), Blocks: 40},
 		}},

@@ -1,4 +1,4 @@
-package catalog
+package etcdstore
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prefixd/prefixd/catalog"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -19,9 +20,9 @@ import (
 	"google.golang.org/grpc/connectivity"
 )
 
-// EtcdConfig is how to reach etcd. The serve and sidecar commands map
+// Config is how to reach etcd. The serve and sidecar commands map
 // their flags onto it.
-type EtcdConfig struct {
+type Config struct {
 	// Endpoints are client URLs, e.g. "http://127.0.0.1:2379" (https with
 	// TLS). Required.
 	Endpoints []string
@@ -36,7 +37,7 @@ type EtcdConfig struct {
 	KeyFile  string
 	CAFile   string
 	// DialTimeout bounds connecting, authenticating and the first read
-	// NewEtcdStore makes (default 5 s).
+	// New makes (default 5 s).
 	DialTimeout time.Duration
 	// ReconnectMaxDelay caps the delay between reconnection attempts
 	// while etcd is down (default 1 s; gRPC's own default is 2 minutes,
@@ -45,7 +46,7 @@ type EtcdConfig struct {
 }
 
 // Validate reports configuration mistakes, naming the field.
-func (c EtcdConfig) Validate() error {
+func (c Config) Validate() error {
 	var errs []error
 	if len(c.Endpoints) == 0 {
 		errs = append(errs, errors.New("etcd endpoints: at least one is required"))
@@ -64,12 +65,12 @@ func (c EtcdConfig) Validate() error {
 	return errors.Join(errs...)
 }
 
-func (c EtcdConfig) tls() bool { return c.CertFile != "" || c.KeyFile != "" || c.CAFile != "" }
+func (c Config) tls() bool { return c.CertFile != "" || c.KeyFile != "" || c.CAFile != "" }
 
-// EtcdStore is the Store on etcd (client v3). Keys live under the
+// Store is the Store on etcd (client v3). Keys live under the
 // configured prefix (see Key.Path); values are the records' JSON; leases
 // are etcd leases. It is safe for concurrent use.
-type EtcdStore struct {
+type Store struct {
 	cli       *clientv3.Client
 	prefix    string
 	endpoints []string
@@ -85,16 +86,16 @@ type EtcdStore struct {
 // restart that lost the history the watch resumed from.
 const WatchCheckInterval = 2 * time.Second
 
-var _ Store = (*EtcdStore)(nil)
+var _ catalog.Store = (*Store)(nil)
 
 // listPage is how many records one List request fetches.
 const listPage = 500
 
-// NewEtcdStore connects to etcd and checks that it can read the prefix,
+// New connects to etcd and checks that it can read the prefix,
 // so a wrong endpoint, a missing or wrong password or missing permissions
 // fail here with an error that says which. It starts no goroutine of its
 // own (the etcd client runs its connection machinery until Close).
-func NewEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
+func New(ctx context.Context, cfg Config) (*Store, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -130,32 +131,32 @@ func NewEtcdStore(ctx context.Context, cfg EtcdConfig) (*EtcdStore, error) {
 		}
 		return nil, fmt.Errorf("etcd %s: connect: %w", eps, err)
 	}
-	s := &EtcdStore{cli: cli, prefix: NormPrefix(cfg.Prefix), endpoints: cfg.Endpoints}
+	s := &Store{cli: cli, prefix: catalog.NormPrefix(cfg.Prefix), endpoints: cfg.Endpoints}
 	cctx, cancel := context.WithTimeout(ctx, cfg.DialTimeout)
 	defer cancel()
-	_, err = cli.Get(cctx, WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+	_, err = cli.Get(cctx, catalog.WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		cli.Close()
 		switch {
 		case errors.Is(err, rpctypes.ErrUserEmpty):
 			return nil, fmt.Errorf("etcd %s: the server requires authentication; set a username and password: %w", eps, err)
 		case errors.Is(err, rpctypes.ErrPermissionDenied):
-			return nil, fmt.Errorf("etcd %s: user %q may not read %s: %w", eps, cfg.Username, WorkersPrefix(s.prefix), err)
+			return nil, fmt.Errorf("etcd %s: user %q may not read %s: %w", eps, cfg.Username, catalog.WorkersPrefix(s.prefix), err)
 		case errors.Is(err, context.DeadlineExceeded):
 			return nil, fmt.Errorf("etcd %s: not reachable within %v (down, wrong address, or a TLS mismatch such as a missing client certificate): %w", eps, cfg.DialTimeout, err)
 		}
-		return nil, fmt.Errorf("etcd %s: read %s: %w", eps, WorkersPrefix(s.prefix), err)
+		return nil, fmt.Errorf("etcd %s: read %s: %w", eps, catalog.WorkersPrefix(s.prefix), err)
 	}
 	return s, nil
 }
 
 // Prefix returns the key prefix.
-func (s *EtcdStore) Prefix() string { return s.prefix }
+func (s *Store) Prefix() string { return s.prefix }
 
 // Ping reads the catalog's key count (no values) and returns the store
 // revision: a cheap check that etcd answers, for health metrics.
-func (s *EtcdStore) Ping(ctx context.Context) (int64, error) {
-	resp, err := s.cli.Get(ctx, WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+func (s *Store) Ping(ctx context.Context) (int64, error) {
+	resp, err := s.cli.Get(ctx, catalog.WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
 		return 0, etcdErr("ping", err)
 	}
@@ -164,28 +165,28 @@ func (s *EtcdStore) Ping(ctx context.Context) (int64, error) {
 
 // Close closes the client. Leases are not revoked (Session.Close does
 // that), so records written with them stay until their TTL runs out.
-func (s *EtcdStore) Close() error { return s.cli.Close() }
+func (s *Store) Close() error { return s.cli.Close() }
 
 // etcdErr wraps err, adding this package's sentinel for the etcd errors
 // callers branch on.
 func etcdErr(op string, err error) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
-		return fmt.Errorf("%s: %w: %w", op, ErrLeaseNotFound, err)
+		return fmt.Errorf("%s: %w: %w", op, catalog.ErrLeaseNotFound, err)
 	case errors.Is(err, rpctypes.ErrCompacted):
-		return fmt.Errorf("%s: %w: %w", op, ErrCompacted, err)
+		return fmt.Errorf("%s: %w: %w", op, catalog.ErrCompacted, err)
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
 
 // Put implements Registrar.
-func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, error) {
-	b, err := EncodeRecord(w)
+func (s *Store) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID) (int64, error) {
+	b, err := catalog.EncodeRecord(w)
 	if err != nil {
 		return 0, err
 	}
 	op := fmt.Sprintf("put %v lease %x", w.Key(), lease)
-	for range MaxUpdateAttempts {
+	for range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, w.Key())
 		if err != nil {
 			return 0, etcdErr(op, err)
@@ -195,13 +196,13 @@ func (s *EtcdStore) Put(ctx context.Context, w Worker, lease LeaseID) (int64, er
 			return rev, wrapOp(op, err)
 		}
 	}
-	return 0, fmt.Errorf("%s: %w", op, ErrContended)
+	return 0, fmt.Errorf("%s: %w", op, catalog.ErrContended)
 }
 
 // Update implements Store.
-func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error) {
+func (s *Store) Update(ctx context.Context, k catalog.Key, fn catalog.UpdateFunc) (int64, error) {
 	op := fmt.Sprintf("update %v", k)
-	for range MaxUpdateAttempts {
+	for range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
 			return 0, etcdErr(op, err)
@@ -212,15 +213,15 @@ func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, er
 		}
 		var b []byte
 		switch err := fn(&w, cur); {
-		case errors.Is(err, RemoveRecord) && !cur.Exists:
-			return 0, fmt.Errorf("%s: %w", op, ErrNotFound)
-		case errors.Is(err, RemoveRecord):
+		case errors.Is(err, catalog.RemoveRecord) && !cur.Exists:
+			return 0, fmt.Errorf("%s: %w", op, catalog.ErrNotFound)
+		case errors.Is(err, catalog.RemoveRecord):
 		case err != nil:
 			return 0, err
 		case w.Key() != k:
 			return 0, fmt.Errorf("%s: the update moved the record to %v", op, w.Key())
 		default:
-			if b, err = EncodeRecord(w); err != nil {
+			if b, err = catalog.EncodeRecord(w); err != nil {
 				return 0, err
 			}
 		}
@@ -229,15 +230,11 @@ func (s *EtcdStore) Update(ctx context.Context, k Key, fn UpdateFunc) (int64, er
 			return rev, wrapOp(op, err)
 		}
 	}
-	return 0, fmt.Errorf("%s: %w", op, ErrContended)
+	return 0, fmt.Errorf("%s: %w", op, catalog.ErrContended)
 }
 
-// ErrContended is returned (wrapped) by Update when its compare-and-swap
-// lost MaxUpdateAttempts times to concurrent writers.
-var ErrContended = errors.New("catalog: too many concurrent changes; try again")
-
 func wrapOp(op string, err error) error {
-	var inUse *IDInUseError
+	var inUse *catalog.IDInUseError
 	if err == nil || errors.As(err, &inUse) {
 		return err
 	}
@@ -247,7 +244,7 @@ func wrapOp(op string, err error) error {
 // keyState is what a write read: the record and its id claim, and the
 // record the claim names when that is another one.
 type keyState struct {
-	k           Key
+	k           catalog.Key
 	path, claim string
 	rec         *mvccpb.KeyValue // nil: no record
 	claimRev    int64            // 0: no claim
@@ -256,8 +253,8 @@ type keyState struct {
 }
 
 // read reads k's record and claim at one revision.
-func (s *EtcdStore) read(ctx context.Context, k Key) (keyState, error) {
-	st := keyState{k: k, path: k.Path(s.prefix), claim: IDClaimPath(s.prefix, k.WorkerID)}
+func (s *Store) read(ctx context.Context, k catalog.Key) (keyState, error) {
+	st := keyState{k: k, path: k.Path(s.prefix), claim: catalog.IDClaimPath(s.prefix, k.WorkerID)}
 	resp, err := s.cli.Txn(ctx).Then(clientv3.OpGet(st.path), clientv3.OpGet(st.claim)).Commit()
 	if err != nil {
 		return st, err
@@ -282,15 +279,15 @@ func (s *EtcdStore) read(ctx context.Context, k Key) (keyState, error) {
 }
 
 // current decodes the record read, for an UpdateFunc.
-func (st keyState) current(prefix string) (Worker, Current, error) {
+func (st keyState) current(prefix string) (catalog.Worker, catalog.Current, error) {
 	if st.rec == nil {
-		return Worker{ModelName: st.k.Model, RoutingGroup: st.k.Group, WorkerID: st.k.WorkerID}, Current{}, nil
+		return catalog.Worker{ModelName: st.k.Model, RoutingGroup: st.k.Group, WorkerID: st.k.WorkerID}, catalog.Current{}, nil
 	}
-	rec := DecodeRecord(prefix, st.path, st.rec.Value, false, st.rec.ModRevision, LeaseID(st.rec.Lease))
+	rec := catalog.DecodeRecord(prefix, st.path, st.rec.Value, false, st.rec.ModRevision, catalog.LeaseID(st.rec.Lease))
 	if rec.Err != nil {
-		return Worker{}, Current{}, fmt.Errorf("stored record is bad: %w", rec.Err)
+		return catalog.Worker{}, catalog.Current{}, fmt.Errorf("stored record is bad: %w", rec.Err)
 	}
-	return rec.Worker, Current{Exists: true, Lease: rec.Lease, ModRevision: rec.ModRevision}, nil
+	return rec.Worker, catalog.Current{Exists: true, Lease: rec.Lease, ModRevision: rec.ModRevision}, nil
 }
 
 // inUse returns the error for a write of st's key while another record
@@ -299,17 +296,17 @@ func (st keyState) inUse(prefix string) error {
 	if st.holderKV == nil {
 		return nil
 	}
-	hk, err := ParseKey(prefix, st.holder)
+	hk, err := catalog.ParseKey(prefix, st.holder)
 	if err != nil {
 		return nil // not a record key: a stale claim to take over
 	}
-	return &IDInUseError{ID: st.k.WorkerID, Holder: hk, Lease: LeaseID(st.holderKV.Lease)}
+	return &catalog.IDInUseError{ID: st.k.WorkerID, Holder: hk, Lease: catalog.LeaseID(st.holderKV.Lease)}
 }
 
 // commit writes value (nil: deletes the record) with lease if nothing it
 // read has changed (the record too when checkRecord), and reports
 // whether it did; false means try again.
-func (s *EtcdStore) commit(ctx context.Context, st keyState, value []byte, lease LeaseID, checkRecord bool) (int64, bool, error) {
+func (s *Store) commit(ctx context.Context, st keyState, value []byte, lease catalog.LeaseID, checkRecord bool) (int64, bool, error) {
 	var cmps []clientv3.Cmp
 	if checkRecord {
 		cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(st.path), "=", modRev(st.rec)))
@@ -329,7 +326,7 @@ func (s *EtcdStore) commit(ctx context.Context, st keyState, value []byte, lease
 			cmps = append(cmps, clientv3.Compare(clientv3.CreateRevision(st.holder), "=", 0))
 		}
 		var opts []clientv3.OpOption
-		if lease != NoLease {
+		if lease != catalog.NoLease {
 			opts = append(opts, clientv3.WithLease(clientv3.LeaseID(lease)))
 		}
 		ops = append(ops, clientv3.OpPut(st.claim, st.path, opts...), clientv3.OpPut(st.path, string(value), opts...))
@@ -349,28 +346,28 @@ func modRev(kv *mvccpb.KeyValue) int64 {
 }
 
 // Get implements Store.
-func (s *EtcdStore) Get(ctx context.Context, k Key) (Worker, error) {
+func (s *Store) Get(ctx context.Context, k catalog.Key) (catalog.Worker, error) {
 	path := k.Path(s.prefix)
 	resp, err := s.cli.Get(ctx, path)
 	if err != nil {
-		return Worker{}, etcdErr(fmt.Sprintf("get %v", k), err)
+		return catalog.Worker{}, etcdErr(fmt.Sprintf("get %v", k), err)
 	}
 	if len(resp.Kvs) == 0 {
-		return Worker{}, fmt.Errorf("get %v: %w", k, ErrNotFound)
+		return catalog.Worker{}, fmt.Errorf("get %v: %w", k, catalog.ErrNotFound)
 	}
 	kv := resp.Kvs[0]
-	rec := DecodeRecord(s.prefix, path, kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))
+	rec := catalog.DecodeRecord(s.prefix, path, kv.Value, false, kv.ModRevision, catalog.LeaseID(kv.Lease))
 	if rec.Err != nil {
-		return Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
+		return catalog.Worker{}, fmt.Errorf("get %v: %w", k, rec.Err)
 	}
 	return rec.Worker, nil
 }
 
 // Delete implements Store: the record and, if it names this record, its
 // id claim, in one transaction.
-func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
+func (s *Store) Delete(ctx context.Context, k catalog.Key) (bool, error) {
 	op := fmt.Sprintf("delete %v", k)
-	for range MaxUpdateAttempts {
+	for range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
 			return false, etcdErr(op, err)
@@ -378,7 +375,7 @@ func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
 		if st.rec == nil {
 			return false, nil
 		}
-		_, ok, err := s.commit(ctx, st, nil, NoLease, true)
+		_, ok, err := s.commit(ctx, st, nil, catalog.NoLease, true)
 		if err != nil {
 			return false, etcdErr(op, err)
 		}
@@ -386,18 +383,18 @@ func (s *EtcdStore) Delete(ctx context.Context, k Key) (bool, error) {
 			return true, nil
 		}
 	}
-	return false, fmt.Errorf("%s: %w", op, ErrContended)
+	return false, fmt.Errorf("%s: %w", op, catalog.ErrContended)
 }
 
 // Keys implements Store.
-func (s *EtcdStore) Keys(ctx context.Context, model string, id uint64) ([]Key, error) {
-	resp, err := s.cli.Get(ctx, ModelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
+func (s *Store) Keys(ctx context.Context, model string, id uint64) ([]catalog.Key, error) {
+	resp, err := s.cli.Get(ctx, catalog.ModelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
 		return nil, etcdErr(fmt.Sprintf("keys of worker %d in model %q", id, model), err)
 	}
-	var out []Key
+	var out []catalog.Key
 	for _, kv := range resp.Kvs {
-		if k, err := ParseKey(s.prefix, string(kv.Key)); err == nil && k.WorkerID == id {
+		if k, err := catalog.ParseKey(s.prefix, string(kv.Key)); err == nil && k.WorkerID == id {
 			out = append(out, k)
 		}
 	}
@@ -406,11 +403,11 @@ func (s *EtcdStore) Keys(ctx context.Context, model string, id uint64) ([]Key, e
 
 // List implements WatchSource. It reads in pages, all at the revision of
 // the first page.
-func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
-	wp := WorkersPrefix(s.prefix)
+func (s *Store) List(ctx context.Context, rev int64) (catalog.Snapshot, error) {
+	wp := catalog.WorkersPrefix(s.prefix)
 	end := clientv3.GetPrefixRangeEnd(wp)
 	from := wp
-	snap := Snapshot{Revision: rev}
+	snap := catalog.Snapshot{Revision: rev}
 	for {
 		opts := []clientv3.OpOption{clientv3.WithRange(end), clientv3.WithLimit(listPage)}
 		if snap.Revision > 0 {
@@ -418,13 +415,13 @@ func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
 		}
 		resp, err := s.cli.Get(ctx, from, opts...)
 		if err != nil {
-			return Snapshot{}, etcdErr(fmt.Sprintf("list %s at revision %d", wp, snap.Revision), err)
+			return catalog.Snapshot{}, etcdErr(fmt.Sprintf("list %s at revision %d", wp, snap.Revision), err)
 		}
 		if snap.Revision == 0 {
 			snap.Revision = resp.Header.Revision
 		}
 		for _, kv := range resp.Kvs {
-			snap.Records = append(snap.Records, DecodeRecord(s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease)))
+			snap.Records = append(snap.Records, catalog.DecodeRecord(s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, catalog.LeaseID(kv.Lease)))
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return snap, nil
@@ -436,7 +433,7 @@ func (s *EtcdStore) List(ctx context.Context, rev int64) (Snapshot, error) {
 // Compact compacts etcd's history below rev (the whole keyspace, not only
 // the prefix). Used by tests; production etcd compacts on its own
 // schedule.
-func (s *EtcdStore) Compact(ctx context.Context, rev int64) error {
+func (s *Store) Compact(ctx context.Context, rev int64) error {
 	if _, err := s.cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
 		return etcdErr(fmt.Sprintf("compact at revision %d", rev), err)
 	}
@@ -444,16 +441,16 @@ func (s *EtcdStore) Compact(ctx context.Context, rev int64) error {
 }
 
 // Grant implements Registrar.
-func (s *EtcdStore) Grant(ctx context.Context, ttl time.Duration) (LeaseID, error) {
-	resp, err := s.cli.Grant(ctx, TTLSeconds(ttl))
+func (s *Store) Grant(ctx context.Context, ttl time.Duration) (catalog.LeaseID, error) {
+	resp, err := s.cli.Grant(ctx, catalog.TTLSeconds(ttl))
 	if err != nil {
 		return 0, etcdErr(fmt.Sprintf("grant lease of %v", ttl), err)
 	}
-	return LeaseID(resp.ID), nil
+	return catalog.LeaseID(resp.ID), nil
 }
 
 // KeepAliveOnce implements Registrar.
-func (s *EtcdStore) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duration, error) {
+func (s *Store) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (time.Duration, error) {
 	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
 	if err != nil {
 		return 0, etcdErr(fmt.Sprintf("keep lease %x alive", id), err)
@@ -462,7 +459,7 @@ func (s *EtcdStore) KeepAliveOnce(ctx context.Context, id LeaseID) (time.Duratio
 }
 
 // Revoke implements Registrar.
-func (s *EtcdStore) Revoke(ctx context.Context, id LeaseID) error {
+func (s *Store) Revoke(ctx context.Context, id catalog.LeaseID) error {
 	if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
 		return etcdErr(fmt.Sprintf("revoke lease %x", id), err)
 	}
@@ -478,7 +475,7 @@ func (s *EtcdStore) Revoke(ctx context.Context, id LeaseID) error {
 // WatchCheckInterval and reports ErrInterrupted after a failed read, a
 // different cluster id or a revision below the one the watch started at. It requires a leader: a member cut off from
 // its cluster fails the watch (ErrInterrupted) instead of going quiet.
-func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
+func (s *Store) Watch(ctx context.Context, rev int64) (catalog.WatchStream, error) {
 	wctx, cancel := context.WithCancel(clientv3.WithRequireLeader(ctx))
 	opts := []clientv3.OpOption{clientv3.WithPrefix()}
 	if rev > 0 {
@@ -490,7 +487,7 @@ func (s *EtcdStore) Watch(ctx context.Context, rev int64) (WatchStream, error) {
 		s:           s,
 		from:        rev,
 		cancel:      cancel,
-		wch:         s.cli.Watch(wctx, WorkersPrefix(s.prefix), opts...),
+		wch:         s.cli.Watch(wctx, catalog.WorkersPrefix(s.prefix), opts...),
 		interrupted: make(chan struct{}),
 	}
 	w.wg.Add(2)
@@ -517,7 +514,7 @@ func (w *etcdWatch) check(ctx context.Context, listed int64) {
 	header := func() (cluster uint64, rev int64, err error) {
 		rctx, cancel := context.WithTimeout(ctx, every)
 		defer cancel()
-		resp, err := w.s.cli.Get(rctx, WorkersPrefix(w.s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
+		resp, err := w.s.cli.Get(rctx, catalog.WorkersPrefix(w.s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 		if err != nil {
 			return 0, 0, err
 		}
@@ -555,7 +552,7 @@ func (w *etcdWatch) check(ctx context.Context, listed int64) {
 func (w *etcdWatch) interrupt() { w.once.Do(func() { close(w.interrupted) }) }
 
 type etcdWatch struct {
-	s           *EtcdStore
+	s           *Store
 	from        int64 // next revision expected (for errors)
 	cancel      context.CancelFunc
 	wch         clientv3.WatchChan
@@ -586,36 +583,36 @@ func (w *etcdWatch) Close() {
 	w.wg.Wait()
 }
 
-func (w *etcdWatch) Next(ctx context.Context) ([]Event, error) {
+func (w *etcdWatch) Next(ctx context.Context) ([]catalog.Event, error) {
 	for {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-w.interrupted:
-			return nil, fmt.Errorf("watch from revision %d: connection to etcd lost: %w", w.from, ErrInterrupted)
+			return nil, fmt.Errorf("watch from revision %d: connection to etcd lost: %w", w.from, catalog.ErrInterrupted)
 		case resp, ok := <-w.wch:
 			if !ok {
-				return nil, fmt.Errorf("watch from revision %d: closed: %w", w.from, ErrInterrupted)
+				return nil, fmt.Errorf("watch from revision %d: closed: %w", w.from, catalog.ErrInterrupted)
 			}
 			if err := resp.Err(); err != nil {
 				switch {
 				case resp.CompactRevision != 0:
-					return nil, fmt.Errorf("watch from revision %d (compacted at %d): %w: %w", w.from, resp.CompactRevision, ErrCompacted, err)
+					return nil, fmt.Errorf("watch from revision %d (compacted at %d): %w: %w", w.from, resp.CompactRevision, catalog.ErrCompacted, err)
 				case errors.Is(err, rpctypes.ErrNoLeader):
-					return nil, fmt.Errorf("watch from revision %d: %w: %w", w.from, ErrInterrupted, err)
+					return nil, fmt.Errorf("watch from revision %d: %w: %w", w.from, catalog.ErrInterrupted, err)
 				}
 				return nil, fmt.Errorf("watch from revision %d: %w", w.from, err)
 			}
 			if len(resp.Events) == 0 {
 				continue // progress notification
 			}
-			evs := make([]Event, len(resp.Events))
+			evs := make([]catalog.Event, len(resp.Events))
 			for i, e := range resp.Events {
 				kv := e.Kv
 				if e.Type == mvccpb.DELETE {
-					evs[i] = Event{Type: EventDelete, Record: DecodeRecord(w.s.prefix, string(kv.Key), nil, true, kv.ModRevision, NoLease)}
+					evs[i] = catalog.Event{Type: catalog.EventDelete, Record: catalog.DecodeRecord(w.s.prefix, string(kv.Key), nil, true, kv.ModRevision, catalog.NoLease)}
 				} else {
-					evs[i] = Event{Type: EventPut, Record: DecodeRecord(w.s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, LeaseID(kv.Lease))}
+					evs[i] = catalog.Event{Type: catalog.EventPut, Record: catalog.DecodeRecord(w.s.prefix, string(kv.Key), kv.Value, false, kv.ModRevision, catalog.LeaseID(kv.Lease))}
 				}
 			}
 			w.from = resp.Events[len(resp.Events)-1].Kv.ModRevision + 1

@@ -1,4 +1,4 @@
-package stream
+package catalog
 
 import "testing"
 

@@ -1,4 +1,4 @@
-package catalog_test
+package etcdstore_test
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -106,13 +107,13 @@ func TestEtcdSessionKeepsAlive(t *testing.T) {
 	e := sharedEtcd(t)
 	store := storetest.NewEtcdStore(t, e.Endpoints(), uniquePrefix())
 	ctx := context.Background()
-	sess, err := catalog.Register(ctx, store, storetest.Worker("m", "g", 1), 2*time.Second)
+	renewals := make(chan catalog.LeaseID, 100)
+	sess, err := catalog.Register(ctx, store, storetest.Worker("m", "g", 1), 2*time.Second,
+		catalog.OnRenewal(func(id catalog.LeaseID) { renewals <- id }))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer sess.Close()
-	renewals := make(chan catalog.LeaseID, 100)
-	catalog.SetRenewalHook(sess, func(id catalog.LeaseID) { renewals <- id })
 	startSession(t, sess)
 	start := time.Now()
 	for i := range 5 { // about 3.3 s: longer than the TTL
@@ -199,7 +200,7 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 	}
 
 	restarted := time.Now()
-	e2, err := catalog.StartEmbedded(ctx, cfg)
+	e2, err := etcdstore.StartEmbedded(ctx, cfg)
 	if err != nil {
 		t.Fatalf("restart etcd on %s: %v", cfg.ClientURL, err)
 	}
@@ -271,7 +272,7 @@ func TestEtcdWipedRestartDuringWatch(t *testing.T) {
 
 	e1.Close()
 	cfg.Dir = t.TempDir()
-	e2, err := catalog.StartEmbedded(ctx, cfg)
+	e2, err := etcdstore.StartEmbedded(ctx, cfg)
 	if err != nil {
 		t.Fatalf("start an empty etcd on %s: %v", cfg.ClientURL, err)
 	}
@@ -344,8 +345,8 @@ func TestEtcdAuth(t *testing.T) {
 	// Connecting with credentials authenticates: etcd checks the password
 	// with bcrypt (cost 10), seconds under the race detector on a loaded
 	// machine, so the dial budget is generous here.
-	cfg := catalog.EtcdConfig{Endpoints: e.Endpoints(), Prefix: prefix, Username: "root", Password: "s3cret", DialTimeout: 30 * time.Second}
-	authed, err := catalog.NewEtcdStore(ctx, cfg)
+	cfg := etcdstore.Config{Endpoints: e.Endpoints(), Prefix: prefix, Username: "root", Password: "s3cret", DialTimeout: 30 * time.Second}
+	authed, err := etcdstore.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("with credentials: %v", err)
 	}
@@ -365,14 +366,14 @@ func TestEtcdAuth(t *testing.T) {
 
 	noCreds := cfg
 	noCreds.Username, noCreds.Password = "", ""
-	_, err = catalog.NewEtcdStore(ctx, noCreds)
+	_, err = etcdstore.New(ctx, noCreds)
 	if err == nil || !strings.Contains(err.Error(), "requires authentication; set a username and password") {
 		t.Fatalf("without credentials: %v, want an error asking for credentials", err)
 	}
 	t.Logf("without credentials: %v", err)
 	wrong := cfg
 	wrong.Password = "nope"
-	_, err = catalog.NewEtcdStore(ctx, wrong)
+	_, err = etcdstore.New(ctx, wrong)
 	if err == nil || !strings.Contains(err.Error(), `authentication failed for user "root"`) {
 		t.Fatalf("with a wrong password: %v, want an authentication failure", err)
 	}
@@ -395,7 +396,7 @@ func TestEtcdAuth(t *testing.T) {
 	if _, err := root.AuthDisable(ctx); err != nil {
 		t.Fatalf("auth disable: %v", err)
 	}
-	again, err := catalog.NewEtcdStore(ctx, noCreds)
+	again, err := etcdstore.New(ctx, noCreds)
 	if err != nil {
 		t.Fatalf("without credentials after auth is off: %v", err)
 	}

@@ -1,4 +1,4 @@
-package catalog
+package etcdstore
 
 import (
 	"context"
@@ -134,7 +134,7 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	return nil, err
 }
 
-// Endpoints returns the client URLs, for EtcdConfig.Endpoints.
+// Endpoints returns the client URLs, for Config.Endpoints.
 func (e *Embedded) Endpoints() []string { return []string{e.cfg.ClientURL} }
 
 // Config returns the configuration the server runs with, its URLs filled

@@ -1,4 +1,4 @@
-package catalog_test
+package etcdstore_test
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -117,7 +118,7 @@ func TestEtcdPartitionDuringWatch(t *testing.T) {
 	proxy := newBlackhole(t, u.Host)
 	prefix := uniquePrefix()
 	daemon := storetest.NewEtcdStore(t, []string{proxy.endpoint()}, prefix)
-	catalog.SetWatchCheck(daemon.EtcdStore, 200*time.Millisecond)
+	etcdstore.SetWatchCheck(daemon.Store, 200*time.Millisecond)
 	operator := storetest.NewEtcdStore(t, e.Endpoints(), prefix)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -138,7 +139,7 @@ func TestEtcdPartitionDuringWatch(t *testing.T) {
 	if _, err := operator.Put(ctx, storetest.Worker("m", "g", 3), catalog.NoLease); err != nil {
 		t.Fatal(err)
 	}
-	testsupport.Eventually(t, 10*time.Second, "a failed header read", func() bool { return catalog.WatchCheckFailures(daemon.EtcdStore) > 0 })
+	testsupport.Eventually(t, 10*time.Second, "a failed header read", func() bool { return etcdstore.WatchCheckFailures(daemon.Store) > 0 })
 	if st := watcher.Stats(); st.Resyncs != 0 {
 		t.Fatalf("resynced during the partition: %+v", st)
 	}

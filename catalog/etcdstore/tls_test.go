@@ -1,4 +1,4 @@
-package catalog_test
+package etcdstore_test
 
 import (
 	"context"
@@ -20,6 +20,7 @@ import (
 	"go.etcd.io/etcd/server/v3/embed"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 )
 
@@ -57,7 +58,7 @@ func TestEtcdTLS(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cfg := catalog.EtcdConfig{
+	cfg := etcdstore.Config{
 		Endpoints:   []string{curl.String()},
 		Prefix:      uniquePrefix(),
 		CertFile:    filepath.Join(dir, "client.crt"),
@@ -65,7 +66,7 @@ func TestEtcdTLS(t *testing.T) {
 		CAFile:      filepath.Join(dir, "ca.crt"),
 		DialTimeout: 3 * time.Second,
 	}
-	s, err := catalog.NewEtcdStore(ctx, cfg)
+	s, err := etcdstore.New(ctx, cfg)
 	if err != nil {
 		t.Fatalf("with client certificate: %v", err)
 	}
@@ -80,7 +81,7 @@ func TestEtcdTLS(t *testing.T) {
 
 	noCert := cfg
 	noCert.CertFile, noCert.KeyFile = "", ""
-	if s, err := catalog.NewEtcdStore(ctx, noCert); err == nil {
+	if s, err := etcdstore.New(ctx, noCert); err == nil {
 		s.Close()
 		t.Fatal("connected without a client certificate to an etcd that requires one")
 	} else {
@@ -90,14 +91,14 @@ func TestEtcdTLS(t *testing.T) {
 
 func TestEtcdConfigValidate(t *testing.T) {
 	for _, tc := range []struct {
-		cfg catalog.EtcdConfig
+		cfg etcdstore.Config
 		ok  bool
 	}{
-		{catalog.EtcdConfig{Endpoints: []string{"http://127.0.0.1:2379"}}, true},
-		{catalog.EtcdConfig{}, false},
-		{catalog.EtcdConfig{Endpoints: []string{"127.0.0.1:2379"}}, false},
-		{catalog.EtcdConfig{Endpoints: []string{"https://e:2379"}, Username: "root"}, false},
-		{catalog.EtcdConfig{Endpoints: []string{"https://e:2379"}, CertFile: "c.pem"}, false},
+		{etcdstore.Config{Endpoints: []string{"http://127.0.0.1:2379"}}, true},
+		{etcdstore.Config{}, false},
+		{etcdstore.Config{Endpoints: []string{"127.0.0.1:2379"}}, false},
+		{etcdstore.Config{Endpoints: []string{"https://e:2379"}, Username: "root"}, false},
+		{etcdstore.Config{Endpoints: []string{"https://e:2379"}, CertFile: "c.pem"}, false},
 	} {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
 			t.Errorf("Validate(%+v) = %v, want ok=%v", tc.cfg, err, tc.ok)

@@ -1,0 +1,13 @@
+package streamstate
+
+import (
+	"testing"
+
+	"github.com/prefixd/prefixd/internal/importcheck"
+)
+
+// TestLight keeps etcd and ZMQ out of streamstate's dependencies
+// (importcheck.Light).
+func TestLight(t *testing.T) {
+	importcheck.Light(t, "github.com/prefixd/prefixd/events/streamstate")
+}
