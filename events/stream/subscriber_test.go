@@ -15,7 +15,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/wire/wiretest"
 	"github.com/prefixd/prefixd/indexer"
@@ -33,8 +32,7 @@ type e2eEngine struct {
 	rank   indexer.Rank
 	cfg    mocker.PublisherConfig
 	pub    *mocker.Publisher
-	stop   context.CancelFunc
-	done   chan error
+	stop   func() error // nil while the publisher is down
 	truth  *indexer.Tree
 	hashes map[uint64]bool
 	enc    wire.Encoder
@@ -45,7 +43,6 @@ func startEngine(t *testing.T, rank indexer.Rank, cfg mocker.PublisherConfig) *e
 	t.Helper()
 	e := &e2eEngine{t: t, rank: rank, cfg: cfg, truth: indexer.NewTree(16), hashes: map[uint64]bool{}}
 	e.start()
-	t.Cleanup(e.shutdown)
 	return e
 }
 
@@ -55,16 +52,17 @@ func (e *e2eEngine) start() {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	e.pub, e.stop, e.done = pub, cancel, make(chan error, 1)
-	go func() { e.done <- pub.Run(ctx) }()
-	select {
-	case <-pub.Ready():
-	case err := <-e.done:
-		e.t.Fatalf("publisher: %v", err)
-	case <-time.After(10 * time.Second):
-		e.t.Fatal("publisher not ready")
-	}
+	e.pub = pub
+	_, e.stop = testsupport.Ready(e.t, "publisher", func(ctx context.Context, ready func(string)) error {
+		go func() {
+			select {
+			case <-pub.Ready():
+				ready(pub.Endpoint())
+			case <-ctx.Done():
+			}
+		}()
+		return pub.Run(ctx)
+	})
 	// A restarted engine binds the same ports.
 	e.cfg.Endpoint, e.cfg.ReplayEndpoint = pub.Endpoint(), pub.ReplayEndpoint()
 }
@@ -72,7 +70,6 @@ func (e *e2eEngine) start() {
 func (e *e2eEngine) shutdown() {
 	if e.stop != nil {
 		e.stop()
-		<-e.done
 		e.stop = nil
 	}
 }
@@ -137,8 +134,7 @@ func (e *e2eEngine) feed(ops []indexer.Op) {
 
 type e2eSub struct {
 	s    *Subscriber
-	stop context.CancelFunc
-	done chan error
+	stop func() error
 }
 
 func startSubscriber(t *testing.T, src Source, app Applier, cfg SubscriberConfig) *e2eSub {
@@ -162,41 +158,19 @@ func startSubscriber(t *testing.T, src Source, app Applier, cfg SubscriberConfig
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	es := &e2eSub{s: s, stop: cancel, done: make(chan error, 1)}
-	go func() { es.done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-es.done:
-		case <-time.After(10 * time.Second):
-			t.Error("subscriber did not stop")
-		}
-	})
-	return es
+	return &e2eSub{s: s, stop: testsupport.Go(t, "subscriber", s.Run)}
 }
 
-// caughtUp waits until the subscriber applied the engine's last batch and
-// has no replay in flight.
+// caughtUp waits until the subscriber applied the engine's last batch.
 func caughtUp(t *testing.T, s *e2eSub, e *e2eEngine) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		st := s.s.State()
-		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == e.last {
-			return
+	testsupport.CaughtUp(t, s.s.State, e.last, func() string {
+		var ps mocker.PublisherStats
+		if e.pub != nil {
+			ps = e.pub.Stats()
 		}
-		if time.Now().After(deadline) {
-			var ps mocker.PublisherStats
-			if e.pub != nil {
-				ps = e.pub.Stats()
-			}
-			t.Fatalf("timed out waiting for rank %v to apply seq %d; state %+v; publisher %+v", e.rank, e.last, st, ps)
-		}
-		<-tick.C
-	}
+		return fmt.Sprintf("rank %v, publisher %+v", e.rank, ps)
+	})
 }
 
 var e2eKey = indexer.PartitionKey{Model: "m", Group: "default"}

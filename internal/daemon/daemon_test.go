@@ -28,8 +28,7 @@ import (
 
 type testDaemon struct {
 	url  string
-	stop context.CancelFunc
-	done chan error
+	stop func() error
 }
 
 func startDaemon(t *testing.T, etcd []string, token string, peers ...string) *testDaemon {
@@ -41,37 +40,17 @@ func startDaemon(t *testing.T, etcd []string, token string, peers ...string) *te
 // edit may change.
 func startDaemonWith(t *testing.T, etcd []string, edit func(*Config)) *testDaemon {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	addr := make(chan string, 1)
-	d := &testDaemon{stop: cancel, done: make(chan error, 1)}
 	cfg := Config{Etcd: etcdstore.Config{Endpoints: etcd, DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 		ReadyTimeout: 30 * time.Second,
 		Subscriber:   stream.SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}}
 	if edit != nil {
 		edit(&cfg)
 	}
-	cfg.OnReady = func(a string) { addr <- a }
-	go func() { d.done <- Run(ctx, cfg) }()
-	select {
-	case a := <-addr:
-		d.url = "http://" + a
-	case err := <-d.done:
-		t.Fatalf("daemon exited: %v", err)
-	case <-time.After(30 * time.Second):
-		t.Fatal("daemon did not start")
-	}
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-d.done:
-			if err != nil {
-				t.Errorf("daemon: %v", err)
-			}
-		case <-time.After(20 * time.Second):
-			t.Error("daemon did not stop")
-		}
+	addr, stop := testsupport.Ready(t, "daemon", func(ctx context.Context, ready func(string)) error {
+		cfg.OnReady = ready
+		return Run(ctx, cfg)
 	})
-	return d
+	return &testDaemon{url: "http://" + addr, stop: stop}
 }
 
 func call(t *testing.T, method, url, token string, body any) (int, []byte) {

@@ -54,15 +54,8 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	logs.Wait(t, wait, "worker left", "worker=8", "model=m", "group=default")
 	logs.Wait(t, wait, "stream stopped; rank removed from index", "worker=8", "rank=0")
 
-	d.stop()
-	select {
-	case err := <-d.done:
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.done <- nil // for the cleanup
-	case <-time.After(wait):
-		t.Fatal("daemon did not stop")
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
 	}
 	logs.Wait(t, wait, "shutting down: draining HTTP, then stopping the catalog watch and the streams")
 	logs.Wait(t, wait, "prefixd stopped")

@@ -285,39 +285,26 @@ func degradedRanks(t *testing.T, ctx context.Context, url string) int {
 }
 
 type runningDaemon struct {
-	url    string
-	ix     *indexer.Index
-	cancel context.CancelFunc
-	done   chan error
+	url  string
+	ix   *indexer.Index
+	halt func() error
 }
 
+// startDaemon starts a daemon on etcd, stopped when ctx ends or the test
+// does.
 func startDaemon(t *testing.T, ctx context.Context, etcd []string, peers ...string) *runningDaemon {
 	t.Helper()
-	d := &runningDaemon{ix: indexer.New(indexer.Options{}), done: make(chan error, 1)}
-	dctx, cancel := context.WithCancel(ctx)
-	d.cancel = cancel
-	ready := make(chan string, 1)
-	go func() {
-		d.done <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
-			OnReady: func(a string) { ready <- a }, Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
-	}()
-	select {
-	case addr := <-ready:
-		d.url = "http://" + addr
-	case err := <-d.done:
-		t.Fatalf("daemon: %v", err)
-	}
-	t.Cleanup(func() { d.stop(t) })
+	d := &runningDaemon{ix: indexer.New(indexer.Options{})}
+	addr, stop := testsupport.Ready(t, "daemon", func(dctx context.Context, ready func(string)) error {
+		dctx, cancel := context.WithCancel(dctx)
+		defer cancel()
+		context.AfterFunc(ctx, cancel)
+		return daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd}, Listen: "127.0.0.1:0", Index: d.ix, Peers: peers,
+			OnReady: ready, Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
+	})
+	d.url, d.halt = "http://"+addr, stop
 	return d
 }
 
-func (d *runningDaemon) stop(t *testing.T) {
-	if d.cancel == nil {
-		return
-	}
-	d.cancel()
-	d.cancel = nil
-	if err := <-d.done; err != nil {
-		t.Errorf("daemon: %v", err)
-	}
-}
+// stop stops the daemon (testsupport.Ready reports its error).
+func (d *runningDaemon) stop(*testing.T) { d.halt() }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -14,9 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/events/cursor"
 	"github.com/prefixd/prefixd/events/stream"
-	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -32,30 +31,21 @@ func startEngine(t *testing.T, cfg Config) *Engine {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- e.Run(ctx) }()
-	select {
-	case <-e.Ready():
-	case err := <-done:
-		t.Fatalf("engine run: %v", err)
-	}
+	testsupport.Ready(t, "engine", func(ctx context.Context, ready func(string)) error {
+		go func() {
+			select {
+			case <-e.Ready():
+				ready(e.Publisher().Endpoint())
+			case <-ctx.Done():
+			}
+		}()
+		return e.Run(ctx)
+	})
 	// Run sets running just after Ready; wait for it.
 	testsupport.Eventually(t, 30*time.Second, "engine running", func() bool {
 		e.mu.Lock()
 		defer e.mu.Unlock()
 		return e.running
-	})
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("engine run: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("engine did not stop")
-		}
 	})
 	return e
 }
@@ -73,17 +63,7 @@ func startSubscriber(t *testing.T, e *Engine, rank indexer.Rank) (*stream.Subscr
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Error("subscriber did not stop")
-		}
-	})
+	testsupport.Go(t, "subscriber", s.Run)
 	return s, ix
 }
 
@@ -94,20 +74,7 @@ func caughtUp(t *testing.T, s *stream.Subscriber, e *Engine) {
 	if !ok {
 		t.Fatal("engine published nothing")
 	}
-	var st streamstate.State
-	deadline := time.Now().Add(30 * time.Second)
-	tick := time.NewTicker(2 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		st = s.State()
-		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == last {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for the subscriber to apply seq %d: %+v; publisher %+v", last, st, e.Publisher().Stats())
-		}
-		<-tick.C
-	}
+	testsupport.CaughtUp(t, s.State, last, func() string { return fmt.Sprintf("publisher %+v", e.Publisher().Stats()) })
 }
 
 // checkEqual asserts the index holds exactly the engine's cache for rank.
