@@ -25,6 +25,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/peer"
 )
 
 // Config configures a daemon. Zero fields take the defaults noted.
@@ -152,7 +153,7 @@ func Run(ctx context.Context, cfg Config) error {
 	reg.MustRegister(NewIndexCollector(ix, ix.MaxEntries()))
 	if len(cfg.Peers) > 0 {
 		bctx, cancel := context.WithTimeout(ctx, cfg.ReadyTimeout)
-		peer, err := Bootstrap(bctx, cfg.Peers, ix, nil, cfg.APIToken, log)
+		from, err := peer.Bootstrap(bctx, cfg.Peers, ix, nil, cfg.APIToken, log)
 		cancel()
 		if err != nil {
 			log.Warn("starting without a peer's index; streams replay from the engines", "err", err)
@@ -161,7 +162,7 @@ func Run(ctx context.Context, cfg Config) error {
 			for _, ps := range ix.Stats() {
 				entries += ps.Entries
 			}
-			log.Info("index restored from peer", "peer", peer, "partitions", len(ix.Partitions()), "entries", entries)
+			log.Info("index restored from peer", "peer", from, "partitions", len(ix.Partitions()), "entries", entries)
 		}
 	}
 	// Listen before anything long-lived starts, so a taken port fails
@@ -191,7 +192,7 @@ func Run(ctx context.Context, cfg Config) error {
 	streams := stream.NewManager(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
-	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: indexSource{ix}, Observer: newPlanMetrics(reg)})
+	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix}, Observer: newPlanMetrics(reg)})
 	view := &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
@@ -286,9 +287,9 @@ func (v *workerView) apply(c catalog.Change) {
 	// /workers stops listing it.
 	if v.svc != nil {
 		if c.Kind == catalog.Removed {
-			v.svc.RemoveEngine(engineKey(c.Key))
-		} else {
-			setWorker(v.svc, c.Worker, v.log)
+			v.svc.RemoveRecord(c.Key)
+		} else if err := v.svc.SetRecord(c.Worker); err != nil {
+			v.log.Error("worker not selectable", "worker", c.Worker.WorkerID, "err", err)
 		}
 	}
 	if c.Kind == catalog.Removed {

@@ -20,7 +20,6 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
@@ -221,61 +220,8 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 	}
 	_, dumpA := call(t, "GET", a.url+"/dump", "", nil)
 	_, dumpB := call(t, "GET", b.url+"/dump", "", nil)
-	if ca, cb := canonicalDump(t, dumpA), canonicalDump(t, dumpB); !slices.Equal(ca, cb) || len(ca) != 21 {
+	if ca, cb := testsupport.DumpLines(t, dumpA), testsupport.DumpLines(t, dumpB); !slices.Equal(ca, cb) || len(ca) != 21 {
 		t.Fatalf("indexes differ:\n%v\n%v", ca, cb)
-	}
-}
-
-// canonicalDump lists a /dump's blocks and watermarks in a stable order,
-// independent of how each replica numbered its tree's nodes.
-func canonicalDump(t *testing.T, raw []byte) []string {
-	t.Helper()
-	var parts map[string]indexer.Snapshot
-	if err := json.Unmarshal(raw, &parts); err != nil {
-		t.Fatal(err)
-	}
-	var out []string
-	for name, s := range parts {
-		for _, ev := range s.Events {
-			for _, b := range ev.Blocks {
-				out = append(out, fmt.Sprintf("%s %v parent=%d/%v %d %d %v", name, ev.Rank, ev.ParentHash, ev.HasParent, b.Hash, b.TokensHash, b.Counts))
-			}
-		}
-		for _, w := range s.Ranks {
-			out = append(out, fmt.Sprintf("%s watermark %v %d %v %d", name, w.Rank, w.Seq, w.HasSeq, w.Digest))
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// TestExpandPeers: dns+ peers become one URL per resolved address (IPv6
-// bracketed, duplicates dropped, path kept); others pass through; a
-// failed lookup is reported and skipped.
-func TestExpandPeers(t *testing.T) {
-	lookup := func(_ context.Context, host string) ([]string, error) {
-		switch host {
-		case "prefixd-peers.ns.svc":
-			return []string{"10.0.0.7", "10.0.0.8", "fd00::9", "10.0.0.7"}, nil
-		case "noport":
-			return []string{"fd00::1"}, nil
-		}
-		return nil, fmt.Errorf("no such host %s", host)
-	}
-	got, errs := ExpandPeers(context.Background(), []string{
-		"http://prefixd-0:8090/", "dns+http://prefixd-peers.ns.svc:8090/base", "dns+http://gone:8090", "dns+https://noport", "dns+ftp://x:1",
-	}, lookup)
-	want := []string{"http://prefixd-0:8090", "http://10.0.0.7:8090/base", "http://10.0.0.8:8090/base", "http://[fd00::9]:8090/base", "https://[fd00::1]"}
-	if !slices.Equal(got, want) {
-		t.Errorf("peers %q, want %q", got, want)
-	}
-	if len(errs) != 2 || !strings.Contains(errs[0], "gone") || !strings.Contains(errs[1], "dns+ftp://x:1") {
-		t.Errorf("errors %q", errs)
-	}
-	// The real resolver: localhost is at least 127.0.0.1.
-	got, errs = ExpandPeers(context.Background(), []string{"dns+http://localhost:8090"}, nil)
-	if len(errs) != 0 || !slices.Contains(got, "http://127.0.0.1:8090") {
-		t.Errorf("localhost: %q %q", got, errs)
 	}
 }
 

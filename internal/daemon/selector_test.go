@@ -30,13 +30,11 @@ type testSelector struct {
 
 func newTestSelector(ix *indexer.Index) *testSelector {
 	m := newPlanMetrics(nil)
-	return &testSelector{svc: coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: indexSource{ix}, Observer: m}), metrics: m}
+	return &testSelector{svc: coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix}, Observer: m}), metrics: m}
 }
 
-func (s *testSelector) setWorker(w catalog.Worker) {
-	setWorker(s.svc, w, slog.New(slog.DiscardHandler))
-}
-func (s *testSelector) removeWorker(k catalog.Key) { s.svc.RemoveEngine(engineKey(k)) }
+func (s *testSelector) setWorker(w catalog.Worker) { s.svc.SetRecord(w) }
+func (s *testSelector) removeWorker(k catalog.Key) { s.svc.RemoveRecord(k) }
 func (s *testSelector) expire(now time.Time)       { s.svc.Expire(now) }
 
 // selectorAPI is the service behind the real HTTP API on a loopback

@@ -1,4 +1,4 @@
-package daemon
+package peer
 
 import (
 	"bytes"
@@ -14,6 +14,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/api"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // bootstrapSource returns an index of n partitions, each with a few ranks
@@ -98,7 +99,7 @@ func TestBootstrapStreamsPeerDump(t *testing.T) {
 	if err != nil || got != srv.URL {
 		t.Fatalf("Bootstrap: %q, %v", got, err)
 	}
-	if want, have := canonicalDump(t, dumpBody(src)), canonicalDump(t, dumpBody(dst)); !slices.Equal(want, have) || len(have) != 5*(3*20+3) {
+	if want, have := testsupport.DumpLines(t, dumpBody(src)), testsupport.DumpLines(t, dumpBody(dst)); !slices.Equal(want, have) || len(have) != 5*(3*20+3) {
 		t.Fatalf("restored:\n%v\nwant:\n%v", have, want)
 	}
 	if st, _ := dst.Rank(indexer.PartitionKey{Model: "m0", Group: "default"}, indexer.Rank{WorkerID: 2}); !st.HasSeq || st.Watermark != 7 || st.Digest != 99 || st.Blocks != 20 {
@@ -178,5 +179,35 @@ func TestBootstrapBadDumps(t *testing.T) {
 		if keys := dst.Partitions(); len(keys) != 0 {
 			t.Errorf("%.60s: partitions %v left after a failed bootstrap", body, keys)
 		}
+	}
+}
+
+// TestExpandPeers: dns+ peers become one URL per resolved address (IPv6
+// bracketed, duplicates dropped, path kept); others pass through; a
+// failed lookup is reported and skipped.
+func TestExpandPeers(t *testing.T) {
+	lookup := func(_ context.Context, host string) ([]string, error) {
+		switch host {
+		case "prefixd-peers.ns.svc":
+			return []string{"10.0.0.7", "10.0.0.8", "fd00::9", "10.0.0.7"}, nil
+		case "noport":
+			return []string{"fd00::1"}, nil
+		}
+		return nil, fmt.Errorf("no such host %s", host)
+	}
+	got, errs := ExpandPeers(context.Background(), []string{
+		"http://prefixd-0:8090/", "dns+http://prefixd-peers.ns.svc:8090/base", "dns+http://gone:8090", "dns+https://noport", "dns+ftp://x:1",
+	}, lookup)
+	want := []string{"http://prefixd-0:8090", "http://10.0.0.7:8090/base", "http://10.0.0.8:8090/base", "http://[fd00::9]:8090/base", "https://[fd00::1]"}
+	if !slices.Equal(got, want) {
+		t.Errorf("peers %q, want %q", got, want)
+	}
+	if len(errs) != 2 || !strings.Contains(errs[0], "gone") || !strings.Contains(errs[1], "dns+ftp://x:1") {
+		t.Errorf("errors %q", errs)
+	}
+	// The real resolver: localhost is at least 127.0.0.1.
+	got, errs = ExpandPeers(context.Background(), []string{"dns+http://localhost:8090"}, nil)
+	if len(errs) != 0 || !slices.Contains(got, "http://127.0.0.1:8090") {
+		t.Errorf("localhost: %q %q", got, errs)
 	}
 }
