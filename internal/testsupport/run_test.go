@@ -45,9 +45,11 @@ type errorsTB struct {
 	errs []string
 }
 
-func (r *errorsTB) Errorf(format string, args ...any) { r.errs = append(r.errs, fmt.Sprintf(format, args...)) }
-func (r *errorsTB) Cleanup(func())                    {}
-func (r *errorsTB) Helper()                           {}
+func (r *errorsTB) Errorf(format string, args ...any) {
+	r.errs = append(r.errs, fmt.Sprintf(format, args...))
+}
+func (r *errorsTB) Cleanup(func()) {}
+func (r *errorsTB) Helper()        {}
 
 // TestGoReportsError: a run that fails is reported once, however often
 // stop is called; the context's own error is not a failure.
