@@ -5,7 +5,7 @@ GO ?= go
 # Debian packages the tests need, installed by `make deps` only when missing
 # (scripts/test-deps.sh): python3-xxhash is the C reference XXH3 that the
 # block-hash tests compare against; python3-zmq and python3-msgpack run
-# internal/pypub, the libzmq publisher the interop tests talk to.
+# internal/testsupport/pypub, the libzmq publisher the interop tests talk to.
 TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack
 
 # Set VERSION to stamp `prefixd version` (otherwise it reports the module

@@ -3,7 +3,7 @@ package coordinator_test
 import (
 	"testing"
 
-	"github.com/prefixd/prefixd/internal/importcheck"
+	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
 // TestNoIOImports enforces that coordinator does no I/O: nothing it imports,

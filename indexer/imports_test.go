@@ -3,7 +3,7 @@ package indexer_test
 import (
 	"testing"
 
-	"github.com/prefixd/prefixd/internal/importcheck"
+	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
 // TestNoIOImports enforces that indexer does no I/O: nothing it imports,

@@ -6,7 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/internal/demo"
+	"github.com/prefixd/prefixd/internal/sim/demo"
 )
 
 type demoOptions struct{ demo.Config }

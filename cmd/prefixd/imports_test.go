@@ -3,7 +3,7 @@ package main
 import (
 	"testing"
 
-	"github.com/prefixd/prefixd/internal/importcheck"
+	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
 // TestBinaryShipsNoTestSupport: the prefixd binary links no fake store,

@@ -7,7 +7,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/indexdemo"
+	"github.com/prefixd/prefixd/internal/sim/indexdemo"
 )
 
 type indexDemoOptions struct {

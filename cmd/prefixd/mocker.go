@@ -15,7 +15,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 type mockerOptions struct {

@@ -19,7 +19,7 @@ import (
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/status"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/mocker/publishtest"
+	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

@@ -11,7 +11,7 @@ import (
 
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/pypub"
+	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

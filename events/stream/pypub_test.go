@@ -1,6 +1,6 @@
 package stream
 
-// Interop tests against internal/pypub/pypub.py, a clean-room vLLM-compatible
+// Interop tests against internal/testsupport/pypub/pypub.py, a clean-room vLLM-compatible
 // publisher on real libzmq (pyzmq), consumed here with go-zeromq sockets and
 // the events Decoder. The publisher needs /usr/bin/python3 with the Debian
 // packages python3-zmq and python3-msgpack; without them these tests fail
@@ -19,7 +19,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/pypub"
+	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 )
 
 const (

@@ -10,7 +10,7 @@ import (
 	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 // BenchmarkSubscriberIngest measures loopback ingest end to end: a Go

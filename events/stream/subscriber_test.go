@@ -19,8 +19,8 @@ import (
 	"github.com/prefixd/prefixd/events/wire/wiretest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
-	"github.com/prefixd/prefixd/internal/mocker"
-	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

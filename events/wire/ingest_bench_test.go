@@ -8,7 +8,7 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
-	"github.com/prefixd/prefixd/internal/indexdemo"
+	"github.com/prefixd/prefixd/internal/sim/indexdemo"
 )
 
 var (

@@ -3,7 +3,7 @@ package api
 import (
 	"testing"
 
-	"github.com/prefixd/prefixd/internal/importcheck"
+	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
 // TestLight keeps etcd and ZMQ out of api's dependencies

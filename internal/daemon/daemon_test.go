@@ -21,7 +21,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/mocker/publishtest"
+	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

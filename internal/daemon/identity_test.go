@@ -16,8 +16,8 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

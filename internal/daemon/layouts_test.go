@@ -16,7 +16,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/pypub"
+	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

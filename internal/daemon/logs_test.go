@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/internal/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // TestDaemonLogsStateChanges proves the log lines docs/operations.md

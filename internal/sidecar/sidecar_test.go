@@ -12,7 +12,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/internal/testlog"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

@@ -7,5 +7,5 @@
 // semantics of vLLM's ZmqEventPublisher, and fault knobs (dropped live
 // and replayed batches, restarts, stalls). Besides the Engine, the stream's,
 // the daemon's, the demo's and deploy's tests publish through it directly;
-// internal/pypub is its counterpart on real libzmq.
+// internal/testsupport/pypub is its counterpart on real libzmq.
 package mocker

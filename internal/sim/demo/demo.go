@@ -30,7 +30,7 @@ import (
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 // Config sizes the demo. Zero fields take the defaults noted.

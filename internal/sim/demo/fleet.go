@@ -7,7 +7,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 // engineSpec describes one mock engine of a pool.

@@ -14,7 +14,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/client"
 	"github.com/prefixd/prefixd/internal/daemon"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

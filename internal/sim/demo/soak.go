@@ -23,7 +23,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/client"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/status"
 )
 

@@ -8,7 +8,7 @@ import (
 	"testing"
 
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 // Engine is one engine rank: Pub publishes what Store and Publish encode,

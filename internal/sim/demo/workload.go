@@ -3,7 +3,7 @@ package demo
 import (
 	"math/rand/v2"
 
-	"github.com/prefixd/prefixd/internal/mocker"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
 // Workload returns the demo's deterministic chat traffic: Conversations
