@@ -15,8 +15,9 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/client"
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/client"
+	"github.com/prefixd/prefixd/internal/status"
 )
 
 type serverOptions struct {
@@ -89,7 +90,7 @@ func newWorkersCommand() *cobra.Command {
 			if len(ws) == 0 && (model != "" || group != "") {
 				return unknownModel(cmd.Context(), c, model, group)
 			}
-			return client.RenderWorkers(cmd.OutOrStdout(), ws)
+			return status.RenderWorkers(cmd.OutOrStdout(), ws)
 		},
 	}
 	o.AddFlags(cmd.Flags())
@@ -148,7 +149,7 @@ func newQueryCommand() *cobra.Command {
 				return err
 			}
 			resp, err := c.Query(cmd.Context(), o.req)
-			var he *client.HTTPError
+			var he *client.Error
 			if errors.As(err, &he) && he.Status == http.StatusNotFound {
 				return fmt.Errorf("%w (%v)", unknownModel(cmd.Context(), c, o.req.ModelName, o.req.RoutingGroup), err)
 			}
@@ -160,7 +161,7 @@ func newQueryCommand() *cobra.Command {
 				enc.SetIndent("", "  ")
 				return enc.Encode(resp)
 			}
-			return client.RenderScores(cmd.OutOrStdout(), resp)
+			return status.RenderScores(cmd.OutOrStdout(), resp)
 		},
 	}
 	o.AddFlags(cmd.Flags())

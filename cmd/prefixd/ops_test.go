@@ -7,10 +7,10 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/api"
 )
 
 type fixedWorkers []api.WorkerState

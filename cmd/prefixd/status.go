@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/internal/client"
+	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/internal/status"
 )
 

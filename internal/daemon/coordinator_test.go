@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

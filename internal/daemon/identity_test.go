@@ -11,14 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/wire"
-	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // workersOf returns GET /workers for model.

@@ -13,12 +13,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/events/zmtp"
-	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // rogue is a raw-TCP peer that speaks just enough ZMTP 3 to get a

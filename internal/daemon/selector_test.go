@@ -14,10 +14,10 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/api"
 )
 
 // testSelector is the coordinator service as the daemon wires it: over

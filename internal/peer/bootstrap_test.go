@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

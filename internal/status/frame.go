@@ -11,8 +11,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/internal/api"
 )
 
 // Rank states, best to worst. A rank is down when its stream is not

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/internal/api"
 )
 
 func u64(v uint64) *uint64 { return &v }

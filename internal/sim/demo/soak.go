@@ -19,10 +19,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
-	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/client"
+	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/status"
 )

@@ -1,4 +1,4 @@
-package client
+package api
 
 import (
 	"testing"
@@ -6,8 +6,8 @@ import (
 	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
-// TestLight keeps etcd and ZMQ out of client's dependencies
+// TestLight keeps etcd and ZMQ out of api's dependencies
 // (importcheck.Light).
 func TestLight(t *testing.T) {
-	importcheck.Light(t, "github.com/prefixd/prefixd/internal/client")
+	importcheck.Light(t, "github.com/prefixd/prefixd/api")
 }

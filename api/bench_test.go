@@ -112,7 +112,7 @@ func post(c *http.Client, url string, body []byte) error {
 // body) over a real loopback HTTP server. Each sub-benchmark runs for a
 // fixed 2 s whatever b.N (run it with the default -benchtime):
 //
-//	go test -run '^$' -bench Query8K ./internal/api/
+//	go test -run '^$' -bench Query8K ./api/
 //
 // rate=N: open loop. A 1 ms ticker hands out the requests due (N/1000 per
 // tick: Go's timers are no finer than about 1 ms on this VM) to a pool of
