@@ -44,6 +44,7 @@ func TestTokens(t *testing.T) {
 		{"POST", "/disagg/plans", `{"request_id":"p","model_name":"m","token_ids":[1]}`, write},
 		{"POST", "/disagg/plans/p/prefill_complete", "", write},
 		{"POST", "/disagg/plans/p/prefill_failed", "", write},
+		{"POST", "/disagg/plans/p/decode", "", write},
 		{"DELETE", "/disagg/plans/p", "", write},
 	}
 	for _, cfg := range []struct {

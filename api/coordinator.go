@@ -94,6 +94,19 @@ func planRequest(r *PlanRequest) (coordinator.Request, *httpError) {
 		}
 		out.PrefillFailure = &f
 	}
+	if r.Order != "" {
+		var o coordinator.Order
+		if err := o.UnmarshalText([]byte(r.Order)); err != nil {
+			return out, nameError("order", err)
+		}
+		out.Order = &o
+	}
+	switch {
+	case r.DeferDecode && (out.Order == nil || *out.Order != coordinator.PrefillFirst):
+		return out, badRequest("defer_decode", `needs "order": "prefill-first"`)
+	case r.DeferDecode:
+		out.DeferDecode = true
+	}
 	if r.Policy != nil {
 		pol, herr := planPolicy(r.Policy)
 		if herr != nil {

@@ -36,6 +36,9 @@ type Selector interface {
 	Plan(r coordinator.Request) (coordinator.Plan, error)
 	PrefillComplete(id string) (coordinator.Plan, error)
 	PrefillFailed(id string) (coordinator.Plan, error)
+	// PlanDecode books the decode half of a plan created with
+	// defer_decode (prefill first, decode after the hand-off).
+	PlanDecode(id string) (coordinator.Plan, error)
 	// Release releases a live plan; an unknown or finished plan is an error.
 	Release(id string) (coordinator.Plan, error)
 	// Get returns a live plan, or one recently finished by the Selector
@@ -191,6 +194,12 @@ type PlanRequest struct {
 	// disaggregation and prefill-failure policy for this request.
 	Policy              *PlanPolicy         `json:"policy,omitempty"`
 	PrefillFailure      string              `json:"prefill_failure,omitempty"` // "free_decode" or "bypass_on_decode"
+	// Order overrides the daemon's --disagg-order for this request
+	// ("decode-first" or "prefill-first"). DeferDecode, with
+	// prefill-first, books only prefill; POST /disagg/plans/{id}/decode
+	// books decode after the prefill hand-off.
+	Order       string `json:"order,omitempty"`
+	DeferDecode bool   `json:"defer_decode,omitempty"`
 	PinnedPrefillWorker *WorkerRef          `json:"pinned_prefill_worker,omitempty"`
 	AllowedWorkerIDs    WorkerIDs           `json:"allowed_worker_ids,omitempty"`
 	RoutingConstraints  *RoutingConstraints `json:"routing_constraints,omitempty"`
@@ -255,6 +264,7 @@ func (h *handler) registerSelection(route func(string, methods)) {
 	route("/disagg/plans", methods{http.MethodPost: h.createPlan})
 	route("/disagg/plans/{id}/prefill_complete", methods{http.MethodPost: h.planPrefillComplete})
 	route("/disagg/plans/{id}/prefill_failed", methods{http.MethodPost: h.planPrefillFailed})
+	route("/disagg/plans/{id}/decode", methods{http.MethodPost: h.planDecode})
 	route("/disagg/plans/{id}", methods{http.MethodGet: h.getPlan, http.MethodDelete: h.releasePlan})
 }
 
@@ -521,6 +531,10 @@ func (h *handler) failPlan(w http.ResponseWriter, r *http.Request, plan coordina
 
 func (h *handler) planPrefillComplete(w http.ResponseWriter, r *http.Request) {
 	h.planOp(w, r, Selector.PrefillComplete)
+}
+
+func (h *handler) planDecode(w http.ResponseWriter, r *http.Request) {
+	h.planOp(w, r, Selector.PlanDecode)
 }
 
 func (h *handler) planPrefillFailed(w http.ResponseWriter, r *http.Request) {

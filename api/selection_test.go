@@ -127,6 +127,9 @@ func (f *fakeSelector) PrefillComplete(id string) (coordinator.Plan, error) {
 func (f *fakeSelector) PrefillFailed(id string) (coordinator.Plan, error) {
 	return f.op(id, coordinator.Compensated, true)
 }
+func (f *fakeSelector) PlanDecode(id string) (coordinator.Plan, error) {
+	return f.op(id, coordinator.Linked, false)
+}
 func (f *fakeSelector) Release(id string) (coordinator.Plan, error) {
 	return f.op(id, coordinator.Released, true)
 }

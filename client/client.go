@@ -274,6 +274,14 @@ func (c *Client) PlanPrefillComplete(ctx context.Context, id string) (api.PlanIn
 	return p, c.do(ctx, http.MethodPost, idPath("/disagg/plans/", id, "/prefill_complete"), nil, &p)
 }
 
+// PlanDecode books the decode half of a plan created with DeferDecode
+// (prefill first, decode after the prefill hand-off: POST
+// /disagg/plans/{id}/decode).
+func (c *Client) PlanDecode(ctx context.Context, id string) (api.PlanInfo, error) {
+	var p api.PlanInfo
+	return p, c.do(ctx, http.MethodPost, idPath("/disagg/plans/", id, "/decode"), nil, &p)
+}
+
 // PlanPrefillFailed reports that the plan's prefill failed; the plan's
 // prefill-failure policy says what follows (POST
 // /disagg/plans/{id}/prefill_failed).

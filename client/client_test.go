@@ -163,3 +163,55 @@ func TestRoutes(t *testing.T) {
 		t.Fatal("no error from a closed port")
 	}
 }
+
+// TestDeferredDecode: a prefill-first plan with defer_decode books prefill
+// only; decode is booked after the hand-off, on a decode worker that
+// joined in between.
+func TestDeferredDecode(t *testing.T) {
+	ix := indexer.New(indexer.Options{})
+	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix}})
+	rec := func(id uint64, role catalog.Role) catalog.Worker {
+		return catalog.Worker{WorkerID: id, ModelName: "m", BlockSize: 16, Endpoint: "http://e", EventsEndpoint: "tcp://e:1",
+			Attributes: catalog.Attributes{Role: role}}.WithDefaults()
+	}
+	for _, w := range []catalog.Worker{rec(2, catalog.RolePrefill), rec(3, catalog.RoleDecode)} {
+		if err := svc.SetRecord(w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc}))
+	defer srv.Close()
+	c, ctx := client.New(srv.URL, ""), context.Background()
+	svc.RemoveRecord(rec(3, catalog.RoleDecode).Key()) // no decode worker at plan time
+	p, err := c.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 64)}, ID: "d", ModelName: "m",
+		Order: "prefill-first", DeferDecode: true})
+	if err != nil || p.State != "PrefillCommitted" || p.Decode != nil || p.Prefill == nil || p.Prefill.WorkerID != 2 {
+		t.Fatalf("deferred plan %+v %v", p, err)
+	}
+	if p, err = c.PlanPrefillComplete(ctx, "d"); err != nil || p.State != "PrefillReleased" {
+		t.Fatalf("prefill complete %+v %v", p, err)
+	}
+	if err := svc.SetRecord(rec(3, catalog.RoleDecode)); err != nil {
+		t.Fatal(err)
+	}
+	if p, err = c.PlanDecode(ctx, "d"); err != nil || p.Decode == nil || p.Decode.WorkerID != 3 || p.State != "PrefillReleased" {
+		t.Fatalf("decode %+v %v", p, err)
+	}
+	if _, err := c.PlanDecode(ctx, "d"); !errors.Is(err, client.ErrConflict) {
+		t.Fatalf("a second decode booking: %v", err)
+	}
+	if p, err = c.ReleasePlan(ctx, "d"); err != nil || p.State != "Released" {
+		t.Fatalf("release %+v %v", p, err)
+	}
+	var trace []string
+	for _, tr := range p.Transitions {
+		trace = append(trace, tr.To)
+	}
+	if got := strings.Join(trace, " → "); got != "PrefillCommitted → PrefillReleased → Released" {
+		t.Fatalf("transitions %s", got)
+	}
+	// defer_decode needs the prefill-first order.
+	if _, err := c.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 64)}, ID: "e", ModelName: "m", DeferDecode: true}); !errors.Is(err, client.ErrInvalid) {
+		t.Fatalf("defer_decode without the order: %v", err)
+	}
+}

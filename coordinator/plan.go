@@ -131,6 +131,12 @@ type Request struct {
 	// this request.
 	Policy         *Policy
 	PrefillFailure *FailurePolicy
+	// Order, when set, overrides the coordinator's order for this request.
+	// DeferDecode, in the prefill-first order, books only prefill: decode
+	// is booked after the prefill hand-off with PlanDecode, as a frontend
+	// does (a decode worker may have become free by then).
+	Order       *Order
+	DeferDecode bool
 }
 
 // Booking is one reservation a plan holds.
@@ -371,15 +377,21 @@ func (c *Coordinator) keep(l *live) Plan {
 	return c.snapshot(l)
 }
 
-// Plan books req in the configured order. The returned plan is meaningful
+// Plan books req in the configured order (or req.Order), both halves
+// back to back unless req.DeferDecode defers a prefill-first plan's
+// decode to PlanDecode. The returned plan is meaningful
 // even with an error: its transitions say what happened. An error wraps
 // ErrDecodePreview, ErrDecodeCommit, ErrPrefillCommit, a KV-transfer
 // metadata error, ErrDuplicatePlan or ErrTooManyPlans; after an error
 // nothing stays booked.
 func (c *Coordinator) Plan(req Request, now time.Time) (Plan, error) {
-	if c.cfg.Order == PrefillFirst {
+	order := c.cfg.Order
+	if req.Order != nil {
+		order = *req.Order
+	}
+	if order == PrefillFirst {
 		p, err := c.PlanPrefill(req, now)
-		if err != nil {
+		if err != nil || req.DeferDecode {
 			return p, err
 		}
 		return c.PlanDecode(req.ID, now)

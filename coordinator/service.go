@@ -561,6 +561,10 @@ func (s *Service) PrefillComplete(id string) (Plan, error) {
 	return s.planOp(id, s.c.PrefillComplete)
 }
 
+// PlanDecode is Coordinator.PlanDecode: a deferred prefill-first plan's
+// decode booking.
+func (s *Service) PlanDecode(id string) (Plan, error) { return s.planOp(id, s.c.PlanDecode) }
+
 // PrefillFailed is Coordinator.PrefillFailed.
 func (s *Service) PrefillFailed(id string) (Plan, error) { return s.planOp(id, s.c.PrefillFailed) }
 
