@@ -56,6 +56,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newMockerCommand(),
 		newStatusCommand(),
 		newSoakCommand(),
+		newProxyCommand(),
 	)
 	return root
 }

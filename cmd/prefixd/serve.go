@@ -11,7 +11,6 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -29,13 +28,7 @@ type serveOptions struct {
 	peers        []string
 	replays      int
 	readyTimeout time.Duration
-	disaggOrder  coordinator.Order
-	prefillFail  coordinator.FailurePolicy
-	disaggPolicy coordinator.PolicyKind
-	effISL       float64
-	effISLRatio  float64
-	decodeBusy   float64
-	prefillBusy  float64
+	disagg       disaggFlags
 	temperature  float64
 	logLevel     string
 	maxMessage   int64
@@ -44,9 +37,7 @@ type serveOptions struct {
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
-		disaggOrder: coordinator.DecodeFirst, prefillFail: coordinator.FreeDecode, disaggPolicy: coordinator.PolicyOff,
-		effISL: coordinator.DefaultEffISLThreshold, effISLRatio: coordinator.DefaultEffISLRatioThreshold,
-		readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
+		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -59,13 +50,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.readToken, "read-token", o.readToken, "bearer token required by every other endpoint but /health and /ready (the API token works there too; prefer PREFIXD_READ_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = derived from the memory limit (half of it); -1 = no cap")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
-	fs.TextVar(&o.disaggOrder, "disagg-order", o.disaggOrder, "disaggregated plans: decode-first or prefill-first")
-	fs.TextVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked after decode: free_decode or bypass_on_decode")
-	fs.TextVar(&o.disaggPolicy, "disagg-policy", o.disaggPolicy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
-	fs.Float64Var(&o.effISL, "bypass-max-eff-isl", o.effISL, "isl_bounding: bypass only below this many uncached prompt tokens")
-	fs.Float64Var(&o.effISLRatio, "bypass-max-eff-isl-ratio", o.effISLRatio, "isl_bounding: bypass only below this uncached share of the prompt")
-	fs.Float64Var(&o.decodeBusy, "decode-busy-threshold", o.decodeBusy, "decode busy gate: veto a bypass above this fraction of total_kv_blocks (0 = no gate)")
-	fs.Float64Var(&o.prefillBusy, "prefill-busy-threshold", o.prefillBusy, "prefill_load: busy above this fraction of max_num_batched_tokens (0 = no probe)")
+	o.disagg.AddFlags(fs)
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
@@ -124,7 +109,7 @@ func (o *serveOptions) Validate() error {
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
 	}
-	if _, err := o.coordinator(); err != nil {
+	if _, err := o.disagg.coordinator(); err != nil {
 		return err
 	}
 	if o.temperature < 0 {
@@ -155,7 +140,7 @@ func newServeCommand() *cobra.Command {
 			}
 			var lvl slog.Level
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
-			coord, _ := o.coordinator() // validated
+			coord, _ := o.disagg.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
@@ -165,22 +150,6 @@ func newServeCommand() *cobra.Command {
 	}
 	o.AddFlags(cmd.Flags())
 	return cmd
-}
-
-// coordinator maps the disaggregation flags onto the coordinator's config
-// (the names were parsed by the flags themselves) and checks the thresholds.
-func (o *serveOptions) coordinator() (coordinator.CoordinatorConfig, error) {
-	c := coordinator.CoordinatorConfig{Order: o.disaggOrder, PrefillFailure: o.prefillFail, Policy: coordinator.DefaultPolicy()}
-	c.Policy.Kind = o.disaggPolicy
-	if o.effISL <= 0 || o.effISLRatio <= 0 || o.effISLRatio > 1 {
-		return c, fmt.Errorf("--bypass-max-eff-isl %v and --bypass-max-eff-isl-ratio %v: want > 0 and a ratio in (0, 1]", o.effISL, o.effISLRatio)
-	}
-	if o.decodeBusy < 0 || o.prefillBusy < 0 {
-		return c, fmt.Errorf("--decode-busy-threshold and --prefill-busy-threshold must not be negative")
-	}
-	c.Policy.EffISLThreshold, c.Policy.EffISLRatioThreshold = o.effISL, o.effISLRatio
-	c.Policy.DecodeBusyThreshold, c.Policy.PrefillBusyThreshold = o.decodeBusy, o.prefillBusy
-	return c, nil
 }
 
 // concurrency maps the flag (0 = unbounded) onto daemon.Config's field

@@ -1,0 +1,529 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/client"
+	"github.com/prefixd/prefixd/coordinator"
+)
+
+// exchange is one client request in flight.
+type exchange struct {
+	p     *Proxy
+	w     http.ResponseWriter
+	r     *http.Request
+	ctx   context.Context // the request's, with its deadline
+	req   *request
+	id    string
+	start time.Time
+	hdr   http.Header
+
+	mu       sync.Mutex // guards plan and seen (the first byte reports from its own goroutine)
+	plan     api.PlanInfo
+	seen     int  // plan transitions logged
+	answered bool // bytes went to the client
+}
+
+// background is a context for giving bookings back: it outlives the
+// client (which may have gone), bounded on its own.
+func (x *exchange) background() (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(x.ctx), 5*time.Second)
+}
+
+// fail answers the client with an error, unless bytes went out already.
+func (x *exchange) fail(status int, format string, args ...any) string {
+	if !x.answered {
+		openAIError(x.w, status, fmt.Sprintf(format, args...))
+	}
+	return "error_" + statusClass(status)
+}
+
+func statusClass(status int) string { return fmt.Sprintf("%dxx", status/100) }
+
+// upstreamError is an engine call that failed before its first byte:
+// err is the transport's, or status the engine's answer.
+type upstreamError struct {
+	engine uint64
+	status int
+	msg    string
+	err    error
+}
+
+func (e *upstreamError) Error() string {
+	if e.err != nil {
+		return fmt.Sprintf("engine %d: %v", e.engine, e.err)
+	}
+	return fmt.Sprintf("engine %d: HTTP %d: %s", e.engine, e.status, e.msg)
+}
+
+// retryable: the engine did not take the request (unreachable, or an
+// answer saying it cannot serve now), so another may.
+func (e *upstreamError) retryable() bool {
+	if e.err != nil {
+		return true
+	}
+	switch e.status {
+	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return true
+	}
+	return false
+}
+
+// call posts body to e's path and returns the answer if it is a 2xx; an
+// answer other than 2xx, or no answer, is an *upstreamError.
+func (x *exchange) call(e engine, path string, body []byte) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(x.ctx, http.MethodPost, e.endpoint+path, bytes.NewReader(body))
+	if err != nil {
+		return nil, &upstreamError{engine: e.id, err: err}
+	}
+	for k, vs := range x.hdr {
+		req.Header[k] = vs
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", x.id)
+	load := x.p.fleet.load(e.endpoint)
+	load.Add(1)
+	resp, err := x.p.cfg.Engines.Do(req)
+	if err != nil {
+		load.Add(-1)
+		return nil, &upstreamError{engine: e.id, err: err}
+	}
+	if resp.StatusCode/100 != 2 {
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+		resp.Body.Close()
+		load.Add(-1)
+		return nil, &upstreamError{engine: e.id, status: resp.StatusCode, msg: clipBytes(raw)}
+	}
+	resp.Body = &countedBody{ReadCloser: resp.Body, load: load}
+	return resp, nil
+}
+
+// countedBody gives back the engine's in-flight count when closed.
+type countedBody struct {
+	io.ReadCloser
+	load interface{ Add(int64) int64 }
+	once sync.Once
+}
+
+func (b *countedBody) Close() error {
+	b.once.Do(func() { b.load.Add(-1) })
+	return b.ReadCloser.Close()
+}
+
+// relay copies an engine's answer to the client as it arrives, flushing
+// every read (SSE events reach the client as the engine sends them), and
+// calls first once, at the first byte. It returns the first error: the
+// engine's (the answer broke off) or the client's (it went away).
+func (x *exchange) relay(resp *http.Response, first func()) error {
+	defer resp.Body.Close()
+	for _, h := range []string{"Content-Type", "Cache-Control"} {
+		if v := resp.Header.Get(h); v != "" {
+			x.w.Header().Set(h, v)
+		}
+	}
+	x.w.Header().Set("X-Request-Id", x.id)
+	rc := http.NewResponseController(x.w)
+	buf := make([]byte, 32<<10)
+	started := false
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if !started {
+				started = true
+				x.answered = true
+				x.w.WriteHeader(resp.StatusCode)
+				x.p.m.ttft.WithLabelValues(x.req.kind.label()).Observe(time.Since(x.start).Seconds())
+				if first != nil {
+					first()
+				}
+			}
+			if _, werr := x.w.Write(buf[:n]); werr != nil {
+				return fmt.Errorf("client: %w", werr)
+			}
+			if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
+				return fmt.Errorf("client: %w", ferr)
+			}
+		}
+		if err == io.EOF {
+			if !started {
+				x.answered = true
+				x.w.WriteHeader(resp.StatusCode)
+			}
+			return nil
+		}
+		if err != nil {
+			if x.r.Context().Err() != nil {
+				return fmt.Errorf("client: %w", x.r.Context().Err())
+			}
+			return fmt.Errorf("engine: %w", err)
+		}
+	}
+}
+
+// outcome labels how a relay ended.
+func (x *exchange) outcome(err error) string {
+	switch {
+	case err == nil:
+		return "ok"
+	case x.r.Context().Err() != nil:
+		return "client_gone"
+	}
+	x.p.log.Warn("proxy: answer broke off", "request", x.id, "err", err)
+	return "engine_broke_off"
+}
+
+// aggregated runs the request on one engine: chosen by prefixd
+// (select and reserve), at random, or by load; once more on the
+// next-best engine when the first fails before its first byte.
+func (x *exchange) aggregated() string {
+	p := x.p
+	es := p.fleet.pick(x.req.model, p.cfg.RoutingGroup, catalog.RoleAggregated)
+	var tokens []uint32
+	haveTokens := false
+	if p.cfg.Policy == KVAware {
+		tokens, haveTokens = x.tokens(es)
+	}
+	var tried []uint64
+	for attempt := 0; ; attempt++ {
+		target, sid, status, msg := x.chooseAggregated(es, tokens, haveTokens, tried, attempt)
+		if status != 0 {
+			return x.fail(status, "%s", msg)
+		}
+		resp, err := x.call(target, x.req.kind.path(), x.req.body)
+		var ue *upstreamError
+		if errors.As(err, &ue) {
+			x.free(sid)
+			tried = append(tried, target.id)
+			if attempt == 0 && ue.retryable() && x.ctx.Err() == nil && len(x.others(es, tried)) > 0 {
+				p.m.retries.Inc()
+				p.log.Warn("proxy: engine failed before its first byte; retrying on the next-best engine", "request", x.id, "engine", target.id, "err", ue)
+				continue
+			}
+			if ue.status != 0 {
+				return x.fail(http.StatusBadGateway, "engine %d answered %d: %s", target.id, ue.status, ue.msg)
+			}
+			return x.fail(http.StatusBadGateway, "%v", ue)
+		}
+		defer x.free(sid)
+		return x.outcome(x.relay(resp, func() { x.prefillComplete(sid) }))
+	}
+}
+
+// others returns the engines of es not in tried.
+func (x *exchange) others(es []engine, tried []uint64) []engine {
+	return slices.DeleteFunc(slices.Clone(es), func(e engine) bool { return slices.Contains(tried, e.id) })
+}
+
+// chooseAggregated picks the engine of an attempt and books it (sid is
+// the booking, "" for none); a status other than 0 is the error to
+// answer.
+func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens bool, tried []uint64, attempt int) (e engine, sid string, status int, msg string) {
+	p := x.p
+	left := x.others(es, tried)
+	if p.cfg.Policy == Random {
+		if e, ok := p.fleet.random(left, p.rand, &p.randMu); ok {
+			return e, "", 0, ""
+		}
+		return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.model)
+	}
+	if haveTokens {
+		sid = x.id
+		if attempt > 0 {
+			sid = fmt.Sprintf("%s-%d", x.id, attempt)
+		}
+		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid}
+		if len(tried) > 0 {
+			for _, o := range left {
+				sr.AllowedWorkerIDs = append(sr.AllowedWorkerIDs, o.id)
+			}
+		}
+		sel, err := p.cfg.Prefixd.SelectAndReserve(x.ctx, sr)
+		if err == nil {
+			p.m.open.Add(1)
+			if sel.Endpoint != "" {
+				return engine{id: sel.WorkerID, endpoint: sel.Endpoint}, sid, 0, ""
+			}
+			x.free(sid) // a worker without an engine endpoint: not schedulable
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, client.ErrOverloaded):
+			return e, "", http.StatusTooManyRequests, "every engine of model " + x.req.model + " is busy: " + errMsg(err)
+		case errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrInvalid):
+			return e, "", http.StatusNotFound, errMsg(err)
+		}
+		if err != nil {
+			p.m.fallbacks.WithLabelValues("prefixd_unavailable").Inc()
+			p.log.Warn("proxy: prefixd did not choose; routing by load", "request", x.id, "err", err)
+		}
+	} else {
+		p.m.fallbacks.WithLabelValues("no_tokens").Inc()
+	}
+	if e, ok := p.fleet.leastLoaded(left); ok {
+		return e, "", 0, ""
+	}
+	return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.model)
+}
+
+func errMsg(err error) string {
+	var ce *client.Error
+	if errors.As(err, &ce) && ce.Msg != "" {
+		return ce.Msg
+	}
+	return err.Error()
+}
+
+// prefillComplete reports a booking's first token, off the answer's path.
+func (x *exchange) prefillComplete(sid string) {
+	if sid == "" {
+		return
+	}
+	go func() {
+		ctx, cancel := x.background()
+		defer cancel()
+		if err := x.p.cfg.Prefixd.ReservationPrefillComplete(ctx, sid); err != nil && !errors.Is(err, client.ErrNotFound) {
+			x.p.log.Warn("proxy: prefill complete not recorded", "request", x.id, "selection", sid, "err", err)
+		}
+	}()
+}
+
+// free gives a booking back.
+func (x *exchange) free(sid string) {
+	if sid == "" {
+		return
+	}
+	ctx, cancel := x.background()
+	defer cancel()
+	err := x.p.cfg.Prefixd.FreeReservation(ctx, sid)
+	x.p.m.open.Add(-1)
+	if err != nil && !errors.Is(err, client.ErrNotFound) {
+		x.p.log.Warn("proxy: reservation not freed (it expires with its TTL)", "request", x.id, "selection", sid, "err", err)
+	}
+}
+
+// disaggregated runs the request as a plan: decode booked first (or
+// prefill first as a fallback), prefill on the plan's prefill worker,
+// its KV handed to the plan's decode worker, whose answer is the
+// client's.
+func (x *exchange) disaggregated() string {
+	p := x.p
+	decode := p.fleet.pick(x.req.model, p.cfg.RoutingGroup, catalog.RoleDecode)
+	prefill := p.fleet.pick(x.req.model, p.cfg.PrefillRoutingGroup, catalog.RolePrefill)
+	tokens, ok := x.tokens(append(slices.Clone(decode), prefill...))
+	if !ok {
+		// No tokens, no plan: the whole request on the least-loaded decode
+		// engine, which can prefill too.
+		p.m.fallbacks.WithLabelValues("no_tokens").Inc()
+		e, ok := p.fleet.leastLoaded(decode)
+		if !ok {
+			return x.fail(http.StatusServiceUnavailable, "no decode engine serves model %s", x.req.model)
+		}
+		resp, err := x.call(e, x.req.kind.path(), x.req.body)
+		if err != nil {
+			return x.fail(http.StatusBadGateway, "%v", err)
+		}
+		return x.outcome(x.relay(resp, nil))
+	}
+	pr := api.PlanRequest{Prompt: api.Prompt{TokenIDs: tokens}, ID: x.id, ModelName: x.req.model, RoutingGroup: p.cfg.RoutingGroup,
+		PrefillRoutingGroup: p.cfg.PrefillRoutingGroup, Policy: p.cfg.PlanPolicy, PrefillFailure: p.cfg.PrefillFailure}
+	order, reason := p.cfg.Order, ""
+	if pin, ok := pinnedPrefill(x.r.Header); ok {
+		pr.PinnedPrefillWorker = &pin
+		order, reason = coordinator.PrefillFirst, "pinned_prefill"
+	} else if order == coordinator.DecodeFirst && !slices.ContainsFunc(decode, func(e engine) bool { return e.indexed }) {
+		order, reason = coordinator.PrefillFirst, "decode_not_indexed"
+	}
+	plan, err := x.createPlan(pr, order)
+	if err != nil && order == coordinator.DecodeFirst && noDecodeHost(err) {
+		reason = "no_decode_host"
+		x.logFallback(reason, err)
+		plan, err = x.createPlan(pr, coordinator.PrefillFirst)
+	} else if reason != "" {
+		x.logFallback(reason, nil)
+	}
+	if err != nil {
+		return x.planFailed(err)
+	}
+	p.m.open.Add(1)
+	defer x.release()
+	switch plan.State {
+	case "Bypass":
+		return x.runWhole(*plan.Decode, "bypass")
+	}
+	if plan.Prefill == nil {
+		return x.fail(http.StatusBadGateway, "plan %s in state %s has no prefill booking", plan.ID, plan.State)
+	}
+	params, perr := x.runPrefill(*plan.Prefill)
+	if perr != nil {
+		failed, err := p.cfg.Prefixd.PlanPrefillFailed(x.ctx, x.id)
+		x.observe(failed, err)
+		if err == nil && failed.State == "BypassAfterPrefillFailure" && failed.Decode != nil {
+			p.log.Warn("proxy: prefill failed; prefilling on the decode worker (bypass_on_decode)", "request", x.id, "plan_state", failed.State, "err", perr)
+			return x.runWhole(*failed.Decode, "bypass_after_prefill_failure")
+		}
+		p.log.Warn("proxy: prefill failed; decode freed", "request", x.id, "plan_state", failed.State, "err", perr)
+		return x.fail(http.StatusBadGateway, "prefill on engine %d failed (%v); the plan's decode booking was freed (prefill_failure free_decode)", plan.Prefill.WorkerID, perr)
+	}
+	done, err := p.cfg.Prefixd.PlanPrefillComplete(x.ctx, x.id)
+	x.observe(done, err)
+	if err != nil {
+		return x.fail(http.StatusBadGateway, "plan %s: prefill complete: %s", x.id, errMsg(err))
+	}
+	dec := done.Decode
+	if dec == nil { // prefill first, decode deferred to the hand-off
+		booked, err := p.cfg.Prefixd.PlanDecode(x.ctx, x.id)
+		x.observe(booked, err)
+		if err != nil || booked.Decode == nil {
+			return x.fail(http.StatusServiceUnavailable, "plan %s: no decode engine after prefill: %s", x.id, errMsg(err))
+		}
+		dec = booked.Decode
+	}
+	body, err := x.req.decodeBody(params)
+	if err != nil {
+		return x.fail(http.StatusInternalServerError, "decode body: %v", err)
+	}
+	resp, err := x.call(engine{id: dec.WorkerID, endpoint: dec.Endpoint}, x.req.kind.path(), body)
+	if err != nil {
+		return x.fail(http.StatusBadGateway, "decode: %v", err)
+	}
+	return x.outcome(x.relay(resp, nil))
+}
+
+// createPlan books the plan in order (prefill first defers decode).
+func (x *exchange) createPlan(pr api.PlanRequest, order coordinator.Order) (api.PlanInfo, error) {
+	pr.Order = order.String()
+	pr.DeferDecode = order == coordinator.PrefillFirst
+	plan, err := x.p.cfg.Prefixd.CreatePlan(x.ctx, pr)
+	var ce *client.Error
+	if err != nil && errors.As(err, &ce) && ce.Plan != nil {
+		x.observe(*ce.Plan, nil)
+	} else {
+		x.observe(plan, err)
+	}
+	return plan, err
+}
+
+// noDecodeHost: a decode-first plan failed at its decode preview or
+// booking, nothing booked — no decode worker can take it now.
+func noDecodeHost(err error) bool {
+	var ce *client.Error
+	if !errors.As(err, &ce) || (ce.Status != http.StatusServiceUnavailable && ce.Status != http.StatusTooManyRequests && ce.Status != http.StatusNotFound) {
+		return false
+	}
+	return ce.Plan == nil || ce.Plan.Decode == nil
+}
+
+func (x *exchange) logFallback(reason string, err error) {
+	x.p.m.fallbacks.WithLabelValues(reason).Inc()
+	attrs := []any{"request", x.id, "reason", reason}
+	if err != nil {
+		attrs = append(attrs, "err", errMsg(err))
+	}
+	x.p.log.Info("proxy: plan falls back to prefill-first", attrs...)
+}
+
+// planFailed answers a plan that could not be booked.
+func (x *exchange) planFailed(err error) string {
+	switch {
+	case errors.Is(err, client.ErrOverloaded):
+		return x.fail(http.StatusTooManyRequests, "plan: %s", errMsg(err))
+	case errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrInvalid):
+		return x.fail(http.StatusNotFound, "plan: %s", errMsg(err))
+	}
+	return x.fail(http.StatusServiceUnavailable, "plan: %s", errMsg(err))
+}
+
+// observe logs and counts the transitions of plan not seen yet.
+func (x *exchange) observe(plan api.PlanInfo, err error) {
+	if err != nil || plan.ID == "" {
+		return
+	}
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.plan = plan
+	if x.seen > len(plan.Transitions) {
+		x.seen = 0
+	}
+	for _, t := range plan.Transitions[x.seen:] {
+		x.p.m.transitions.WithLabelValues(t.From, t.To).Inc()
+		x.p.log.Info("proxy: plan transition", "plan", plan.ID, "from", t.From, "to", t.To, "reason", t.Reason, "order", plan.Order)
+	}
+	x.seen = len(plan.Transitions)
+}
+
+// release gives the plan back at the end of the request.
+func (x *exchange) release() {
+	ctx, cancel := x.background()
+	defer cancel()
+	plan, err := x.p.cfg.Prefixd.ReleasePlan(ctx, x.id)
+	x.p.m.open.Add(-1)
+	switch {
+	case err == nil:
+		x.observe(plan, nil)
+	case errors.Is(err, client.ErrNotFound): // already finished (compensated, expired)
+	default:
+		x.p.log.Warn("proxy: plan not released (it expires with its TTL)", "plan", x.id, "err", err)
+	}
+}
+
+// runWhole sends the whole request to one booked engine (a bypass).
+func (x *exchange) runWhole(b api.PlanBooking, why string) string {
+	x.p.m.bypasses.WithLabelValues(why).Inc()
+	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.kind.path(), x.req.body)
+	if err != nil {
+		return x.fail(http.StatusBadGateway, "%v", err)
+	}
+	// The decode booking carries the prompt's prefill load while the
+	// decode worker prefills: it ends at the first byte.
+	return x.outcome(x.relay(resp, func() { x.prefillComplete(x.id + "/decode") }))
+}
+
+// maxPrefillAnswer bounds a prefill worker's answer.
+const maxPrefillAnswer = 4 << 20
+
+// runPrefill runs the prefill request on its worker and returns the
+// kv_transfer_params of its answer.
+func (x *exchange) runPrefill(b api.PlanBooking) (json.RawMessage, error) {
+	body, err := x.req.prefillBody()
+	if err != nil {
+		return nil, err
+	}
+	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.kind.path(), body)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxPrefillAnswer+1))
+	if err != nil {
+		return nil, fmt.Errorf("engine %d: reading the prefill answer: %w", b.WorkerID, err)
+	}
+	if len(raw) > maxPrefillAnswer {
+		return nil, fmt.Errorf("engine %d: prefill answer longer than %d bytes", b.WorkerID, maxPrefillAnswer)
+	}
+	return transferParams(raw)
+}
+
+// pinnedPrefill reads the X-Prefixd-Prefill-Worker header
+// ("<worker_id>/<dp_rank>" or "<worker_id>").
+func pinnedPrefill(h http.Header) (api.WorkerRef, bool) {
+	v := h.Get("X-Prefixd-Prefill-Worker")
+	if v == "" {
+		return api.WorkerRef{}, false
+	}
+	var ref api.WorkerRef
+	if n, _ := fmt.Sscanf(v, "%d/%d", &ref.WorkerID, &ref.DPRank); n >= 1 {
+		return ref, true
+	}
+	return api.WorkerRef{}, false
+}

@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the proxy's Prometheus metrics.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	ttft        *prometheus.HistogramVec
+	tokenize    *prometheus.CounterVec
+	fallbacks   *prometheus.CounterVec
+	retries     prometheus.Counter
+	transitions *prometheus.CounterVec
+	bypasses    *prometheus.CounterVec
+	bookings    prometheus.GaugeFunc
+	open        atomic.Int64
+}
+
+func newMetrics() *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_requests_total",
+			Help: "OpenAI requests by route and outcome (ok, client_gone, engine_broke_off, invalid, error_4xx, error_5xx)."}, []string{"route", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_proxy_request_duration_seconds",
+			Help: "Time from a request's arrival to its last byte.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"route"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_proxy_time_to_first_byte_seconds",
+			Help:    "Time from a request's arrival to the first byte of its answer (the first token of a stream), queueing included.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 16)}, []string{"route"}),
+		tokenize: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_tokenize_total",
+			Help: "Where a request's token ids came from: client (sent as ids), cache, engine, or unavailable (routed by load)."}, []string{"source"}),
+		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_fallbacks_total",
+			Help: "Requests not routed as configured, by reason: no_tokens, prefixd_unavailable (routed by load); pinned_prefill, decode_not_indexed, no_decode_host (plans falling back to prefill-first)."}, []string{"reason"}),
+		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_proxy_retries_total",
+			Help: "Requests retried on the next-best engine after the first failed before its first byte."}),
+		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_plan_transitions_total",
+			Help: "Plan state transitions the proxy's plans went through."}, []string{"from", "to"}),
+		bypasses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_bypasses_total",
+			Help: "Disaggregated requests run whole on their decode worker: bypass (the plan's policy), bypass_after_prefill_failure."}, []string{"reason"}),
+	}
+	m.bookings = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_proxy_bookings",
+		Help: "Reservations and plans the proxy holds for requests in flight."}, func() float64 { return float64(m.open.Load()) })
+	return m
+}
+
+func (m *metrics) register(r prometheus.Registerer) error {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokenize, m.fallbacks, m.retries, m.transitions, m.bypasses, m.bookings} {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}

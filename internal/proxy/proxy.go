@@ -1,0 +1,354 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/client"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/httpserve"
+)
+
+// Policy is how the proxy chooses an engine for an aggregated request.
+type Policy int
+
+const (
+	// KVAware asks prefixd (select and reserve): the default.
+	KVAware Policy = iota
+	// Random picks a healthy engine of the model at random and books
+	// nothing (a baseline to compare against).
+	Random
+)
+
+var policyNames = []string{KVAware: "kv", Random: "random"}
+
+func (p Policy) String() string { return policyNames[p] }
+
+// MarshalText implements encoding.TextMarshaler.
+func (p Policy) MarshalText() ([]byte, error) { return []byte(p.String()), nil }
+
+// UnmarshalText implements encoding.TextUnmarshaler: "kv" or "random".
+func (p *Policy) UnmarshalText(b []byte) error {
+	for i, n := range policyNames {
+		if string(b) == n {
+			*p = Policy(i)
+			return nil
+		}
+	}
+	return fmt.Errorf("unknown policy %q (want kv or random)", b)
+}
+
+// Config configures a Proxy.
+type Config struct {
+	// Prefixd is the client of prefixd serve (required).
+	Prefixd *client.Client
+	// Engines makes the requests to engines; nil is EngineHTTPClient().
+	Engines *http.Client
+	// Policy chooses aggregated engines (default KVAware).
+	Policy Policy
+	// Disagg runs requests as disaggregated plans over prefill and decode
+	// pools; Order is the plans' order (default decode-first), PlanPolicy
+	// and PrefillFailure override prefixd serve's for every plan when set.
+	Disagg         bool
+	Order          coordinator.Order
+	PlanPolicy     *api.PlanPolicy
+	PrefillFailure string
+	// RoutingGroup is the (decode) routing group, PrefillRoutingGroup the
+	// prefill pool's (default RoutingGroup); "" is the default group.
+	RoutingGroup, PrefillRoutingGroup string
+	// RequestTimeout bounds each request from its arrival to its last
+	// byte (default 10 minutes).
+	RequestTimeout time.Duration
+	// MaxBodyBytes bounds a request body (default 32 MiB).
+	MaxBodyBytes int64
+	// TokenizeCache is how many tokenize answers are kept (default 4096).
+	TokenizeCache int
+	// Refresh is how often the fleet view is listed (default 2 s).
+	Refresh time.Duration
+	// Logger defaults to slog.Default().
+	Logger *slog.Logger
+	// Rand seeds the random policy; nil seeds at random.
+	Rand *rand.Rand
+}
+
+// Proxy is the OpenAI-compatible frontend. Create with New, serve
+// Handler, and run Run for the fleet view.
+type Proxy struct {
+	cfg   Config
+	log   *slog.Logger
+	fleet *fleet
+	tok   *tokenizer
+	m     *metrics
+	reg   *prometheus.Registry
+
+	randMu sync.Mutex
+	rand   *rand.Rand
+}
+
+// EngineHTTPClient returns the client for engine requests: keep-alive
+// connections pooled per engine (256 idle), 2 s dial timeout, no overall
+// timeout (a request's deadline bounds it: a long generation is not an
+// error).
+func EngineHTTPClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{
+		DialContext:         (&net.Dialer{Timeout: 2 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:        1024,
+		MaxIdleConnsPerHost: 256,
+		IdleConnTimeout:     90 * time.Second,
+	}}
+}
+
+// New returns a Proxy for cfg.
+func New(cfg Config) (*Proxy, error) {
+	if cfg.Prefixd == nil {
+		return nil, errors.New("proxy: Config.Prefixd is required")
+	}
+	if cfg.Engines == nil {
+		cfg.Engines = EngineHTTPClient()
+	}
+	if cfg.RequestTimeout <= 0 {
+		cfg.RequestTimeout = 10 * time.Minute
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = 32 << 20
+	}
+	if cfg.TokenizeCache <= 0 {
+		cfg.TokenizeCache = 4096
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = 2 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.RoutingGroup == "" {
+		cfg.RoutingGroup = catalog.DefaultRoutingGroup
+	}
+	if cfg.PrefillRoutingGroup == "" {
+		cfg.PrefillRoutingGroup = cfg.RoutingGroup
+	}
+	if cfg.PrefillFailure != "" {
+		var f coordinator.FailurePolicy
+		if err := f.UnmarshalText([]byte(cfg.PrefillFailure)); err != nil {
+			return nil, fmt.Errorf("proxy: prefill failure: %w", err)
+		}
+	}
+	r := cfg.Rand
+	if r == nil {
+		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	}
+	m := newMetrics()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := m.register(reg); err != nil {
+		return nil, err
+	}
+	return &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), tok: newTokenizer(cfg.Engines, cfg.TokenizeCache),
+		m: m, reg: reg, rand: r}, nil
+}
+
+// Run keeps the fleet view fresh until ctx ends.
+func (p *Proxy) Run(ctx context.Context) error { return p.fleet.run(ctx, p.cfg.Refresh) }
+
+// Synced is closed once the fleet view was listed.
+func (p *Proxy) Synced() <-chan struct{} { return p.fleet.synced }
+
+// Bookings returns how many reservations and plans the proxy holds for
+// requests in flight: zero when it is idle, whatever became of its
+// requests.
+func (p *Proxy) Bookings() int { return int(p.m.open.Load()) }
+
+// Serve serves Handler on ln and keeps the fleet view fresh until ctx
+// ends, then drains requests in flight for at most drain.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener, drain time.Duration) error {
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.Run(gctx) })
+	g.Go(func() error {
+		srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+		return httpserve.Serve(gctx, srv, ln, drain)
+	})
+	err := g.Wait()
+	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
+		return nil
+	}
+	return err
+}
+
+// Handler serves the OpenAI routes, /v1/models, /health, /metrics and,
+// for any other path, the engines' own routes (passed to a healthy
+// engine).
+func (p *Proxy) Handler() http.Handler {
+	metrics := promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, completions) })
+	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, chat) })
+	mux.HandleFunc("GET /v1/models", p.models)
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"status":"ok"}`)
+	})
+	mux.Handle("GET /metrics", metrics)
+	mux.HandleFunc("/", p.passThrough)
+	return mux
+}
+
+// openAIError writes an error in OpenAI's shape.
+func openAIError(w http.ResponseWriter, status int, msg string) {
+	typ := "invalid_request_error"
+	switch {
+	case status == http.StatusTooManyRequests:
+		typ = "rate_limit_error"
+	case status >= 500:
+		typ = "server_error"
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": status}})
+}
+
+func (p *Proxy) models(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	out := struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{Object: "list", Data: []model{}}
+	for _, m := range p.fleet.models() {
+		out.Data = append(out.Data, model{ID: m, Object: "model", OwnedBy: "prefixd"})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(out)
+}
+
+// passThrough sends any other route to a healthy engine, in turn.
+func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	e, ok := p.fleet.next(p.fleet.all())
+	if !ok {
+		openAIError(w, http.StatusServiceUnavailable, "no engine to pass "+r.URL.Path+" to")
+		return
+	}
+	u, err := url.Parse(e.endpoint)
+	if err != nil {
+		openAIError(w, http.StatusBadGateway, fmt.Sprintf("engine %d: bad endpoint: %v", e.id, err))
+		return
+	}
+	rp := &httputil.ReverseProxy{
+		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
+		Transport: p.cfg.Engines.Transport,
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			openAIError(w, http.StatusBadGateway, fmt.Sprintf("engine %d: %v", e.id, err))
+		},
+	}
+	rp.ServeHTTP(w, r)
+}
+
+// serve runs one completions or chat request.
+func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.RequestTimeout)
+	defer cancel()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			openAIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: more than %d bytes", p.cfg.MaxBodyBytes))
+			return
+		}
+		openAIError(w, http.StatusBadRequest, "body: "+err.Error())
+		return
+	}
+	req, err := parseRequest(k, body)
+	if err != nil {
+		p.m.requests.WithLabelValues(k.label(), "invalid").Inc()
+		openAIError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	x := &exchange{p: p, w: w, r: r, ctx: ctx, req: req, id: newID(), start: start, hdr: forwardHeaders(r.Header)}
+	outcome := "ok"
+	switch {
+	case p.cfg.Disagg:
+		outcome = x.disaggregated()
+	default:
+		outcome = x.aggregated()
+	}
+	p.m.requests.WithLabelValues(k.label(), outcome).Inc()
+	p.m.duration.WithLabelValues(k.label()).Observe(time.Since(start).Seconds())
+}
+
+func (k kind) label() string {
+	if k == chat {
+		return "chat"
+	}
+	return "completions"
+}
+
+// newID returns a request id for bookings.
+func newID() string {
+	return "px-" + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64()&0xffff, 36)
+}
+
+// forwardHeaders are the client's headers an engine is sent: its
+// authorization (vLLM's --api-key) and any X- headers.
+func forwardHeaders(h http.Header) http.Header {
+	out := http.Header{}
+	for k, vs := range h {
+		if k == "Authorization" || strings.HasPrefix(k, "X-") {
+			out[k] = vs
+		}
+	}
+	return out
+}
+
+// tokens returns the request's token ids for selection: the client's, or
+// the engine's tokenizer's. ok false means none could be had (counted,
+// logged): the request is then routed by load.
+func (x *exchange) tokens(es []engine) ([]uint32, bool) {
+	if x.req.tokens != nil {
+		x.p.m.tokenize.WithLabelValues("client").Inc()
+		return x.req.tokens, true
+	}
+	body, err := x.req.tokenizeBody()
+	if err != nil {
+		return nil, false
+	}
+	var last error
+	for range 2 {
+		e, ok := x.p.fleet.next(es)
+		if !ok {
+			break
+		}
+		ids, hit, err := x.p.tok.tokens(x.ctx, e.endpoint, body)
+		if err == nil {
+			x.p.m.tokenize.WithLabelValues(map[bool]string{true: "cache", false: "engine"}[hit]).Inc()
+			return ids, true
+		}
+		last = err
+	}
+	x.p.m.tokenize.WithLabelValues("unavailable").Inc()
+	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.model, "err", last)
+	return nil, false
+}
