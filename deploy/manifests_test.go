@@ -39,6 +39,7 @@ var kustomizations = map[string][]string{
 	"kubernetes/overlays/external-etcd": {"prefixd-api-token", "prefixd-etcd-client-tls"},
 	"kubernetes/overlays/smoke":         nil,
 	"kubernetes/examples/vllm":          {"hf-token"},
+	"kubernetes/examples/proxy":         {"prefixd-api-token"},
 }
 
 var (
@@ -838,6 +839,71 @@ func TestVLLMExample(t *testing.T) {
 		if !reachable {
 			t.Errorf("NetworkPolicy prefixd does not let prefixd reach port %d", port)
 		}
+	}
+}
+
+// TestProxyExample: the proxy reaches prefixd serve's Service and the
+// vLLM example's OpenAI port, and the policies on both sides let it.
+func TestProxyExample(t *testing.T) {
+	r := render(t, "kubernetes/examples/proxy")
+	w, ok := r.workload("Deployment", "prefixd-proxy")
+	if !ok || len(w.pod.Containers) != 1 {
+		t.Fatalf("want a Deployment prefixd-proxy with one container")
+	}
+	c := w.pod.Containers[0]
+	sub, flags := checkInvocation(t, "proxy", c.Args, c.envNames())
+	if sub != "proxy" {
+		t.Fatalf("the container runs prefixd %s, want proxy", sub)
+	}
+	base := render(t, "kubernetes/base")
+	var svc struct {
+		Ports []struct {
+			Port int `json:"port"`
+		} `json:"ports"`
+	}
+	base.find("Service", "prefixd").decode(t, &svc, "spec")
+	if want := fmt.Sprintf("http://prefixd.prefixd.svc:%d", svc.Ports[0].Port); flags["server"] != want {
+		t.Errorf("--server=%s, want %s (the base Service)", flags["server"], want)
+	}
+	listen := flags["listen"]
+	if port := atoi(t, listen[strings.LastIndexByte(listen, ':')+1:]); !c.hasPort(float64(port)) {
+		t.Errorf("--listen=%s: the container does not expose %d", listen, port)
+	}
+	if w.labels["prefixd.io/api-client"] != "true" {
+		t.Errorf("the proxy pods lack prefixd.io/api-client=true, which prefixd's NetworkPolicy admits")
+	}
+	engines := render(t, "kubernetes/examples/vllm")
+	vllm, _ := engines.workload("StatefulSet", "vllm")
+	if vllm.labels["prefixd.io/engine"] != "true" || !vllm.pod.Containers[0].hasPort(float64(8000)) {
+		t.Errorf("the vLLM example's pods are not prefixd.io/engine=true with the OpenAI port 8000")
+	}
+	var egress struct {
+		Egress []struct {
+			To []struct {
+				PodSelector struct {
+					MatchLabels map[string]string `json:"matchLabels"`
+				} `json:"podSelector"`
+			} `json:"to"`
+			Ports []struct {
+				Port int `json:"port"`
+			} `json:"ports"`
+		} `json:"egress"`
+	}
+	r.find("NetworkPolicy", "prefixd-proxy").decode(t, &egress, "spec")
+	reach := func(label, value string, port int) bool {
+		for _, e := range egress.Egress {
+			for _, to := range e.To {
+				for _, p := range e.Ports {
+					if to.PodSelector.MatchLabels[label] == value && p.Port == port {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}
+	if !reach("app.kubernetes.io/name", "prefixd", svc.Ports[0].Port) || !reach("prefixd.io/engine", "true", 8000) {
+		t.Errorf("NetworkPolicy prefixd-proxy does not let the proxy reach prefixd's API and the engines' port 8000: %+v", egress)
 	}
 }
 
