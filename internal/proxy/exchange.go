@@ -484,9 +484,9 @@ func (x *exchange) runWhole(b api.PlanBooking, why string) string {
 	if err != nil {
 		return x.fail(http.StatusBadGateway, "%v", err)
 	}
-	// The decode booking carries the prompt's prefill load while the
-	// decode worker prefills: it ends at the first byte.
-	return x.outcome(x.relay(resp, func() { x.prefillComplete(x.id + "/decode") }))
+	// A decode booking tracks no prompt load (the coordinator's decode
+	// override), so there is nothing to report at the first byte.
+	return x.outcome(x.relay(resp, nil))
 }
 
 // maxPrefillAnswer bounds a prefill worker's answer.
