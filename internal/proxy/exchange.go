@@ -9,6 +9,8 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -178,6 +180,9 @@ func (x *exchange) outcome(err error) string {
 		return "ok"
 	case x.r.Context().Err() != nil:
 		return "client_gone"
+	case errors.Is(x.ctx.Err(), context.DeadlineExceeded):
+		x.p.log.Warn("proxy: request deadline passed mid-answer", "request", x.id, "timeout", x.p.cfg.RequestTimeout)
+		return "timeout"
 	}
 	x.p.log.Warn("proxy: answer broke off", "request", x.id, "err", err)
 	return "engine_broke_off"
@@ -338,7 +343,11 @@ func (x *exchange) disaggregated() string {
 	pr := api.PlanRequest{Prompt: api.Prompt{TokenIDs: tokens}, ID: x.id, ModelName: x.req.model, RoutingGroup: p.cfg.RoutingGroup,
 		PrefillRoutingGroup: p.cfg.PrefillRoutingGroup, Policy: p.cfg.PlanPolicy, PrefillFailure: p.cfg.PrefillFailure}
 	order, reason := p.cfg.Order, ""
-	if pin, ok := pinnedPrefill(x.r.Header); ok {
+	pin, ok, err := pinnedPrefill(x.r.Header)
+	if err != nil {
+		return x.fail(http.StatusBadRequest, "%v", err)
+	}
+	if ok {
 		pr.PinnedPrefillWorker = &pin
 		order, reason = coordinator.PrefillFirst, "pinned_prefill"
 	} else if order == coordinator.DecodeFirst && !slices.ContainsFunc(decode, func(e engine) bool { return e.indexed }) {
@@ -421,7 +430,10 @@ func noDecodeHost(err error) bool {
 	if !errors.As(err, &ce) || (ce.Status != http.StatusServiceUnavailable && ce.Status != http.StatusTooManyRequests && ce.Status != http.StatusNotFound) {
 		return false
 	}
-	return ce.Plan == nil || ce.Plan.Decode == nil
+	if ce.Plan == nil {
+		return true
+	}
+	return !slices.ContainsFunc(ce.Plan.Transitions, func(t api.PlanTransition) bool { return t.To == "DecodeCommitted" })
 }
 
 func (x *exchange) logFallback(reason string, err error) {
@@ -516,14 +528,21 @@ func (x *exchange) runPrefill(b api.PlanBooking) (json.RawMessage, error) {
 
 // pinnedPrefill reads the X-Prefixd-Prefill-Worker header
 // ("<worker_id>/<dp_rank>" or "<worker_id>").
-func pinnedPrefill(h http.Header) (api.WorkerRef, bool) {
+func pinnedPrefill(h http.Header) (api.WorkerRef, bool, error) {
 	v := h.Get("X-Prefixd-Prefill-Worker")
 	if v == "" {
-		return api.WorkerRef{}, false
+		return api.WorkerRef{}, false, nil
 	}
+	id, rank, hasRank := strings.Cut(v, "/")
 	var ref api.WorkerRef
-	if n, _ := fmt.Sscanf(v, "%d/%d", &ref.WorkerID, &ref.DPRank); n >= 1 {
-		return ref, true
+	var err error
+	if ref.WorkerID, err = strconv.ParseUint(id, 10, 64); err == nil && hasRank {
+		var r uint64
+		r, err = strconv.ParseUint(rank, 10, 32)
+		ref.DPRank = uint32(r)
 	}
-	return api.WorkerRef{}, false
+	if err != nil || ref.WorkerID == 0 {
+		return api.WorkerRef{}, false, fmt.Errorf("X-Prefixd-Prefill-Worker: %q is not <worker_id>[/<dp_rank>]", clipBytes([]byte(v)))
+	}
+	return ref, true, nil
 }

@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -79,8 +80,12 @@ type Config struct {
 	// RequestTimeout bounds each request from its arrival to its last
 	// byte (default 10 minutes).
 	RequestTimeout time.Duration
-	// MaxBodyBytes bounds a request body (default 32 MiB).
+	// MaxBodyBytes bounds a request body (default 32 MiB); BodyBudget the
+	// bytes of the bodies being read at once, charged at their declared
+	// length (or MaxBodyBytes without one) before anything is read: a
+	// request that does not fit is a 503 with Retry-After (default 1 GiB).
 	MaxBodyBytes int64
+	BodyBudget   int64
 	// TokenizeCache is how many tokenize answers are kept (default 4096).
 	TokenizeCache int
 	// Refresh is how often the fleet view is listed (default 2 s).
@@ -103,6 +108,7 @@ type Proxy struct {
 
 	randMu sync.Mutex
 	rand   *rand.Rand
+	bodies atomic.Int64 // bytes charged to BodyBudget
 }
 
 // EngineHTTPClient returns the client for engine requests: keep-alive
@@ -131,6 +137,9 @@ func New(cfg Config) (*Proxy, error) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
+	}
+	if cfg.BodyBudget <= 0 {
+		cfg.BodyBudget = 1 << 30
 	}
 	if cfg.TokenizeCache <= 0 {
 		cfg.TokenizeCache = 4096
@@ -271,7 +280,18 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.RequestTimeout)
 	defer cancel()
+	charge := p.cfg.MaxBodyBytes
+	if r.ContentLength >= 0 {
+		charge = min(r.ContentLength, p.cfg.MaxBodyBytes+1)
+	}
+	if p.bodies.Add(charge) > p.cfg.BodyBudget {
+		p.bodies.Add(-charge)
+		w.Header().Set("Retry-After", "1")
+		openAIError(w, http.StatusServiceUnavailable, fmt.Sprintf("body: request bodies being read exceed the proxy's budget of %d bytes; retry later", p.cfg.BodyBudget))
+		return
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
+	p.bodies.Add(-charge)
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
