@@ -586,6 +586,18 @@ func (s *Service) planOp(id string, op func(string, time.Time) (Plan, error)) (P
 	return p, err
 }
 
+// Reservations returns how many reservations every pool holds (plain
+// ones and plans' bookings).
+func (s *Service) Reservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	for _, k := range s.c.Pools().Keys() {
+		n += s.c.Pools().Pool(k).Reservations()
+	}
+	return n
+}
+
 // Get returns live plan id, or one the Service finished itself (expiry, a
 // departed worker) among the last 4,096. It changes nothing.
 func (s *Service) Get(id string) (Plan, bool) {

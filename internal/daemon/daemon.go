@@ -193,6 +193,8 @@ func Run(ctx context.Context, cfg Config) error {
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
 	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix}, Observer: newPlanMetrics(reg)})
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
+		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
 	view := &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}}
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
