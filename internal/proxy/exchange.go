@@ -33,8 +33,9 @@ type exchange struct {
 
 	mu       sync.Mutex // guards plan and seen (the first byte reports from its own goroutine)
 	plan     api.PlanInfo
-	seen     int  // plan transitions logged
-	answered bool // bytes went to the client
+	seen     int      // plan transitions logged
+	answered bool     // bytes went to the client
+	served   []uint64 // the engines that answered, in order (prefill, then decode)
 }
 
 // background is a context for giving bookings back: it outlives the
@@ -108,6 +109,7 @@ func (x *exchange) call(e engine, path string, body []byte) (*http.Response, err
 		return nil, &upstreamError{engine: e.id, status: resp.StatusCode, msg: clipBytes(raw)}
 	}
 	resp.Body = &countedBody{ReadCloser: resp.Body, load: load}
+	x.served = append(x.served, e.id)
 	return resp, nil
 }
 
@@ -135,6 +137,15 @@ func (x *exchange) relay(resp *http.Response, first func()) error {
 		}
 	}
 	x.w.Header().Set("X-Request-Id", x.id)
+	// Which engines ran the request: the one answering, and before it the
+	// prefill worker of a disaggregated plan.
+	for i, id := range x.served {
+		name := "X-Prefixd-Worker"
+		if i < len(x.served)-1 {
+			name = "X-Prefixd-Prefill-Worker"
+		}
+		x.w.Header().Set(name, strconv.FormatUint(id, 10))
+	}
 	rc := http.NewResponseController(x.w)
 	buf := make([]byte, 32<<10)
 	started := false
