@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"strconv"
 	"time"
@@ -19,34 +20,35 @@ import (
 )
 
 type mockerOptions struct {
-	etcd          etcdFlags
-	model         string
-	group         string
-	role          string
-	engines       int
-	firstID       uint64
-	blockSize     int
-	totalBlocks   int
-	host          string
-	httpPort      int
-	prefillPerTok time.Duration
-	decodePerTok  time.Duration
-	era           string
-	layout        string
-	dropLive      float64
-	dropReplay    float64
-	kvDomain      string
-	topology      map[string]string
-	ttl           time.Duration
-	kvGroups      string
-	groups        []mocker.Group // parsed from kvGroups by Validate
+	etcd         etcdFlags
+	model        string
+	group        string
+	role         string
+	engines      int
+	firstID      uint64
+	blockSize    int
+	totalBlocks  int
+	host         string
+	httpPort     int
+	timing       mocker.Timing
+	maxModelLen  int
+	maxBodyBytes int64
+	era          string
+	layout       string
+	dropLive     float64
+	dropReplay   float64
+	kvDomain     string
+	topology     map[string]string
+	ttl          time.Duration
+	kvGroups     string
+	groups       []mocker.Group // parsed from kvGroups by Validate
 }
 
 func newMockerOptions() *mockerOptions {
 	return &mockerOptions{etcd: newEtcdFlags("http://127.0.0.1:2379"), model: "mock-model",
 		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), engines: 1, firstID: 1, blockSize: 16,
-		totalBlocks: 4096, host: "127.0.0.1", httpPort: 18000, prefillPerTok: 50 * time.Microsecond, decodePerTok: time.Millisecond,
-		era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL}
+		totalBlocks: 4096, host: "127.0.0.1", httpPort: 18000, timing: mocker.H100Llama8B.WithDefaults(),
+		maxBodyBytes: mocker.DefaultMaxBodyBytes, era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL}
 }
 
 func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
@@ -60,8 +62,16 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of each engine, in blocks")
 	fs.StringVar(&o.host, "host", o.host, "address the engines bind and advertise")
 	fs.IntVar(&o.httpPort, "http-port", o.httpPort, "HTTP port of the first engine (POST /generate); the others follow (0: each picks a free port)")
-	fs.DurationVar(&o.prefillPerTok, "prefill-per-token", o.prefillPerTok, "simulated prefill time per uncached prompt token")
-	fs.DurationVar(&o.decodePerTok, "decode-per-token", o.decodePerTok, "simulated decode time per output token")
+	t := &o.timing
+	fs.DurationVar(&t.StepOverhead, "step-overhead", t.StepOverhead, "fixed cost of each scheduler step (default: Llama-3.1-8B on one H100)")
+	fs.DurationVar(&t.PrefillPerToken, "prefill-per-token", t.PrefillPerToken, "cost of each uncached prompt token a step prefills")
+	fs.DurationVar(&t.DecodePerSeq, "decode-per-token", t.DecodePerSeq, "cost of each running sequence a step decodes one token for")
+	fs.IntVar(&t.MaxNumBatchedTokens, "max-num-batched-tokens", t.MaxNumBatchedTokens, "token budget of a step (vLLM's max_num_batched_tokens): decodes take 1, chunked prefills the rest")
+	fs.IntVar(&t.MaxNumSeqs, "max-num-seqs", t.MaxNumSeqs, "sequences a step may run (vLLM's max_num_seqs)")
+	fs.DurationVar(&t.TransferPerBlock, "kv-transfer-per-block", t.TransferPerBlock, "time to receive one KV block from a remote prefill")
+	fs.Float64Var(&t.CrossDomainFactor, "kv-transfer-cross-domain-factor", t.CrossDomainFactor, "how many times slower a KV transfer from another KV-transfer domain value is")
+	fs.IntVar(&o.maxModelLen, "max-model-len", o.maxModelLen, "longest prompt plus completion the OpenAI routes accept (0: what the KV pool holds)")
+	fs.Int64Var(&o.maxBodyBytes, "max-body-bytes", o.maxBodyBytes, "largest HTTP request body an engine reads")
 	fs.StringVar(&o.era, "era", o.era, "wire era: map (vLLM v0.26+) or array")
 	fs.StringVar(&o.layout, "replay-layout", o.layout, "replay reply layout: topic (vLLM v0.26+) or legacy")
 	fs.Float64Var(&o.dropLive, "drop-live", o.dropLive, "fault: fraction of live batches not sent")
@@ -92,6 +102,13 @@ func (o *mockerOptions) Validate() error {
 		return fmt.Errorf("--http-port %d: engines need ports %d..%d", o.httpPort, o.httpPort, o.httpPort+o.engines-1)
 	case o.dropLive < 0 || o.dropLive > 1 || o.dropReplay < 0 || o.dropReplay > 1:
 		return fmt.Errorf("--drop-live and --drop-replay are fractions in [0, 1]")
+	case o.maxModelLen < 0:
+		return fmt.Errorf("--max-model-len %d: must not be negative", o.maxModelLen)
+	case o.maxBodyBytes < 1:
+		return fmt.Errorf("--max-body-bytes %d: must be positive", o.maxBodyBytes)
+	}
+	if err := validateTiming(o.timing); err != nil {
+		return err
 	}
 	groups, err := mocker.ParseGroups(o.kvGroups)
 	if err == nil {
@@ -102,6 +119,30 @@ func (o *mockerOptions) Validate() error {
 	}
 	o.groups = groups
 	return o.worker(0, max(o.httpPort, 1)).WithDefaults().Validate()
+}
+
+// validateTiming checks the timing flags, naming the flag at fault.
+func validateTiming(t mocker.Timing) error {
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--step-overhead", t.StepOverhead}, {"--prefill-per-token", t.PrefillPerToken}, {"--decode-per-token", t.DecodePerSeq},
+		{"--kv-transfer-per-block", t.TransferPerBlock}} {
+		if d.v < 0 {
+			return fmt.Errorf("%s %v: must not be negative", d.flag, d.v)
+		}
+	}
+	switch {
+	case t.MaxNumBatchedTokens < 1:
+		return fmt.Errorf("--max-num-batched-tokens %d: at least 1", t.MaxNumBatchedTokens)
+	case t.MaxNumSeqs < 1:
+		return fmt.Errorf("--max-num-seqs %d: at least 1", t.MaxNumSeqs)
+	case t.MaxNumBatchedTokens < t.MaxNumSeqs:
+		return fmt.Errorf("--max-num-batched-tokens %d must be at least --max-num-seqs %d, as vLLM requires", t.MaxNumBatchedTokens, t.MaxNumSeqs)
+	case !(t.CrossDomainFactor >= 1) || math.IsInf(t.CrossDomainFactor, 0):
+		return fmt.Errorf("--kv-transfer-cross-domain-factor %v: want a finite factor of at least 1", t.CrossDomainFactor)
+	}
+	return t.Validate()
 }
 
 // worker is engine i's catalog record, serving HTTP on port; the engine
@@ -124,9 +165,12 @@ func newMockerCommand() *cobra.Command {
 		Use:   "mocker",
 		Short: "Run simulated engines that publish vLLM KV events and register in the catalog",
 		Long: "mocker runs --engines simulated vLLM engines in one process. Each has a KV block pool with\n" +
-			"prefix caching and LRU eviction, publishes its cache changes on a real ZMQ PUB with a replay\n" +
-			"ROUTER (the vLLM wire protocol), serves POST /generate {token_ids, max_tokens} on its HTTP\n" +
-			"port, and registers itself in etcd under a lease, as a sidecar would.",
+			"prefix caching and LRU eviction and a continuous-batching scheduler timed like Llama-3.1-8B on\n" +
+			"one H100 (--step-overhead, --prefill-per-token, --decode-per-token), publishes its cache changes\n" +
+			"on a real ZMQ PUB with a replay ROUTER (the vLLM wire protocol), serves vLLM's OpenAI routes\n" +
+			"(/v1/completions, /v1/chat/completions, /tokenize, /v1/models, with NIXL-style\n" +
+			"kv_transfer_params for prefill/decode handoffs) and POST /generate {token_ids, max_tokens} on\n" +
+			"its HTTP port, and registers itself in etcd under a lease, as a sidecar would.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := prepare(cmd.Flags(), o); err != nil {
@@ -167,7 +211,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 		cfg := mocker.Config{TotalBlocks: o.totalBlocks, BlockSize: o.blockSize, Groups: o.groups, Encoder: enc,
 			Publisher: mocker.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
 				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
-			PrefillPerToken: o.prefillPerTok, DecodePerToken: o.decodePerTok,
+			Timing: o.timing, MaxModelLen: o.maxModelLen, MaxBodyBytes: o.maxBodyBytes, Log: log,
 			Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl}
 		addr := ln.Addr().String()
 		if _, err := fl.Start(ctx, cfg, ln); err != nil {

@@ -28,6 +28,16 @@ func TestMockerRejectsBadFlags(t *testing.T) {
 		{[]string{"mocker", "--http-port", "65535", "--engines", "2"}, "--http-port"},
 		{[]string{"mocker", "--etcd-endpoints", "127.0.0.1:2379"}, "--etcd-endpoints"},
 		{[]string{"mocker", "--role", "router"}, "role"},
+		{[]string{"mocker", "--prefill-per-token", "-1ms"}, "--prefill-per-token"},
+		{[]string{"mocker", "--step-overhead", "-1ms"}, "--step-overhead"},
+		{[]string{"mocker", "--kv-transfer-per-block", "-1ms"}, "--kv-transfer-per-block"},
+		{[]string{"mocker", "--max-num-batched-tokens", "0"}, "--max-num-batched-tokens"},
+		{[]string{"mocker", "--max-num-batched-tokens", "8", "--max-num-seqs", "16"}, "--max-num-seqs"},
+		{[]string{"mocker", "--max-num-seqs", "0"}, "--max-num-seqs"},
+		{[]string{"mocker", "--kv-transfer-cross-domain-factor", "0.5"}, "--kv-transfer-cross-domain-factor"},
+		{[]string{"mocker", "--kv-transfer-cross-domain-factor", "NaN"}, "--kv-transfer-cross-domain-factor"},
+		{[]string{"mocker", "--max-model-len", "-1"}, "--max-model-len"},
+		{[]string{"mocker", "--max-body-bytes", "0"}, "--max-body-bytes"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, _, err := run(t, tc.args...)
@@ -40,7 +50,8 @@ func TestMockerRejectsBadFlags(t *testing.T) {
 
 // TestMockerRegistersServesAndLeaves runs two mock engines against a real
 // etcd: they register with their bound endpoints, serve /generate with
-// prefix caching, and take their records with them on shutdown.
+// prefix caching (and the OpenAI completions route), and take their
+// records with them on shutdown.
 func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	emb := storetest.StartEtcd(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -49,7 +60,7 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	cmd := newRootCommand(&out, &errOut)
 	cmd.SetArgs([]string{"mocker", "--etcd-endpoints", emb.Endpoints()[0], "--etcd-prefix", "/mocker-test",
 		"--engines", "2", "--first-worker-id", "7", "--http-port", "0", "--block-size", "4", "--total-kv-blocks", "64",
-		"--decode-per-token", "0s", "--prefill-per-token", "0s", "--topology", "zone=a", "--kv-transfer-domain", "zone"})
+		"--decode-per-token", "0s", "--prefill-per-token", "0s", "--step-overhead", "0s", "--topology", "zone=a", "--kv-transfer-domain", "zone"})
 	done := make(chan error, 1)
 	go func() { done <- cmd.ExecuteContext(ctx) }()
 
@@ -74,6 +85,22 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 		first, second := generate(t, w.Endpoint, prompt), generate(t, w.Endpoint, prompt)
 		if first.PromptTokens != 9 || first.CachedTokens != 0 || second.CachedTokens != 8 {
 			t.Errorf("worker %d: first %+v, second %+v; want 8 of 9 tokens cached the second time", w.WorkerID, first, second)
+		}
+		resp, err := http.Post(w.Endpoint+"/v1/completions", "application/json", strings.NewReader(`{"model": "mock-model", "prompt": [1, 2, 3, 4, 5, 6, 7, 8, 9], "max_tokens": 2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var c struct {
+			Usage struct {
+				Details struct {
+					Cached int `json:"cached_tokens"`
+				} `json:"prompt_tokens_details"`
+			} `json:"usage"`
+		}
+		err = json.NewDecoder(resp.Body).Decode(&c)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != http.StatusOK || c.Usage.Details.Cached != 8 {
+			t.Errorf("worker %d: POST /v1/completions: %s, %+v (%v); want 8 tokens cached", w.WorkerID, resp.Status, c, err)
 		}
 	}
 

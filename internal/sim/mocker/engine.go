@@ -2,17 +2,27 @@ package mocker
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
-	"strings"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/wire"
 )
+
+// DefaultMaxBodyBytes bounds an HTTP request body when
+// Config.MaxBodyBytes is 0.
+const DefaultMaxBodyBytes = 8 << 20
+
+// DefaultKVPort is vLLM's NIXL side-channel port
+// (VLLM_NIXL_SIDE_CHANNEL_PORT), offset by the DP rank as vLLM offsets
+// it, when the worker record names no HTTP endpoint to announce.
+const DefaultKVPort = 5600
 
 // Config configures an Engine.
 type Config struct {
@@ -38,20 +48,36 @@ type Config struct {
 	// current default (map era, int hashes).
 	Encoder wire.Encoder
 
-	// PrefillPerToken is the simulated prefill time per uncached prompt
-	// token, DecodePerToken per output token. 0 (the default) means no
-	// waiting.
-	PrefillPerToken time.Duration
-	DecodePerToken  time.Duration
-	// Sleep waits d or until ctx is done; nil uses a timer. Tests may
-	// substitute a fake clock.
-	Sleep func(ctx context.Context, d time.Duration) error
-	// Now stamps batches (ts); nil is time.Now.
-	Now func() time.Time
+	// Timing prices the scheduler's steps and KV transfers (see
+	// Scheduler); the zero value prices nothing, so requests are served as
+	// fast as the engine runs. H100Llama8B is a calibrated model.
+	Timing Timing
+	// Clock is what the scheduler waits on and what stamps batches (ts)
+	// and requests; nil is RealClock. A VirtualClock runs the same model
+	// without real waiting.
+	Clock Clock
+
+	// MaxModelLen is the longest prompt plus completion the OpenAI routes
+	// accept (vLLM's max_model_len); 0 is what the pool holds,
+	// TotalBlocks × BlockSize.
+	MaxModelLen int
+	// MaxBodyBytes bounds an HTTP request body; 0 is DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// KVEngineID, KVHost and KVPort are what a prefill answers as
+	// kv_transfer_params' remote_engine_id, remote_host and remote_port.
+	// Defaults: "mocker-<worker id>-dp<rank>", and the host and port of
+	// Worker.Endpoint (127.0.0.1 and DefaultKVPort + DPRank without one).
+	KVEngineID string
+	KVHost     string
+	KVPort     int
+	// Log receives the engine's state changes (requests aborted, KV
+	// transfers, injected faults); nil discards them.
+	Log *slog.Logger
 
 	// Store, when not nil, is where Run registers Worker (with the bound
 	// event endpoints, BlockSize and TotalKVBlocks filled in) under a lease
-	// of LeaseTTL (0: catalog.DefaultSessionTTL).
+	// of LeaseTTL (0: catalog.DefaultSessionTTL). Worker.ModelName is the
+	// model the OpenAI routes serve.
 	Store    catalog.Registrar
 	Worker   catalog.Worker
 	LeaseTTL time.Duration
@@ -63,30 +89,44 @@ type Request struct {
 	MaxTokens int      `json:"max_tokens"`
 }
 
-// Result describes how a request was served.
+// Result describes how a request was served. The durations are on the
+// engine's clock.
 type Result struct {
 	PromptTokens int `json:"prompt_tokens"`
 	CachedTokens int `json:"cached_tokens"` // prompt tokens served from the prefix cache
 	OutputTokens int `json:"output_tokens"`
+	// QueueTime is from arrival to being scheduled, TTFT to the first
+	// output token, Latency to the last.
+	QueueTime time.Duration `json:"queue_time_ns"`
+	TTFT      time.Duration `json:"ttft_ns"`
+	Latency   time.Duration `json:"latency_ns"`
 }
 
 // ErrNotRunning is returned by Serve before Run has bound the sockets or
 // after it returned.
 var ErrNotRunning = errors.New("mocker: engine not running")
 
-// Engine is one simulated engine rank. Serve, Restart, ResetPrefixCache,
-// Holds and the getters are safe for concurrent use; Run is called once.
+// Engine is one simulated engine rank: a Scheduler over a Pool, stepped by
+// one goroutine that Run starts, whose cache changes are published as
+// vLLM's KV events. Serve, the HTTP handler, Restart, ResetPrefixCache,
+// Holds, Load and the getters are safe for concurrent use; Run is called
+// once.
 type Engine struct {
-	cfg Config
-	pub *Publisher
+	cfg   Config
+	pub   *Publisher
+	clock Clock
+	log   *slog.Logger
 
-	mu        sync.Mutex // guards pool, inflight and freed, and orders pool steps with their Publish
+	// mu guards pool, sched, the Seqs in it, waiters, faults and running,
+	// and orders pool steps with their Publish.
+	mu        sync.Mutex
 	pool      *Pool
-	inflight  int           // requests holding blocks
-	queued    int           // requests waiting for blocks
-	freed     chan struct{} // closed (and replaced) whenever a request frees its blocks
+	sched     *Scheduler
+	waiters   map[uint64]chan struct{} // per live sequence: signalled (cap 1) when it progresses or ends
+	faults    faultPlan
 	buf       []byte
 	running   bool
+	wake      chan struct{} // cap 1: a request arrived or was aborted
 	ready     chan struct{} // closed once Run accepts requests (and registered)
 	readyOnce sync.Once
 	crashed   chan struct{} // closed by Crash
@@ -102,6 +142,40 @@ func New(cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	sched, err := NewScheduler(pool, cfg.Timing)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timing = sched.Timing()
+	switch {
+	case cfg.MaxModelLen < 0:
+		return nil, fmt.Errorf("mocker: max model len %d: must not be negative", cfg.MaxModelLen)
+	case cfg.MaxBodyBytes < 0:
+		return nil, fmt.Errorf("mocker: max body bytes %d: must not be negative", cfg.MaxBodyBytes)
+	case cfg.KVPort < 0 || cfg.KVPort > 65535:
+		return nil, fmt.Errorf("mocker: kv port %d: want 0 (default) to 65535", cfg.KVPort)
+	}
+	if cfg.MaxModelLen == 0 {
+		cfg.MaxModelLen = cfg.TotalBlocks * cfg.BlockSize
+	}
+	if cfg.MaxBodyBytes == 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.KVEngineID == "" {
+		cfg.KVEngineID = fmt.Sprintf("mocker-%d-dp%d", cfg.Worker.WorkerID, cfg.DPRank)
+	}
+	if cfg.KVHost == "" || cfg.KVPort == 0 {
+		host, port := endpointHostPort(cfg.Worker.Endpoint)
+		if port == 0 {
+			host, port = "127.0.0.1", DefaultKVPort+int(cfg.DPRank)
+		}
+		if cfg.KVHost == "" {
+			cfg.KVHost = host
+		}
+		if cfg.KVPort == 0 {
+			cfg.KVPort = port
+		}
+	}
 	if len(cfg.Groups) > 0 && cfg.Encoder.Era == wire.EraArray {
 		cfg.Encoder.Wide = true
 	}
@@ -114,31 +188,38 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.NoReplay {
 		cfg.Publisher.ReplayEndpoint = ""
 	}
-	if cfg.Sleep == nil {
-		cfg.Sleep = sleep
+	if cfg.Clock == nil {
+		cfg.Clock = RealClock
 	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	pub, err := NewPublisher(cfg.Publisher)
 	if err != nil {
 		return nil, err
 	}
-	return &Engine{cfg: cfg, pub: pub, pool: pool, ready: make(chan struct{}), crashed: make(chan struct{}), freed: make(chan struct{})}, nil
+	log := cfg.Log.With("worker", cfg.Worker.WorkerID, "dp_rank", cfg.DPRank)
+	return &Engine{cfg: cfg, pub: pub, clock: cfg.Clock, log: log, pool: pool, sched: sched,
+		waiters: map[uint64]chan struct{}{}, faults: faultPlan{afterTokens: -1},
+		wake: make(chan struct{}, 1), ready: make(chan struct{}), crashed: make(chan struct{})}, nil
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
+// endpointHostPort returns the host and port of an http(s) base URL (port
+// 0 if it has none or does not parse).
+func endpointHostPort(endpoint string) (string, int) {
+	u, err := url.Parse(endpoint)
+	if err != nil || u.Host == "" {
+		return "", 0
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
+	host, p, err := net.SplitHostPort(u.Host)
+	if err != nil {
+		return "", 0
 	}
+	port, err := strconv.Atoi(p)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", 0
+	}
+	return host, port
 }
 
 // Publisher returns the engine's publisher (endpoints, Seq, Stats, Stall).
@@ -146,6 +227,12 @@ func (e *Engine) Publisher() *Publisher { return e.pub }
 
 // Worker returns the worker record the engine was configured with.
 func (e *Engine) Worker() catalog.Worker { return e.cfg.Worker }
+
+// Timing returns the engine's timing, defaults applied.
+func (e *Engine) Timing() Timing { return e.cfg.Timing }
+
+// Clock returns the clock the engine runs on.
+func (e *Engine) Clock() Clock { return e.clock }
 
 // Ready is closed once the sockets are bound, the engine accepts requests
 // and, with a Store, the worker is registered.
@@ -160,7 +247,8 @@ func (e *Engine) Session() *catalog.Session {
 }
 
 // Run binds the publisher, registers the worker if a Store is configured,
-// and serves until ctx is done or Crash is called. It returns the
+// and runs the scheduler until ctx is done or Crash is called; requests
+// still in the engine then fail with ErrNotRunning. It returns the
 // publisher's or the registration's error, or nil. Ending with ctx
 // revokes the lease, so the worker leaves the catalog at once; ending
 // with Crash does not.
@@ -177,10 +265,20 @@ func (e *Engine) Run(ctx context.Context) error {
 	e.mu.Lock()
 	e.running = true
 	e.mu.Unlock()
+	schedDone := make(chan struct{})
+	go func() {
+		defer close(schedDone)
+		e.schedule(ctx)
+	}()
 	defer func() {
+		cancel()
+		<-schedDone
 		e.mu.Lock()
 		e.running = false
+		ended := e.sched.Close(ErrNotRunning, e.clock.Now())
+		waiters := e.takeWaitersLocked(ended)
 		e.mu.Unlock()
+		signal(waiters)
 	}()
 
 	var sessDone chan error
@@ -193,6 +291,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		w.TotalKVBlocks = uint64(e.cfg.TotalBlocks)
 		w.DataParallelStartRank = e.cfg.DPRank
 		w.DataParallelSize = 1
+		if w.MaxNumBatchedTokens == 0 {
+			w.MaxNumBatchedTokens = uint64(e.cfg.Timing.MaxNumBatchedTokens)
+		}
 		s, err := catalog.Register(ctx, e.cfg.Store, w.WithDefaults(), e.cfg.LeaseTTL)
 		if err != nil {
 			cancel()
@@ -238,6 +339,107 @@ func (e *Engine) Crash() {
 	e.crashOnce.Do(func() { close(e.crashed) })
 }
 
+// schedule is the engine's scheduler loop: plan a step, wait its duration
+// on the clock, finish it and publish its events as one batch; with
+// nothing to run, wait for a request or the next transfer's end.
+func (e *Engine) schedule(ctx context.Context) {
+	for {
+		e.mu.Lock()
+		st := e.sched.Plan(e.clock.Now())
+		var next time.Time
+		idle := st.Empty()
+		hasNext := false
+		if idle {
+			// Nothing to compute, but admissions (evictions) and aborts
+			// may have changed the cache: say so now.
+			e.publishStepLocked(ctx)
+			next, hasNext = e.sched.NextTransfer()
+		}
+		waiters := e.takeWaitersLocked(st.Ended)
+		e.mu.Unlock()
+		signal(waiters)
+		e.logEnded(st.Ended)
+
+		if idle {
+			var timer *Timer
+			var fired <-chan time.Time
+			if hasNext {
+				timer = e.clock.NewTimer(next.Sub(e.clock.Now()))
+				fired = timer.C
+			}
+			select {
+			case <-ctx.Done():
+			case <-e.wake:
+			case <-fired:
+			}
+			if timer != nil {
+				timer.Stop()
+			}
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		if st.Duration > 0 {
+			timer := e.clock.NewTimer(st.Duration)
+			select {
+			case <-ctx.Done():
+				timer.Stop()
+				return
+			case <-timer.C:
+			}
+		}
+		e.mu.Lock()
+		changed := e.sched.Finish(e.clock.Now())
+		e.publishStepLocked(ctx)
+		waiters = e.takeWaitersLocked(changed)
+		e.mu.Unlock()
+		signal(waiters)
+	}
+}
+
+// publishStepLocked publishes the pool's pending events; a failure leaves
+// the index behind the engine, as a lost batch would, and is logged.
+func (e *Engine) publishStepLocked(ctx context.Context) {
+	if err := e.publishLocked(context.WithoutCancel(ctx)); err != nil {
+		e.log.Warn("publish step", "err", err)
+	}
+}
+
+// takeWaitersLocked returns the waiter channels of seqs, forgetting those
+// of the sequences that ended. e.mu held.
+func (e *Engine) takeWaitersLocked(seqs []*Seq) []chan struct{} {
+	var out []chan struct{}
+	for _, q := range seqs {
+		if ch, ok := e.waiters[q.ID]; ok {
+			out = append(out, ch)
+			if q.State == SeqDone {
+				delete(e.waiters, q.ID)
+			}
+		}
+	}
+	return out
+}
+
+// signal wakes each waiter without blocking (each channel has room for
+// one pending signal, which is all a waiter needs).
+func signal(chs []chan struct{}) {
+	for _, ch := range chs {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (e *Engine) logEnded(ended []*Seq) {
+	for _, q := range ended {
+		if errors.Is(q.Err, ErrNoSpace) {
+			e.log.Info("request refused", "seq", q.ID, "prompt_tokens", len(q.Tokens), "err", q.Err)
+		}
+	}
+}
+
 // publishLocked publishes the pool's pending events as one batch, if any.
 // e.mu held, so that batches leave in the order of the pool steps.
 func (e *Engine) publishLocked(ctx context.Context) error {
@@ -245,7 +447,7 @@ func (e *Engine) publishLocked(ctx context.Context) error {
 	if len(evs) == 0 {
 		return nil
 	}
-	now := e.cfg.Now()
+	now := e.clock.Now()
 	b := wire.Batch{
 		TS:        float64(now.UnixNano()) / 1e9,
 		Events:    evs,
@@ -263,77 +465,114 @@ func (e *Engine) publishLocked(ctx context.Context) error {
 	return nil
 }
 
-// Serve simulates one request: the prefill step allocates the prompt's
-// blocks (reusing the cached prefix) — waiting, as vLLM's scheduler
-// queues a request, while running requests hold the blocks it needs; a
-// prompt larger than the whole pool is ErrNoSpace — and publishes that
-// step's events as one batch, then waits PrefillPerToken per uncached token and
-// DecodePerToken per output token, then frees the blocks (their eviction
-// events appear with later allocations).
-func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
-	res := Result{PromptTokens: len(req.TokenIDs), OutputTokens: max(req.MaxTokens, 0)}
-	var a *Alloc
-	for {
-		e.mu.Lock()
-		if !e.running {
-			e.mu.Unlock()
-			return res, ErrNotRunning
-		}
-		if err := ctx.Err(); err != nil {
-			e.mu.Unlock()
-			return res, err // abandoned before it was scheduled: no cache change
-		}
-		var err error
-		a, err = e.pool.Alloc(req.TokenIDs)
-		if err == nil {
-			break
-		}
-		blocks := (len(req.TokenIDs) + e.cfg.BlockSize - 1) / e.cfg.BlockSize
-		if !errors.Is(err, ErrNoSpace) || e.inflight == 0 || blocks > e.pool.TotalBlocks() {
-			e.mu.Unlock()
-			return res, err // it would not fit even in an idle engine
-		}
-		// As vLLM's scheduler: wait in line until running requests free
-		// their blocks.
-		freed := e.freed
-		e.queued++
-		e.mu.Unlock()
-		select {
-		case <-freed:
-		case <-ctx.Done():
-		}
-		e.mu.Lock()
-		e.queued--
-		e.mu.Unlock()
-		if ctx.Err() != nil {
-			return res, ctx.Err()
-		}
+// submit adds q to the scheduler and returns the channel signalled when it
+// progresses. A cancelled ctx adds nothing.
+func (e *Engine) submit(ctx context.Context, q *Seq) (chan struct{}, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if !e.running {
+		return nil, ErrNotRunning
 	}
-	e.inflight++
-	// The cache changed, so its events go out whatever becomes of the
-	// request (a client that hangs up now does not unpublish a step, in
-	// vLLM either). A failed Publish leaves the index behind the engine,
-	// as a lost batch would; the request itself still proceeds.
-	perr := e.publishLocked(context.WithoutCancel(ctx))
+	if err := ctx.Err(); err != nil {
+		return nil, err // abandoned before it was scheduled: no cache change
+	}
+	if err := e.sched.Add(q, e.clock.Now()); err != nil {
+		return nil, err
+	}
+	ch := make(chan struct{}, 1)
+	e.waiters[q.ID] = ch
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	return ch, nil
+}
+
+// abort ends q at the scheduler's next step (its blocks are freed then).
+func (e *Engine) abort(q *Seq, why string) {
+	e.mu.Lock()
+	done := q.State == SeqDone
+	if !done {
+		e.sched.Abort(q)
+		delete(e.waiters, q.ID)
+	}
 	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.pool.Free(a)
-		e.inflight--
-		close(e.freed) // wakes the requests waiting for blocks
-		e.freed = make(chan struct{})
-		e.mu.Unlock()
-	}()
-	if perr != nil {
-		return res, perr
+	if done {
+		return
 	}
-	res.CachedTokens = a.CachedBlocks * e.cfg.BlockSize
-	uncached := len(req.TokenIDs) - res.CachedTokens
-	if err := e.cfg.Sleep(ctx, time.Duration(uncached)*e.cfg.PrefillPerToken); err != nil {
+	select {
+	case e.wake <- struct{}{}:
+	default:
+	}
+	e.log.Info("request aborted", "seq", q.ID, "why", why, "prompt_tokens", len(q.Tokens), "output_tokens", e.outputOf(q))
+}
+
+func (e *Engine) outputOf(q *Seq) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return q.Output
+}
+
+// seqView is a copy of a sequence's progress, taken under e.mu.
+type seqView struct {
+	state                           SeqState
+	err                             error
+	output, cached, transferred     int
+	blockIDs                        []int
+	arrived, scheduled, first, done time.Time
+}
+
+func (e *Engine) view(q *Seq) seqView {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return seqView{state: q.State, err: q.Err, output: q.Output, cached: q.CachedTokens, transferred: q.TransferredBlocks,
+		blockIDs: q.BlockIDs, arrived: q.Arrived, scheduled: q.Scheduled, first: q.FirstToken, done: q.Finished}
+}
+
+// wait blocks until q has generated more than seen tokens or ended, or
+// ctx is done (then q is aborted and ctx's error returned).
+func (e *Engine) wait(ctx context.Context, q *Seq, ch chan struct{}, seen int) (seqView, error) {
+	for {
+		v := e.view(q)
+		if v.state == SeqDone || v.output > seen {
+			return v, nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			e.abort(q, "client gone")
+			return v, ctx.Err()
+		}
+	}
+}
+
+// Serve simulates one request through the scheduler: it queues until a
+// step admits it (the pool can allocate its blocks, reusing the cached
+// prefix, and the step has budget), is prefilled in chunks, decodes
+// MaxTokens tokens one step at a time, and frees its blocks (their
+// eviction events appear with later allocations). A prompt larger than
+// the whole pool is ErrNoSpace at once. A request abandoned (ctx done)
+// after it was scheduled has its step published all the same (the cache
+// changed) and its blocks freed at the next step; one abandoned before
+// changes nothing.
+func (e *Engine) Serve(ctx context.Context, req Request) (Result, error) {
+	res := Result{PromptTokens: len(req.TokenIDs)}
+	q := &Seq{Tokens: req.TokenIDs, MaxTokens: max(req.MaxTokens, 0)}
+	ch, err := e.submit(ctx, q)
+	if err != nil {
 		return res, err
 	}
-	if err := e.cfg.Sleep(ctx, time.Duration(res.OutputTokens)*e.cfg.DecodePerToken); err != nil {
+	v, err := e.wait(ctx, q, ch, q.MaxTokens)
+	res.CachedTokens, res.OutputTokens = v.cached, v.output
+	if err != nil {
 		return res, err
+	}
+	if v.err != nil {
+		return res, v.err
+	}
+	res.QueueTime, res.Latency = v.scheduled.Sub(v.arrived), v.done.Sub(v.arrived)
+	if !v.first.IsZero() {
+		res.TTFT = v.first.Sub(v.arrived)
 	}
 	return res, nil
 }
@@ -363,11 +602,20 @@ func (e *Engine) ResetPrefixCache(ctx context.Context) error {
 	return e.publishLocked(context.WithoutCancel(ctx)) // the cache is gone: say so
 }
 
-// Queued returns how many requests wait for KV blocks.
+// Queued returns how many requests wait in the scheduler's queue (for the
+// step budget, a sequence slot or KV blocks).
 func (e *Engine) Queued() int {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return e.queued
+	return e.sched.Load().Waiting
+}
+
+// Load returns the scheduler's occupancy: requests waiting, transferring
+// KV and running, and KV usage.
+func (e *Engine) Load() Load {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.sched.Load()
 }
 
 // Holds returns the engine's true cache in its main KV-cache group (the
@@ -405,88 +653,4 @@ func (e *Engine) LastSeq() (seq uint64, ok bool) {
 		return 0, false
 	}
 	return n - 1, true
-}
-
-// ServeHTTP handles POST /generate with a JSON Request and answers with a
-// JSON Result, GET /health (200 while running, as vLLM's), and the fault
-// injections POST /faults/restart,
-// /faults/reset_prefix_cache, /faults/stall_replay?for=<duration> and
-// /faults/crash.
-// Other paths are 404, other methods 405.
-func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if strings.HasPrefix(r.URL.Path, "/faults/") {
-		e.serveFault(w, r)
-		return
-	}
-	if r.URL.Path == "/health" {
-		// As vLLM's /health: 200 while the engine serves. A sidecar probes it.
-		e.mu.Lock()
-		running := e.running
-		e.mu.Unlock()
-		if !running {
-			http.Error(w, ErrNotRunning.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusOK)
-		return
-	}
-	if r.URL.Path != "/generate" {
-		http.NotFound(w, r)
-		return
-	}
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
-	}
-	var req Request
-	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<20))
-	if err := dec.Decode(&req); err != nil {
-		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
-		return
-	}
-	res, err := e.Serve(r.Context(), req)
-	switch {
-	case errors.Is(err, ErrNoSpace):
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
-	case errors.Is(err, ErrNotRunning):
-		http.Error(w, err.Error(), http.StatusServiceUnavailable)
-		return
-	case err != nil:
-		http.Error(w, err.Error(), http.StatusInternalServerError)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(res)
-}
-
-func (e *Engine) serveFault(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
-		return
-	}
-	switch r.URL.Path {
-	case "/faults/restart":
-		e.Restart()
-	case "/faults/reset_prefix_cache":
-		if err := e.ResetPrefixCache(r.Context()); err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-	case "/faults/stall_replay":
-		d, err := time.ParseDuration(r.URL.Query().Get("for"))
-		if err != nil || d < 0 {
-			http.Error(w, "for: want a non-negative duration such as 5s", http.StatusBadRequest)
-			return
-		}
-		e.pub.Stall(d)
-	case "/faults/crash":
-		e.Crash()
-	default:
-		http.NotFound(w, r)
-		return
-	}
-	w.WriteHeader(http.StatusNoContent)
 }

@@ -256,19 +256,74 @@ func mustJSON(v any) []byte {
 	return b
 }
 
-// TestEngineTiming: prefill waits per uncached token, decode per output
-// token, through the injected Sleep (no real waiting).
+// autoAdvance drives clk for the test's life: whenever the engine waits
+// on it, time jumps to the timer's deadline, so every step takes exactly
+// its modelled time and none passes for real.
+func autoAdvance(t *testing.T, clk *VirtualClock) {
+	t.Helper()
+	autoAdvanceUntil(t, clk)
+}
+
+// autoAdvanceUntil is autoAdvance until stop is called.
+func autoAdvanceUntil(t *testing.T, clk *VirtualClock) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			changed := clk.Changed()
+			if _, ok := clk.AdvanceToNext(); ok {
+				continue
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+		}
+	}()
+	stop = func() { cancel(); <-done }
+	t.Cleanup(stop)
+	return stop
+}
+
+// advance waits until the engine waits on clk and moves the clock to that
+// timer's deadline; it returns how far the clock moved.
+func advance(t *testing.T, clk *VirtualClock) time.Duration {
+	t.Helper()
+	testsupport.Eventually(t, 30*time.Second, "the engine to wait on the clock", func() bool { return clk.Waiters() > 0 })
+	d, _ := clk.AdvanceToNext()
+	return d
+}
+
+// TestEngineTiming: a step costs its overhead plus prefill per uncached
+// token plus decode per running sequence, measured on the engine's
+// (virtual) clock.
 func TestEngineTiming(t *testing.T) {
-	var waited []time.Duration
-	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, PrefillPerToken: time.Millisecond,
-		DecodePerToken: 10 * time.Millisecond,
-		Sleep:          func(ctx context.Context, d time.Duration) error { waited = append(waited, d); return nil }})
+	clk := NewVirtualClock(epoch)
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
+		Timing: Timing{StepOverhead: 100 * time.Microsecond, PrefillPerToken: time.Millisecond, DecodePerSeq: 10 * time.Millisecond}})
+	autoAdvance(t, clk)
 	ctx := context.Background()
-	e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 2})
-	e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 1})
-	want := []time.Duration{10 * time.Millisecond, 20 * time.Millisecond, 2 * time.Millisecond, 10 * time.Millisecond}
-	if len(waited) != 4 || waited[0] != want[0] || waited[1] != want[1] || waited[2] != want[2] || waited[3] != want[3] {
-		t.Fatalf("waited %v, want %v", waited, want)
+	first, err := e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Step 1 prefills 10 tokens (the first token), step 2 decodes one.
+	if want := (Result{PromptTokens: 10, OutputTokens: 2, TTFT: 10100 * time.Microsecond, Latency: 20200 * time.Microsecond}); first != want {
+		t.Fatalf("first %+v, want %+v", first, want)
+	}
+	second, err := e.Serve(ctx, Request{TokenIDs: toks(0, 10), MaxTokens: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// 8 of 10 tokens cached: 2 to prefill.
+	if want := (Result{PromptTokens: 10, CachedTokens: 8, OutputTokens: 1, TTFT: 2100 * time.Microsecond, Latency: 2100 * time.Microsecond}); second != want {
+		t.Fatalf("second %+v, want %+v", second, want)
+	}
+	if got := clk.Now().Sub(epoch); got != 22300*time.Microsecond {
+		t.Fatalf("the clock moved %v, want 22.3ms", got)
 	}
 }
 
@@ -390,75 +445,105 @@ func TestEngineCrash(t *testing.T) {
 }
 
 // TestEngineQueuesWhenFull: a request that needs blocks held by a running
-// request waits for them, as vLLM's scheduler does; one larger than the
-// whole pool is refused at once.
+// request waits in the queue until they are freed, as vLLM's scheduler
+// does; one larger than the whole pool is refused at once.
 func TestEngineQueuesWhenFull(t *testing.T) {
-	inPrefill, release := make(chan struct{}), make(chan struct{})
-	var once bool
-	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, PrefillPerToken: time.Nanosecond,
-		Sleep: func(ctx context.Context, d time.Duration) error {
-			if d == 0 || once {
-				return nil
-			}
-			once = true // only the first request's prefill blocks; Serve calls run one at a time here until released
-			close(inPrefill)
-			<-release
-			return nil
-		}})
+	clk := NewVirtualClock(epoch)
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
+		Timing: Timing{PrefillPerToken: time.Microsecond, DecodePerSeq: time.Millisecond}})
 	ctx := context.Background()
-	first := make(chan error, 1)
-	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(0, 12*testBS)}); first <- err }()
-	<-inPrefill
-	second := make(chan error, 1)
-	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(1000, 12*testBS)}); second <- err }()
+	type served struct {
+		res Result
+		err error
+	}
+	first := make(chan served, 1)
+	go func() {
+		r, err := e.Serve(ctx, Request{TokenIDs: toks(0, 12*testBS), MaxTokens: 3})
+		first <- served{r, err}
+	}()
+	testsupport.Eventually(t, 30*time.Second, "the first request's step", func() bool { return clk.Waiters() == 1 })
+	second := make(chan served, 1)
+	go func() {
+		r, err := e.Serve(ctx, Request{TokenIDs: toks(1000, 12*testBS), MaxTokens: 1})
+		second <- served{r, err}
+	}()
 	testsupport.Eventually(t, 30*time.Second, "the second request to queue", func() bool { return e.Queued() == 1 })
 	if _, err := e.Serve(ctx, Request{TokenIDs: toks(5000, 17*testBS)}); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("a prompt larger than the pool: %v, want ErrNoSpace", err)
 	}
-	close(release)
-	if err := <-first; err != nil {
-		t.Fatal(err)
+	autoAdvance(t, clk)
+	f := <-first
+	if f.err != nil {
+		t.Fatal(f.err)
 	}
-	if err := <-second; err != nil {
-		t.Fatalf("queued request: %v", err)
+	s := <-second
+	if s.err != nil {
+		t.Fatalf("queued request: %v", s.err)
 	}
-	if e.Queued() != 0 {
-		t.Fatalf("%d still queued", e.Queued())
+	// The first prefills 48 tokens and decodes twice (2.048 ms); the
+	// second is admitted at the step after it freed its blocks.
+	if f.res.Latency != 2048*time.Microsecond || s.res.QueueTime != f.res.Latency {
+		t.Fatalf("first %+v, second %+v: want the second queued for the first's 2.048ms", f.res, s.res)
+	}
+	if l := e.Load(); l.Waiting != 0 || l.Running != 0 || l.KVUsage != 0 {
+		t.Fatalf("load after both: %+v", l)
 	}
 }
 
-// flipCtx is a context that is live at its first Err check and cancelled
-// at every later one: a client hanging up while its request is scheduled.
-type flipCtx struct {
-	context.Context
-	checks int
-}
-
-func (c *flipCtx) Err() error {
-	c.checks++
-	if c.checks > 1 {
-		return context.Canceled
-	}
-	return nil
-}
-
-// TestEngineCancelAfterScheduling: a request cancelled after its blocks
-// were allocated still publishes that step (the engine's cache changed);
-// one cancelled before changes nothing.
+// TestEngineCancelAfterScheduling: a request abandoned after it was
+// scheduled still publishes its step (the engine's cache changed) and
+// frees its blocks at the next step; one abandoned before, or while it
+// waited in the queue, changes nothing.
 func TestEngineCancelAfterScheduling(t *testing.T) {
-	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS})
+	clk := NewVirtualClock(epoch)
+	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
+		Timing: Timing{PrefillPerToken: time.Millisecond, DecodePerSeq: time.Millisecond}})
 	before := e.Publisher().Seq()
-	e.Serve(&flipCtx{Context: context.Background()}, Request{TokenIDs: toks(0, 3*testBS)})
-	if got := e.Publisher().Seq(); got != before+1 || len(e.Holds()) != 3 {
-		t.Fatalf("after a request cancelled once scheduled: seq %d (was %d), cache %d blocks; want the step published", got, before, len(e.Holds()))
-	}
 	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(0, 3*testBS), MaxTokens: 5}); done <- err }()
+	testsupport.Eventually(t, 30*time.Second, "the request's first step", func() bool { return clk.Waiters() == 1 })
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("abandoned request: %v", err)
+	}
+	advance(t, clk) // the step it was in completes
+	testsupport.Eventually(t, 30*time.Second, "the step published and the blocks freed", func() bool {
+		l := e.Load()
+		return e.Publisher().Seq() == before+1 && l.Running == 0 && l.KVUsage == 0
+	})
+	if len(e.Holds()) != 3 {
+		t.Fatalf("cache %d blocks after the abandoned request's step, want its 3", len(e.Holds()))
+	}
+
+	ctx, cancel = context.WithCancel(context.Background())
 	cancel()
 	if _, err := e.Serve(ctx, Request{TokenIDs: toks(100, 3*testBS)}); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled request: %v", err)
 	}
-	if got := e.Publisher().Seq(); got != before+1 || len(e.Holds()) != 3 {
-		t.Fatalf("a request cancelled before scheduling changed the engine: seq %d, cache %d blocks", got, len(e.Holds()))
+
+	// One that fills the pool, and one abandoned while it waits for it.
+	big := make(chan error, 1)
+	go func() {
+		_, err := e.Serve(context.Background(), Request{TokenIDs: toks(200, 16*testBS), MaxTokens: 2})
+		big <- err
+	}()
+	testsupport.Eventually(t, 30*time.Second, "the big request's step", func() bool { return e.Load().Running == 1 })
+	ctx, cancel = context.WithCancel(context.Background())
+	queued := make(chan error, 1)
+	go func() { _, err := e.Serve(ctx, Request{TokenIDs: toks(300, 3*testBS)}); queued <- err }()
+	testsupport.Eventually(t, 30*time.Second, "the small request to queue", func() bool { return e.Queued() == 1 })
+	cancel()
+	if err := <-queued; !errors.Is(err, context.Canceled) {
+		t.Fatalf("queued request: %v", err)
+	}
+	autoAdvance(t, clk)
+	if err := <-big; err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 30*time.Second, "the engine idle", func() bool { return e.Load() == Load{FreeBlocks: 16, TotalBlocks: 16} })
+	if e.Hit(toks(100, 3*testBS)) != 0 || e.Hit(toks(300, 3*testBS)) != 0 || len(e.Holds()) != 16 {
+		t.Fatalf("abandoned requests changed the cache: %d blocks", len(e.Holds()))
 	}
 }
 

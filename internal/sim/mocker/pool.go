@@ -112,13 +112,38 @@ type block struct {
 // Alloc is the set of blocks one request holds, from Pool.Alloc until
 // Pool.Free.
 type Alloc struct {
-	blocks [][]int32 // per group, in prompt order (nilBlock: none); the last may be a partial (unhashed) block
-	gen    uint64    // the pool generation it belongs to; stale after Reset
-	freed  bool
+	blocks   [][]int32 // per group, in prompt order (nilBlock: none); the last may be a partial (unhashed) block
+	hashes   []uint64  // the prompt's full blocks' engine hashes
+	tokens   []uint32  // the prompt (the caller's slice, read until the alloc is fully cached)
+	stored   int       // leading full blocks in the cache: the hits, then those Cache stored
+	windowed bool      // the sliding windows' skipped blocks were released
+	gen      uint64    // the pool generation it belongs to; stale after Reset
+	freed    bool
 	// CachedBlocks is how many leading full blocks were prefix-cache hits.
 	CachedBlocks int
-	// NewBlocks is how many full blocks were computed and stored.
+	// NewBlocks is how many full blocks were (or are to be) computed and
+	// stored.
 	NewBlocks int
+}
+
+// Stored returns how many of the prompt's leading full blocks are in the
+// cache: the hits and those Cache has stored since.
+func (a *Alloc) Stored() int { return a.stored }
+
+// BlockIDs returns the physical block ids group g holds for the prompt,
+// in prompt order (a trailing partial block included; a sliding-window
+// group's released blocks left out). The slice is the caller's.
+func (a *Alloc) BlockIDs(g int) []int {
+	if g < 0 || g >= len(a.blocks) {
+		return nil
+	}
+	out := make([]int, 0, len(a.blocks[g]))
+	for _, id := range a.blocks[g] {
+		if id != nilBlock {
+			out = append(out, int(id))
+		}
+	}
+	return out
 }
 
 // Pool is a simulated vLLM KV block pool with prefix caching: TotalBlocks
@@ -135,19 +160,20 @@ type Alloc struct {
 //     (head of the LRU), which emits BlockRemoved for its hash.
 //   - Newly filled full blocks are cached and emitted as ONE BlockStored
 //     event per Alloc (parent = the last hit block's hash, if any; all the
-//     new blocks' tokens).
+//     new blocks' tokens). With chunked prefill (Admit, then Cache per
+//     chunk, as vLLM's scheduler caches the full blocks of each scheduled
+//     chunk) there is one BlockStored per chunk, each chained to the last.
 //   - Free releases a request's blocks in reverse order (tail first, as
 //     vLLM does), so that a prompt's last blocks are evicted before its
 //     first; a cached block with no user goes to the LRU tail, an unhashed
 //     one back to the empty blocks.
 //   - Physical duplicates: the cache maps a hash to every physical block
 //     that holds it, and evicting one copy emits one BlockRemoved, so count
-//     semantics are kept. Because Alloc computes and caches a request's
-//     blocks atomically (no two requests are mid-prefill at once),
-//     duplicates only arise if a full block is missed after an earlier miss
-//     in the same prompt while a copy is cached elsewhere, which chained
-//     hashing and tail-first eviction make practically impossible. vLLM's
-//     same-step duplicates are therefore not reproduced.
+//     semantics are kept. Alloc computes and caches a request's blocks
+//     atomically; with Admit and Cache, two requests prefilling the same
+//     prompt at once each compute the blocks neither found cached and each
+//     store its own copy (vLLM's same-step duplicates), one BlockStored
+//     per copy.
 //
 // A hybrid pool (NewHybridPool) keeps every group's blocks in the one pool
 // and LRU, as vLLM's hybrid KV-cache manager does:
@@ -268,6 +294,10 @@ func (p *Pool) TotalBlocks() int { return len(p.blocks) }
 // blocks plus the evictable cached ones.
 func (p *Pool) FreeBlocks() int { return len(p.empty) + p.lruLen }
 
+// Usage returns the fraction of blocks in use by requests (vLLM's
+// kv_cache_usage: evictable cached blocks count as free).
+func (p *Pool) Usage() float64 { return 1 - float64(p.FreeBlocks())/float64(len(p.blocks)) }
+
 // Hit returns how many leading full blocks of tokens the pool would serve
 // from its prefix cache now (Alloc's CachedBlocks), without changing it.
 func (p *Pool) Hit(tokens []uint32) int { return p.hit(BlockHashes(tokens, p.blockSize)) }
@@ -320,9 +350,25 @@ func (p *Pool) from(g, L int) int {
 }
 
 // Alloc allocates the blocks of a request with prompt tokens, reusing the
-// cached prefix. It queues the step's events (see Events). On ErrNoSpace
-// nothing changes.
+// cached prefix, and caches every new full block at once (Admit, then
+// Cache of the whole prompt). It queues the step's events (see Events).
+// On ErrNoSpace nothing changes.
 func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
+	a, err := p.Admit(tokens)
+	if err != nil {
+		return nil, err
+	}
+	p.Cache(a, len(a.hashes))
+	return a, nil
+}
+
+// Admit allocates the blocks of a request with prompt tokens: the cached
+// prefix is reused (its blocks are the hits), the rest are taken from the
+// empty blocks or by eviction, and are not cached until Cache stores them
+// (as vLLM caches a block once the step that computes it is scheduled).
+// It queues the evictions' BlockRemoved. On ErrNoSpace nothing changes.
+// tokens must not change until the alloc is fully cached or freed.
+func (p *Pool) Admit(tokens []uint32) (*Alloc, error) {
 	hashes := BlockHashes(tokens, p.blockSize)
 	hits := p.hit(hashes)
 	total := (len(tokens) + p.blockSize - 1) / p.blockSize
@@ -338,7 +384,8 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 	if need > len(p.empty)+p.lruLen-hitsInLRU {
 		return nil, ErrNoSpace
 	}
-	a := &Alloc{blocks: make([][]int32, p.ngroups()), gen: p.gen, CachedBlocks: hits, NewBlocks: len(hashes) - hits}
+	a := &Alloc{blocks: make([][]int32, p.ngroups()), hashes: hashes, tokens: tokens, stored: hits,
+		gen: p.gen, CachedBlocks: hits, NewBlocks: len(hashes) - hits}
 	for g := range p.cache { // every group's hits first, then the new blocks (vLLM's two phases)
 		bl := make([]int32, total)
 		for i := range bl {
@@ -362,18 +409,32 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 			a.blocks[g][i] = id
 		}
 	}
-	if a.NewBlocks > 0 {
+	return a, nil
+}
+
+// Cache stores a's leading full blocks up to n (of its prompt's), those
+// not stored yet, in the cache: one BlockStored per group, chained to the
+// last block stored before. Once every full block is stored, each
+// sliding-window group releases the blocks that left its window (vLLM
+// frees them at the next step), the last first. A freed or stale alloc
+// (one from before a Reset) caches nothing.
+func (p *Pool) Cache(a *Alloc, n int) {
+	if a == nil || a.freed || a.gen != p.gen {
+		return
+	}
+	n = min(max(n, 0), len(a.hashes))
+	if from := a.stored; n > from {
 		for g := range p.cache {
 			ev := wire.Event{
 				Kind:        wire.KindBlockStored,
 				Tag:         wire.TagBlockStored,
-				BlockHashes: append([]uint64(nil), hashes[hits:]...),
-				TokenIDs:    append([]uint32(nil), tokens[hits*p.blockSize:len(hashes)*p.blockSize]...),
+				BlockHashes: append([]uint64(nil), a.hashes[from:n]...),
+				TokenIDs:    append([]uint32(nil), a.tokens[from*p.blockSize:n*p.blockSize]...),
 				BlockSize:   p.blockSize,
 				Medium:      "GPU",
 			}
-			if hits > 0 {
-				ev.ParentHash, ev.HasParent = hashes[hits-1], true
+			if from > 0 {
+				ev.ParentHash, ev.HasParent = a.hashes[from-1], true
 			}
 			if p.groups != nil {
 				gr := p.groups[g]
@@ -382,22 +443,26 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 					ev.SlidingWindow, ev.HasSlidingWindow = gr.Window, true
 				}
 			}
-			for i, h := range hashes[hits:] {
-				id := a.blocks[g][hits+i]
+			for i, h := range a.hashes[from:n] {
+				id := a.blocks[g][from+i]
 				p.blocks[id].hash, p.blocks[id].group, p.blocks[id].cached = h, g, true
 				p.cache[g][h] = append(p.cache[g][h], id)
 			}
 			p.pending = append(p.pending, ev)
 		}
+		a.stored = n
 	}
-	// The blocks that left a sliding window go at once (vLLM frees them at
-	// the next step), the last first.
+	if a.stored < len(a.hashes) || a.windowed {
+		return
+	}
+	a.windowed = true
+	total := len(a.blocks[0])
 	for g := range p.cache {
 		gr := p.group(g)
 		if !gr.sliding() {
 			continue
 		}
-		skipped := max(0, len(tokens)-gr.Window+1) / p.blockSize
+		skipped := max(0, len(a.tokens)-gr.Window+1) / p.blockSize
 		for i := min(skipped, total) - 1; i >= 0; i-- {
 			if id := a.blocks[g][i]; id != nilBlock {
 				p.release(id)
@@ -405,7 +470,6 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 			}
 		}
 	}
-	return a, nil
 }
 
 // take returns an unused block: an empty one, or else the LRU head,

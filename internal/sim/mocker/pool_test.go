@@ -317,3 +317,115 @@ func TestParseGroups(t *testing.T) {
 		t.Fatal("a window that is no number parsed")
 	}
 }
+
+// TestPoolAdmitCacheIsAlloc: Admit followed by Cache of the whole prompt
+// is Alloc, event for event, across a workload that evicts.
+func TestPoolAdmitCacheIsAlloc(t *testing.T) {
+	for _, groups := range [][]Group{nil, gemmaLike} {
+		whole, err := NewHybridPool(40, testBS, groups)
+		if err != nil {
+			t.Fatal(err)
+		}
+		split, _ := NewHybridPool(40, testBS, groups)
+		for n := range 200 {
+			tk := workload(n).TokenIDs
+			a, errA := whole.Alloc(tk)
+			b, errB := split.Admit(tk)
+			if (errA == nil) != (errB == nil) {
+				t.Fatalf("request %d: Alloc %v, Admit %v", n, errA, errB)
+			}
+			if errA != nil {
+				continue
+			}
+			split.Cache(b, len(tk)/testBS)
+			if ea, eb := whole.Events(), split.Events(); !slices.EqualFunc(ea, eb, eventEqual) {
+				t.Fatalf("request %d: Alloc events %+v, Admit+Cache %+v", n, ea, eb)
+			}
+			whole.Free(a)
+			split.Free(b)
+		}
+		if !mapsEqual(whole.Holds(), split.Holds()) || whole.FreeBlocks() != split.FreeBlocks() {
+			t.Fatal("the pools diverged")
+		}
+	}
+}
+
+func eventEqual(a, b wire.Event) bool {
+	return a.Kind == b.Kind && slices.Equal(a.BlockHashes, b.BlockHashes) && slices.Equal(a.TokenIDs, b.TokenIDs) &&
+		a.HasParent == b.HasParent && a.ParentHash == b.ParentHash && a.GroupIdx == b.GroupIdx && a.HasGroupIdx == b.HasGroupIdx
+}
+
+func mapsEqual(a, b map[uint64]int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestPoolChunkedCache: Cache stores a prompt chunk by chunk, each chunk
+// one BlockStored chained to the last; a request admitted between chunks
+// hits only what is stored and computes its own copy of the rest (vLLM's
+// duplicates), and freeing a partly stored alloc returns its unstored
+// blocks to the empty ones.
+func TestPoolChunkedCache(t *testing.T) {
+	p := mustPool(t, 16, 4)
+	prompt := toks(0, 21) // 5 full blocks and a partial
+	h := BlockHashes(prompt, 4)
+	a, err := p.Admit(prompt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if evs := p.Events(); len(evs) != 0 || len(p.Holds()) != 0 || p.FreeBlocks() != 10 {
+		t.Fatalf("Admit stored %v (events %+v), free %d", p.Holds(), evs, p.FreeBlocks())
+	}
+	p.Cache(a, 2)
+	evs := p.Events()
+	if len(evs) != 1 || evs[0].HasParent || !slices.Equal(evs[0].BlockHashes, h[:2]) || !slices.Equal(evs[0].TokenIDs, prompt[:8]) {
+		t.Fatalf("first chunk: %+v", evs)
+	}
+	p.Cache(a, 1) // already stored: nothing
+	if len(p.Events()) != 0 || a.Stored() != 2 {
+		t.Fatal("Cache of stored blocks stored again")
+	}
+	b, err := p.Admit(prompt)
+	if err != nil || b.CachedBlocks != 2 {
+		t.Fatalf("second request hit %d blocks (%v), want the 2 stored", b.CachedBlocks, err)
+	}
+	p.Cache(a, 99)
+	evs = p.Events()
+	if len(evs) != 1 || !evs[0].HasParent || evs[0].ParentHash != h[1] || !slices.Equal(evs[0].BlockHashes, h[2:]) ||
+		!slices.Equal(evs[0].TokenIDs, prompt[8:20]) {
+		t.Fatalf("second chunk: %+v", evs)
+	}
+	p.Cache(b, 5)
+	if evs := p.Events(); len(evs) != 1 || !slices.Equal(evs[0].BlockHashes, h[2:]) {
+		t.Fatalf("the second request's copy: %+v", evs)
+	}
+	holds := p.Holds()
+	if holds[h[0]] != 1 || holds[h[1]] != 1 || holds[h[2]] != 2 || holds[h[4]] != 2 {
+		t.Fatalf("holds %v: want blocks 2-4 held twice", holds)
+	}
+	if ids := a.BlockIDs(0); len(ids) != 6 {
+		t.Fatalf("BlockIDs %v, want 6 (5 full and a partial)", ids)
+	}
+	c, err := p.Admit(toks(100, 8))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.Cache(c, 1)
+	p.Free(c) // block 1 unstored: back to the empty blocks, block 0 to the LRU
+	if got := p.LRU(); len(got) != 1 || got[0] != BlockHashes(toks(100, 8), 4)[0] {
+		t.Fatalf("LRU %x after freeing a partly stored alloc", got)
+	}
+	p.Reset()
+	p.Events()
+	p.Cache(a, 5) // stale: nothing
+	if len(p.Events()) != 0 || len(p.Holds()) != 0 {
+		t.Fatal("a stale alloc cached after Reset")
+	}
+}
