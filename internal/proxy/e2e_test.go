@@ -132,6 +132,7 @@ func (s *stack) startEngine(sp spec) {
 		s.t.Fatal(err)
 	}
 	if sp.unindexed {
+		w.BlockSize = 16
 		rec := w.WithDefaults()
 		if _, err := s.store.Put(context.Background(), rec, catalog.NoLease); err != nil {
 			s.t.Fatal(err)
@@ -150,7 +151,7 @@ func (s *stack) waitIndexed(specs []spec) {
 		}
 		for _, w := range ws {
 			for _, l := range w.Listeners {
-				if l.Status != api.StatusActive {
+				if l.Endpoint != "" && l.Status != api.StatusActive { // a rank without an events endpoint has no stream
 					return false
 				}
 			}
@@ -374,7 +375,21 @@ func TestEngineFailures(t *testing.T) {
 	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{},
 		spec{id: 1, role: catalog.RoleAggregated}, spec{id: 2, role: catalog.RoleAggregated})
 	prompt := longPrompt(2)
-	first := s.selected(prompt)
+	// Warm one engine with the prompt: prefixd then chooses it.
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 2}); code != 200 {
+		t.Fatalf("warm: %d %s", code, body)
+	}
+	var first uint64
+	testsupport.Eventually(t, 10*time.Second, "the prompt indexed", func() bool {
+		sc, err := s.prefixd.Query(context.Background(), api.QueryRequest{TokenIDs: mocker.Tokenize(prompt), ModelName: model})
+		for id := range sc.Instances {
+			first = id
+		}
+		return err == nil && len(sc.Instances) == 1
+	})
+	if got := s.selected(prompt); got != first {
+		t.Fatalf("prefixd chooses %d, not %d which holds the prompt", got, first)
+	}
 	s.fault(first, "status=503")
 	code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4})
 	if code != 200 {
@@ -401,12 +416,14 @@ func TestEngineFailures(t *testing.T) {
 	s.fault(2, "count=0")
 
 	// Cut after the first tokens: the client sees a broken stream.
-	target := s.selected(prompt)
-	s.fault(target, "after_tokens=2")
+	s.fault(1, "after_tokens=2")
+	s.fault(2, "after_tokens=2")
 	code, body = s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 20, "stream": true})
-	if code != 200 || strings.Contains(body, "[DONE]") {
+	if code != 200 || strings.Contains(body, "[DONE]") || !strings.Contains(body, "data: ") {
 		t.Fatalf("a cut stream: %d %q", code, body)
 	}
+	s.fault(1, "count=0")
+	s.fault(2, "count=0")
 
 	// A client that hangs up mid-stream.
 	ctx, cancel := context.WithCancel(context.Background())

@@ -358,10 +358,16 @@ func (x *exchange) disaggregated() string {
 	if err != nil {
 		return x.fail(http.StatusBadRequest, "%v", err)
 	}
-	if ok {
+	switch {
+	case ok:
 		pr.PinnedPrefillWorker = &pin
 		order, reason = coordinator.PrefillFirst, "pinned_prefill"
-	} else if order == coordinator.DecodeFirst && !slices.ContainsFunc(decode, func(e engine) bool { return e.indexed }) {
+	case order != coordinator.DecodeFirst:
+	case len(decode) == 0:
+		// No schedulable decode engine now: prefill first, and book
+		// decode after the handoff, when one may have come.
+		order, reason = coordinator.PrefillFirst, "no_decode_host"
+	case !slices.ContainsFunc(decode, func(e engine) bool { return e.indexed }):
 		order, reason = coordinator.PrefillFirst, "decode_not_indexed"
 	}
 	plan, err := x.createPlan(pr, order)
@@ -425,12 +431,7 @@ func (x *exchange) createPlan(pr api.PlanRequest, order coordinator.Order) (api.
 	pr.Order = order.String()
 	pr.DeferDecode = order == coordinator.PrefillFirst
 	plan, err := x.p.cfg.Prefixd.CreatePlan(x.ctx, pr)
-	var ce *client.Error
-	if err != nil && errors.As(err, &ce) && ce.Plan != nil {
-		x.observe(*ce.Plan, nil)
-	} else {
-		x.observe(plan, err)
-	}
+	x.observe(plan, err)
 	return plan, err
 }
 
@@ -469,7 +470,14 @@ func (x *exchange) planFailed(err error) string {
 
 // observe logs and counts the transitions of plan not seen yet.
 func (x *exchange) observe(plan api.PlanInfo, err error) {
-	if err != nil || plan.ID == "" {
+	var ce *client.Error
+	if err != nil {
+		if !errors.As(err, &ce) || ce.Plan == nil {
+			return
+		}
+		plan = *ce.Plan // a failed operation's plan: what it changed
+	}
+	if plan.ID == "" {
 		return
 	}
 	x.mu.Lock()

@@ -83,11 +83,14 @@ func (f *fleet) set(ws []api.WorkerInfo) {
 		if w.EngineEndpoint == "" {
 			continue // indexed, but requests cannot be sent to it
 		}
-		e := engine{id: w.InstanceID, model: w.ModelName, group: w.RoutingGroup, role: w.Role, endpoint: w.EngineEndpoint, active: len(w.Listeners) > 0}
+		e := engine{id: w.InstanceID, model: w.ModelName, group: w.RoutingGroup, role: w.Role, endpoint: w.EngineEndpoint, active: true}
 		if e.role == "" {
 			e.role = catalog.RoleAggregated
 		}
 		for _, l := range w.Listeners {
+			if l.Endpoint == "" {
+				continue // a rank without an events endpoint: no stream, no index
+			}
 			e.indexed = true
 			if l.Status != api.StatusActive {
 				e.active = false

@@ -176,8 +176,14 @@ func New(cfg Config) (*Proxy, error) {
 		m: m, reg: reg, rand: r}, nil
 }
 
-// Run keeps the fleet view fresh until ctx ends.
-func (p *Proxy) Run(ctx context.Context) error { return p.fleet.run(ctx, p.cfg.Refresh) }
+// Run keeps the fleet view fresh until ctx ends; then it closes the idle
+// connections to the engines (a connection dialed for a request that was
+// cancelled meanwhile is pooled unused, and would hold up an engine's
+// graceful shutdown).
+func (p *Proxy) Run(ctx context.Context) error {
+	defer p.cfg.Engines.CloseIdleConnections()
+	return p.fleet.run(ctx, p.cfg.Refresh)
+}
 
 // Synced is closed once the fleet view was listed.
 func (p *Proxy) Synced() <-chan struct{} { return p.fleet.synced }
