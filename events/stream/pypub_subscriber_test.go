@@ -11,8 +11,8 @@ import (
 
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 )
 
 // pyEngine is an engine rank published by pypub.py (real libzmq): the

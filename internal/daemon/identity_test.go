@@ -17,8 +17,8 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // workersOf returns GET /workers for model.

@@ -16,8 +16,8 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
 	"github.com/prefixd/prefixd/internal/api"
-	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 )
 
 // engineLayout is one layout of the wire a real engine emits, as pypub

@@ -17,8 +17,8 @@ import (
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/api"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
-	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // rogue is a raw-TCP peer that speaks just enough ZMTP 3 to get a

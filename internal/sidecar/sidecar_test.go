@@ -12,8 +12,8 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
-	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 func TestAdvertise(t *testing.T) {
