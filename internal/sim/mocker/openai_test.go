@@ -368,12 +368,15 @@ func TestOpenAIDisconnectFreesBlocks(t *testing.T) {
 		t.Fatalf("load while streaming %+v", l)
 	}
 	cancel()
+	// The handler sees the client go while the engine is in the next step
+	// (the clock stands still) ...
+	rec.Wait(t, 30*time.Second, "request aborted", "why=client gone")
+	// ... and the step after it frees the blocks.
 	autoAdvance(t, clk)
 	testsupport.Eventually(t, 30*time.Second, "the aborted request's blocks freed", func() bool {
 		l := e.Load()
 		return l.Running == 0 && l.KVUsage == 0
 	})
-	rec.Wait(t, 30*time.Second, "request aborted", "why=client gone")
 	if len(e.Holds()) != 5 {
 		t.Fatalf("cache %d blocks: the prompt's 5 should stay cached", len(e.Holds()))
 	}
