@@ -192,14 +192,14 @@ type PlanRequest struct {
 	PrefillRoutingGroup string `json:"prefill_routing_group,omitempty"`
 	// Policy and PrefillFailure override the daemon's conditional
 	// disaggregation and prefill-failure policy for this request.
-	Policy              *PlanPolicy         `json:"policy,omitempty"`
-	PrefillFailure      string              `json:"prefill_failure,omitempty"` // "free_decode" or "bypass_on_decode"
+	Policy         *PlanPolicy `json:"policy,omitempty"`
+	PrefillFailure string      `json:"prefill_failure,omitempty"` // "free_decode" or "bypass_on_decode"
 	// Order overrides the daemon's --disagg-order for this request
 	// ("decode-first" or "prefill-first"). DeferDecode, with
 	// prefill-first, books only prefill; POST /disagg/plans/{id}/decode
 	// books decode after the prefill hand-off.
-	Order       string `json:"order,omitempty"`
-	DeferDecode bool   `json:"defer_decode,omitempty"`
+	Order               string              `json:"order,omitempty"`
+	DeferDecode         bool                `json:"defer_decode,omitempty"`
 	PinnedPrefillWorker *WorkerRef          `json:"pinned_prefill_worker,omitempty"`
 	AllowedWorkerIDs    WorkerIDs           `json:"allowed_worker_ids,omitempty"`
 	RoutingConstraints  *RoutingConstraints `json:"routing_constraints,omitempty"`

@@ -61,9 +61,9 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.blockSize, "block-size", o.blockSize, "KV block size in tokens")
 	fs.IntVar(&o.totalBlocks, "total-kv-blocks", o.totalBlocks, "KV cache capacity of each engine, in blocks")
 	fs.StringVar(&o.host, "host", o.host, "address the engines bind and advertise")
-	fs.IntVar(&o.httpPort, "http-port", o.httpPort, "HTTP port of the first engine (POST /generate); the others follow (0: each picks a free port)")
+	fs.IntVar(&o.httpPort, "http-port", o.httpPort, "HTTP port of the first engine (the OpenAI routes, POST /generate); the others follow (0: each picks a free port)")
 	t := &o.timing
-	fs.DurationVar(&t.StepOverhead, "step-overhead", t.StepOverhead, "fixed cost of each scheduler step (default: Llama-3.1-8B on one H100)")
+	fs.DurationVar(&t.StepOverhead, "step-overhead", t.StepOverhead, "fixed cost of each scheduler step (the timing defaults model Llama-3.1-8B on one H100)")
 	fs.DurationVar(&t.PrefillPerToken, "prefill-per-token", t.PrefillPerToken, "cost of each uncached prompt token a step prefills")
 	fs.DurationVar(&t.DecodePerSeq, "decode-per-token", t.DecodePerSeq, "cost of each running sequence a step decodes one token for")
 	fs.IntVar(&t.MaxNumBatchedTokens, "max-num-batched-tokens", t.MaxNumBatchedTokens, "token budget of a step (vLLM's max_num_batched_tokens): decodes take 1, chunked prefills the rest")

@@ -347,18 +347,19 @@ func (e *Engine) schedule(ctx context.Context) {
 		e.mu.Lock()
 		st := e.sched.Plan(e.clock.Now())
 		var next time.Time
+		var perr error
 		idle := st.Empty()
 		hasNext := false
 		if idle {
-			// Nothing to compute, but admissions (evictions) and aborts
-			// may have changed the cache: say so now.
-			e.publishStepLocked(ctx)
+			// Nothing to compute, but admissions (evictions) may have
+			// changed the cache: say so now.
+			perr = e.publishLocked(context.WithoutCancel(ctx))
 			next, hasNext = e.sched.NextTransfer()
 		}
 		waiters := e.takeWaitersLocked(st.Ended)
 		e.mu.Unlock()
 		signal(waiters)
-		e.logEnded(st.Ended)
+		e.logStep(perr, st.Ended)
 
 		if idle {
 			var timer *Timer
@@ -391,18 +392,11 @@ func (e *Engine) schedule(ctx context.Context) {
 		}
 		e.mu.Lock()
 		changed := e.sched.Finish(e.clock.Now())
-		e.publishStepLocked(ctx)
+		perr = e.publishLocked(context.WithoutCancel(ctx))
 		waiters = e.takeWaitersLocked(changed)
 		e.mu.Unlock()
 		signal(waiters)
-	}
-}
-
-// publishStepLocked publishes the pool's pending events; a failure leaves
-// the index behind the engine, as a lost batch would, and is logged.
-func (e *Engine) publishStepLocked(ctx context.Context) {
-	if err := e.publishLocked(context.WithoutCancel(ctx)); err != nil {
-		e.log.Warn("publish step", "err", err)
+		e.logStep(perr, nil)
 	}
 }
 
@@ -432,7 +426,12 @@ func signal(chs []chan struct{}) {
 	}
 }
 
-func (e *Engine) logEnded(ended []*Seq) {
+// logStep logs a step's failed publish (the index is left behind the
+// engine, as after a lost batch) and the requests it refused.
+func (e *Engine) logStep(perr error, ended []*Seq) {
+	if perr != nil {
+		e.log.Warn("publish step", "err", perr)
+	}
 	for _, q := range ended {
 		if errors.Is(q.Err, ErrNoSpace) {
 			e.log.Info("request refused", "seq", q.ID, "prompt_tokens", len(q.Tokens), "err", q.Err)

@@ -651,3 +651,26 @@ func checkGroups(t *testing.T, ix *indexer.Index, e *Engine, rank indexer.Rank) 
 		t.Fatal(err)
 	}
 }
+
+// BenchmarkEngineServe measures one request served by a zero-cost engine
+// (the workload's prompts, up to 6 tokens out) and its step published on
+// the wire: the engine's own overhead per request.
+func BenchmarkEngineServe(b *testing.B) {
+	e, err := New(Config{TotalBlocks: 1024, BlockSize: testBS})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	<-e.Ready()
+	b.ReportAllocs()
+	n := 0
+	for b.Loop() {
+		if _, err := e.Serve(ctx, workload(n)); err != nil {
+			b.Fatal(err)
+		}
+		n++
+	}
+}

@@ -368,12 +368,15 @@ func TestOpenAIDisconnectFreesBlocks(t *testing.T) {
 		t.Fatalf("load while streaming %+v", l)
 	}
 	cancel()
+	// The handler sees the client go while the engine is in the next step
+	// (the clock stands still) ...
+	rec.Wait(t, 30*time.Second, "request aborted", "why=client gone")
+	// ... and the step after it frees the blocks.
 	autoAdvance(t, clk)
 	testsupport.Eventually(t, 30*time.Second, "the aborted request's blocks freed", func() bool {
 		l := e.Load()
 		return l.Running == 0 && l.KVUsage == 0
 	})
-	rec.Wait(t, 30*time.Second, "request aborted", "why=client gone")
 	if len(e.Holds()) != 5 {
 		t.Fatalf("cache %d blocks: the prompt's 5 should stay cached", len(e.Holds()))
 	}
@@ -708,4 +711,36 @@ func TestEngineChunkedIndexMatchesCache(t *testing.T) {
 	if st := s.State(); st.Degraded {
 		t.Fatalf("degraded: %+v", st)
 	}
+}
+
+// FuzzGenerationRequest: no body makes the request parsers panic, and one
+// they accept is within the engine's bounds.
+func FuzzGenerationRequest(f *testing.F) {
+	f.Add([]byte(`{"model": "m", "prompt": [1, 2, 3], "max_tokens": 4, "stream": true, "stream_options": {"include_usage": true}}`), false)
+	f.Add([]byte(`{"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}], "max_completion_tokens": 2}`), true)
+	f.Add([]byte(`{"prompt": "a b", "kv_transfer_params": {"do_remote_prefill": true, "remote_engine_id": "p", "remote_request_id": "r",
+		"remote_host": "h", "remote_port": 5600, "remote_block_ids": [0]}}`), false)
+	e, err := New(Config{TotalBlocks: 16, BlockSize: testBS, MaxModelLen: 48, Worker: catalog.Worker{ModelName: "m"}})
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, chat bool) {
+		parse := e.parseCompletion
+		if chat {
+			parse = e.parseChat
+		}
+		g, rerr := parse(body)
+		if rerr != nil {
+			if rerr.status < 400 || rerr.msg == "" {
+				t.Fatalf("error %+v", rerr)
+			}
+			return
+		}
+		if len(g.tokens) == 0 || g.maxTokens < 1 || len(g.tokens)+g.maxTokens > 48 {
+			t.Fatalf("accepted %d prompt tokens and %d to generate", len(g.tokens), g.maxTokens)
+		}
+		if g.kv.doRemotePrefill && len(g.kv.remoteBlockIDs) != (len(g.tokens)+testBS-1)/testBS {
+			t.Fatalf("accepted %d remote blocks for %d tokens", len(g.kv.remoteBlockIDs), len(g.tokens))
+		}
+	})
 }
