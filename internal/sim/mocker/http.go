@@ -102,6 +102,10 @@ func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting%s %d\n", label, l.Waiting+l.Transferring)
 	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"+
 		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc%s %s\n", label, strconv.FormatFloat(l.KVUsage, 'g', -1, 64))
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in prompt tokens (of requests computing their prompt here).\n"+
+		"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total%s %d\n", label, l.PrefixQueries)
+	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in prompt tokens.\n"+
+		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total%s %d\n", label, l.PrefixHits)
 }
 
 // faultPlan is the failures POST /faults/fail injected into the OpenAI

@@ -580,6 +580,25 @@ func TestEngineMetrics(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The second prompt again, from the cache (the counters are
+	// cumulative, in tokens, as vLLM's).
+	if _, err := e.Serve(context.Background(), Request{TokenIDs: toks(100, 32), MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err = http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{`vllm:prefix_cache_queries_total{model_name="m"} 80`, `vllm:prefix_cache_hits_total{model_name="m"} 32`} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if l := e.Load(); l.PrefixQueries != 80 || l.PrefixHits != 32 {
+		t.Errorf("load %+v", l)
+	}
 }
 
 // prefillEngine runs an engine for prefills, worker id, in KV-transfer

@@ -177,6 +177,10 @@ type Load struct {
 	KVUsage     float64
 	FreeBlocks  int
 	TotalBlocks int
+	// PrefixQueries and PrefixHits are cumulative: the prompt tokens of
+	// the requests that computed their prompt here, and those the prefix
+	// cache served.
+	PrefixQueries, PrefixHits uint64
 }
 
 // Scheduler is a simulated vLLM V1 scheduler over a Pool: continuous
@@ -216,6 +220,11 @@ type Scheduler struct {
 	transferring []*Seq
 	running      []*Seq
 	aborts       int // aborted sequences not yet removed
+	// queries and hits count the prompt tokens of the sequences admitted
+	// to compute their prompt here, and those of them the prefix cache
+	// served (vLLM's prefix_cache_queries and prefix_cache_hits); a
+	// sequence taking its KV from a remote prefill counts in neither.
+	queries, hits uint64
 }
 
 // NewScheduler returns a scheduler over pool with t's budgets and costs
@@ -322,6 +331,9 @@ func (s *Scheduler) Plan(now time.Time) Step {
 		q.CachedTokens = a.CachedBlocks * bs
 		if q.RemoteKV {
 			q.CachedTokens = len(q.Tokens) // its local hit covered the whole prompt
+		} else {
+			s.queries += uint64(len(q.Tokens))
+			s.hits += uint64(min(q.CachedTokens, len(q.Tokens)))
 		}
 		q.Computed = min(a.CachedBlocks*bs, max(len(q.Tokens)-1, 0))
 		if q.prefilled() && q.MaxTokens == 0 { // an empty prompt with nothing to generate
@@ -444,5 +456,6 @@ func (s *Scheduler) Close(err error, now time.Time) []*Seq {
 // Load returns the scheduler's occupancy.
 func (s *Scheduler) Load() Load {
 	return Load{Waiting: len(s.waiting), Transferring: len(s.transferring), Running: len(s.running),
-		KVUsage: s.pool.Usage(), FreeBlocks: s.pool.FreeBlocks(), TotalBlocks: s.pool.TotalBlocks()}
+		KVUsage: s.pool.Usage(), FreeBlocks: s.pool.FreeBlocks(), TotalBlocks: s.pool.TotalBlocks(),
+		PrefixQueries: s.queries, PrefixHits: s.hits}
 }
