@@ -1,18 +1,21 @@
 // Package demo runs prefixd's main job end to end in one process: an
 // embedded etcd, simulated engines on the real wire registering through
-// the catalog, the daemon, and a deterministic chat workload routed three
-// ways (KV-aware through prefixd, at random, and as decode-first
-// disaggregated plans), then a report and an exact check of the index
-// against every engine's true cache.
+// the catalog (with vLLM's OpenAI API and a timing model of continuous
+// batching), the daemon, and a deterministic chat workload sent as OpenAI
+// requests through prefixd proxy three ways (KV-aware, at random, and as
+// decode-first disaggregated plans), then a report of what the clients
+// measured and an exact check of the index against every engine's true
+// cache.
 package demo
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -30,6 +33,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/daemon"
+	"github.com/prefixd/prefixd/internal/proxy"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
 )
 
@@ -42,12 +46,17 @@ type Config struct {
 	BlockSize     int     // default 16
 	TotalBlocks   int     // KV capacity of each engine, in blocks (default 384)
 	DropLive      float64 // fraction of live batches each engine drops (default 0.01; negative: none)
-	// PrefillPerToken prices an uncached prompt token in the simulated
-	// TTFT (default 50 µs).
+	// PrefillPerToken prices an uncached prompt token in the soak's
+	// simulated TTFT (default 50 µs).
 	PrefillPerToken time.Duration
-	Seed            uint64
-	// Concurrency is the number of clients routing at once in each mode
-	// (default 2), so that bookings overlap and load spreads.
+	// TimeScale scales the engines' timing model (mocker.H100Llama8B) so
+	// the demo runs in seconds: 0.05 (the default) runs every step 20
+	// times faster than the modelled GPU; negative: no engine time.
+	TimeScale float64
+	Seed      uint64
+	// Concurrency is the number of clients sending at once in each mode
+	// (default 8), so that bookings overlap, engines batch and load
+	// spreads.
 	Concurrency int
 	// LeaseTTL is the mock engines' registration lease (default 5 s).
 	LeaseTTL time.Duration
@@ -73,12 +82,15 @@ func (c *Config) defaults() {
 	def(&c.SystemTokens, 384)
 	def(&c.BlockSize, 16)
 	def(&c.TotalBlocks, 384)
-	def(&c.Concurrency, 2)
+	def(&c.Concurrency, 8)
 	switch {
 	case c.DropLive == 0:
 		c.DropLive = 0.01
 	case c.DropLive < 0:
 		c.DropLive = 0
+	}
+	if c.TimeScale == 0 {
+		c.TimeScale = 0.05
 	}
 	if c.PrefillPerToken <= 0 {
 		c.PrefillPerToken = 50 * time.Microsecond
@@ -102,14 +114,31 @@ const (
 
 // ModeResult is what one routing mode achieved.
 type ModeResult struct {
-	Name         string
-	Requests     int
+	Name     string
+	Requests int
+	// PromptTokens and CachedTokens are the prompt tokens the mode's
+	// engines computed or took from their prefix cache (their vLLM
+	// prefix_cache_queries and _hits).
 	PromptTokens int
 	CachedTokens int
-	TTFT         []time.Duration // simulated, sorted
+	// TTFT and E2E are measured at the client, sorted: the time to the
+	// first streamed token and to the end of the stream, queueing and the
+	// proxy included (in the soak, TTFT is computed from token counts).
+	TTFT, E2E    []time.Duration
+	OutputTokens int
+	Elapsed      time.Duration // the mode's wall time
 	PerWorker    map[uint64]int
+	Roles        map[uint64]catalog.Role
 	Bypass       int // disaggregated mode: prefill ran on the decode worker
 	Remote       int // disaggregated mode: remote prefill
+}
+
+// Throughput is the mode's requests per second.
+func (m ModeResult) Throughput() float64 {
+	if m.Elapsed <= 0 {
+		return 0
+	}
+	return float64(m.Requests) / m.Elapsed.Seconds()
 }
 
 // HitRate is the fraction of prompt tokens served from the prefix cache.
@@ -120,12 +149,17 @@ func (m ModeResult) HitRate() float64 {
 	return float64(m.CachedTokens) / float64(m.PromptTokens)
 }
 
-// Percentile returns the q-quantile of the simulated TTFT.
-func (m ModeResult) Percentile(q float64) time.Duration {
-	if len(m.TTFT) == 0 {
+// Percentile returns the q-quantile of the TTFT.
+func (m ModeResult) Percentile(q float64) time.Duration { return quantile(m.TTFT, q) }
+
+// E2EPercentile returns the q-quantile of the end-to-end latency.
+func (m ModeResult) E2EPercentile(q float64) time.Duration { return quantile(m.E2E, q) }
+
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
 		return 0
 	}
-	return m.TTFT[min(len(m.TTFT)-1, int(q*float64(len(m.TTFT))))]
+	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
 }
 
 // Report is the demo's outcome.
@@ -133,6 +167,7 @@ type Report struct {
 	Modes         []ModeResult
 	Engines       int
 	Concurrency   int
+	TimeScale     float64
 	Batches       uint64 // batches published by the engines
 	LiveDropped   uint64
 	EventsApplied float64
@@ -196,7 +231,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer store.Close()
-	fl, err := startEngines(ctx, cfg, store)
+	var timing mocker.Timing
+	if cfg.TimeScale > 0 {
+		timing = scaled(cfg.TimeScale)
+	}
+	fl, err := startEngines(ctx, cfg, store, timing)
 	defer fl.Stop()
 	if err != nil {
 		return nil, err
@@ -208,22 +247,24 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 
-	prompts := Workload(cfg)
-	rep := &Report{Engines: len(engines), Concurrency: cfg.Concurrency}
+	rep := &Report{Engines: len(engines), Concurrency: cfg.Concurrency, TimeScale: cfg.TimeScale}
 	modes := []struct {
 		name string
-		run  func(i int, p mocker.Request, m *ModeResult) error
+		pcfg proxy.Config
 	}{
-		{"prefixd (KV-aware)", func(i int, p mocker.Request, m *ModeResult) error { return routeKV(ctx, cl, engines, i, p, m, cfg) }},
-		{"random", func(i int, p mocker.Request, m *ModeResult) error {
-			pool := byGroup(engines, groupRandom, "")
-			pick := rand.New(rand.NewPCG(cfg.Seed, uint64(i))).IntN(len(pool)) // per request, whatever the interleaving
-			return serve(ctx, pool[pick], p, m, cfg)
-		}},
-		{"prefixd disaggregated", func(i int, p mocker.Request, m *ModeResult) error { return routePlan(ctx, cl, engines, i, p, m, cfg) }},
+		{"prefixd (KV-aware)", proxy.Config{RoutingGroup: groupKV}},
+		{"random", proxy.Config{RoutingGroup: groupRandom, Policy: proxy.Random, Rand: rand.New(rand.NewPCG(cfg.Seed, 2))}},
+		{"prefixd disaggregated", proxy.Config{RoutingGroup: groupDisagg, Disagg: true,
+			PlanPolicy: &api.PlanPolicy{Kind: "isl_bounding", EffISLThreshold: 256}}},
 	}
+	requests := ChatWorkload(cfg)
 	for _, md := range modes {
-		m, err := runMode(ctx, md.name, prompts, cfg, md.run)
+		url, stop, err := startProxy(ctx, cl, md.pcfg, cfg.Log)
+		if err != nil {
+			return nil, err
+		}
+		m, err := runMode(ctx, md.name, url, requests, byGroup(engines, md.pcfg.RoutingGroup, ""), cfg)
+		stop()
 		if err != nil {
 			return nil, err
 		}
@@ -274,61 +315,104 @@ func demoSpecs() []engineSpec {
 	return specs
 }
 
-// runMode routes prompts with cfg.Concurrency clients taking the next
-// prompt in turn, and merges what they saw.
-func runMode(ctx context.Context, name string, prompts []mocker.Request, cfg Config, run func(i int, p mocker.Request, m *ModeResult) error) (ModeResult, error) {
-	total := ModeResult{Name: name, PerWorker: map[uint64]int{}}
+// startProxy runs a prefixd proxy in front of the fleet, on a loopback
+// port, until stop.
+func startProxy(ctx context.Context, cl *client.Client, pcfg proxy.Config, log *slog.Logger) (url string, stop func(), err error) {
+	pcfg.Prefixd, pcfg.Logger, pcfg.Refresh = cl, log, 100*time.Millisecond
+	p, err := proxy.New(pcfg)
+	if err != nil {
+		return "", nil, err
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	pctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- p.Serve(pctx, ln, 5*time.Second) }()
+	stop = func() {
+		cancel()
+		<-done
+	}
+	select {
+	case <-p.Synced():
+	case err := <-done:
+		return "", nil, fmt.Errorf("proxy: %w", err)
+	}
+	return "http://" + ln.Addr().String(), stop, nil
+}
+
+// runMode sends requests through the proxy at url, cfg.Concurrency
+// clients taking the next one in turn, and merges what they measured;
+// the hit rate is the pool's engines' own prefix-cache counts.
+func runMode(ctx context.Context, name, url string, requests []ChatRequest, pool []*mocker.Engine, cfg Config) (ModeResult, error) {
+	total := ModeResult{Name: name, PerWorker: map[uint64]int{}, Roles: map[uint64]catalog.Role{}}
+	var q0, h0 uint64
+	for _, e := range pool {
+		l := e.Load()
+		q0, h0 = q0+l.PrefixQueries, h0+l.PrefixHits
+		total.Roles[e.Worker().WorkerID] = e.Worker().Role
+	}
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: cfg.Concurrency}}
+	defer hc.CloseIdleConnections()
 	var (
-		mu           sync.Mutex // guards total
-		next, done   atomic.Int64
-		promptTokens atomic.Int64
-		cachedTokens atomic.Int64
+		mu         sync.Mutex // guards total
+		next, done atomic.Int64
 	)
-	quarter := int64(max(len(prompts)/4, 1))
+	quarter := int64(max(len(requests)/4, 1))
+	start := time.Now()
 	g, gctx := errgroup.WithContext(ctx)
 	for range cfg.Concurrency {
 		g.Go(func() error {
-			m := ModeResult{PerWorker: map[uint64]int{}}
 			for {
 				i := int(next.Add(1) - 1)
-				if i >= len(prompts) || gctx.Err() != nil {
-					break
+				if i >= len(requests) || gctx.Err() != nil {
+					return nil
 				}
-				before := m
-				if err := run(i, prompts[i], &m); err != nil {
+				res, err := chat(gctx, hc, url, model, requests[i])
+				if err != nil {
 					return fmt.Errorf("%s request %d: %w", name, i, err)
 				}
-				promptTokens.Add(int64(m.PromptTokens - before.PromptTokens))
-				cachedTokens.Add(int64(m.CachedTokens - before.CachedTokens))
+				mu.Lock()
+				total.Requests++
+				total.TTFT = append(total.TTFT, res.TTFT)
+				total.E2E = append(total.E2E, res.Latency)
+				total.OutputTokens += res.Tokens
+				total.PerWorker[res.Worker]++
+				switch {
+				case res.PrefillWorker != 0:
+					total.PerWorker[res.PrefillWorker]++
+					total.Remote++
+				case total.Roles[res.Worker] == catalog.RoleDecode:
+					total.Bypass++
+				}
+				mu.Unlock()
 				if n := done.Add(1); n%quarter == 0 {
-					fmt.Fprintf(cfg.Out, "  %-22s %4d/%d requests, cache hit rate so far %5.1f%%\n", name, n, len(prompts),
-						100*float64(cachedTokens.Load())/float64(max(promptTokens.Load(), 1)))
+					fmt.Fprintf(cfg.Out, "  %-22s %4d/%d requests\n", name, n, len(requests))
 				}
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			total.Requests += m.Requests
-			total.PromptTokens += m.PromptTokens
-			total.CachedTokens += m.CachedTokens
-			total.TTFT = append(total.TTFT, m.TTFT...)
-			total.Bypass += m.Bypass
-			total.Remote += m.Remote
-			for id, n := range m.PerWorker {
-				total.PerWorker[id] += n
-			}
-			return nil
 		})
 	}
 	if err := g.Wait(); err != nil {
 		return total, err
 	}
+	total.Elapsed = time.Since(start)
+	var q1, h1 uint64
+	for _, e := range pool {
+		l := e.Load()
+		q1, h1 = q1+l.PrefixQueries, h1+l.PrefixHits
+	}
+	total.PromptTokens, total.CachedTokens = int(q1-q0), int(h1-h0)
 	slices.Sort(total.TTFT)
+	slices.Sort(total.E2E)
 	return total, nil
 }
 
-// startEngines starts the demo's pools and waits until all are registered.
-func startEngines(ctx context.Context, cfg Config, store *etcdstore.Store) (*fleet, error) {
+// startEngines starts the demo's pools, the engines on timing, and waits
+// until all are registered.
+func startEngines(ctx context.Context, cfg Config, store *etcdstore.Store, timing mocker.Timing) (*fleet, error) {
 	f := newFleet(ctx, cfg, store)
+	f.timing = timing
 	for _, s := range demoSpecs() {
 		if _, err := f.start(ctx, s); err != nil {
 			return f, err
@@ -394,99 +478,6 @@ func byGroup(engines []*mocker.Engine, group string, role catalog.Role) []*mocke
 		}
 	}
 	return out
-}
-
-// errNotInFleet: prefixd chose a worker the demo does not run (in the
-// soak, one that just crashed and is still in the catalog until its
-// lease expires).
-var errNotInFleet = errors.New("not an engine the demo runs")
-
-func find(engines []*mocker.Engine, id uint64) (*mocker.Engine, error) {
-	for _, e := range engines {
-		if e.Worker().WorkerID == id {
-			return e, nil
-		}
-	}
-	return nil, fmt.Errorf("prefixd chose worker %d: %w", id, errNotInFleet)
-}
-
-// serve runs p on e and records it; the simulated TTFT is the prefill of
-// the uncached prompt tokens.
-func serve(ctx context.Context, e *mocker.Engine, p mocker.Request, m *ModeResult, cfg Config) error {
-	res, err := e.Serve(ctx, p)
-	if err != nil {
-		return fmt.Errorf("worker %d: %w", e.Worker().WorkerID, err)
-	}
-	m.Requests++
-	m.PromptTokens += res.PromptTokens
-	m.CachedTokens += res.CachedTokens
-	m.TTFT = append(m.TTFT, time.Duration(res.PromptTokens-res.CachedTokens)*cfg.PrefillPerToken)
-	m.PerWorker[e.Worker().WorkerID]++
-	return nil
-}
-
-func routeKV(ctx context.Context, cl *client.Client, engines []*mocker.Engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
-	id := "kv-" + strconv.Itoa(i)
-	sel, err := cl.SelectAndReserve(ctx, api.SelectRequest{Prompt: api.Prompt{TokenIDs: p.TokenIDs}, ModelName: model,
-		RoutingGroup: groupKV, SelectionID: id})
-	if err != nil {
-		return err
-	}
-	e, err := find(engines, sel.WorkerID)
-	if err == nil {
-		err = serve(ctx, e, p, m, cfg)
-	}
-	return errors.Join(err, cl.FreeReservation(ctx, id))
-}
-
-// routePlan runs one request as a decode-first plan: bypass serves it on
-// the decode worker; remote prefill runs the prompt on the prefill worker,
-// then the decode worker receives the KV blocks (it caches the prompt, as
-// after a KV transfer) and decodes.
-func routePlan(ctx context.Context, cl *client.Client, engines []*mocker.Engine, i int, p mocker.Request, m *ModeResult, cfg Config) error {
-	id := "plan-" + strconv.Itoa(i)
-	plan, err := cl.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: p.TokenIDs}, ID: id, ModelName: model,
-		RoutingGroup: groupDisagg, Policy: &api.PlanPolicy{Kind: "isl_bounding", EffISLThreshold: 256}})
-	if err != nil {
-		return err
-	}
-	if plan.Decode == nil || plan.Decision == nil {
-		return fmt.Errorf("plan %s has no decode booking or decision: %+v", id, plan)
-	}
-	dec, err := find(engines, plan.Decode.WorkerID)
-	if err != nil {
-		return err
-	}
-	if plan.Decision.Kind == "bypass" {
-		m.Bypass++
-		err = serve(ctx, dec, p, m, cfg)
-	} else {
-		m.Remote++
-		err = remotePrefill(ctx, cl, engines, plan, dec, p, m, cfg)
-	}
-	_, rerr := cl.ReleasePlan(ctx, id)
-	return errors.Join(err, rerr)
-}
-
-func remotePrefill(ctx context.Context, cl *client.Client, engines []*mocker.Engine, plan api.PlanInfo, dec *mocker.Engine, p mocker.Request, m *ModeResult, cfg Config) error {
-	if plan.Prefill == nil {
-		return fmt.Errorf("plan %s: remote prefill without a prefill booking", plan.ID)
-	}
-	pre, err := find(engines, plan.Prefill.WorkerID)
-	if err != nil {
-		return err
-	}
-	if pre.Worker().TopologyDomains["rack"] != dec.Worker().TopologyDomains["rack"] {
-		return fmt.Errorf("plan %s: prefill worker %d and decode worker %d are in different KV-transfer domains", plan.ID, pre.Worker().WorkerID, dec.Worker().WorkerID)
-	}
-	if err := serve(ctx, pre, mocker.Request{TokenIDs: p.TokenIDs, MaxTokens: 1}, m, cfg); err != nil {
-		return err
-	}
-	if _, err := cl.PlanPrefillComplete(ctx, plan.ID); err != nil {
-		return err
-	}
-	_, err = dec.Serve(ctx, p)
-	return err
 }
 
 // caughtUp waits until the index has applied every engine's last batch.

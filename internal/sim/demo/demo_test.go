@@ -3,6 +3,7 @@ package demo
 import (
 	"bytes"
 	"context"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -30,8 +31,9 @@ func TestDemo(t *testing.T) {
 	}
 	kv, random, disagg := rep.Modes[0], rep.Modes[1], rep.Modes[2]
 	for _, m := range rep.Modes {
-		if m.Requests != 240 || len(m.TTFT) != 240 {
-			t.Errorf("%s: %d requests, %d TTFTs, want 240", m.Name, m.Requests, len(m.TTFT))
+		if m.Requests != 240 || len(m.TTFT) != 240 || len(m.E2E) != 240 || m.TTFT[0] <= 0 || m.E2EPercentile(0.5) < m.Percentile(0.5) || m.Throughput() <= 0 {
+			t.Errorf("%s: %d requests, %d TTFTs, %d latencies, TTFT p50 %v, e2e p50 %v, %.0f req/s", m.Name, m.Requests, len(m.TTFT), len(m.E2E),
+				m.Percentile(0.5), m.E2EPercentile(0.5), m.Throughput())
 		}
 	}
 	if kv.HitRate() <= random.HitRate() {
@@ -67,5 +69,30 @@ func TestWorkloadDeterministicWithSharedPrefixes(t *testing.T) {
 	}
 	if c := Workload(Config{Requests: 200, Seed: 10}); slices.Equal(c[50].TokenIDs, a[50].TokenIDs) {
 		t.Error("a different seed gave the same request")
+	}
+}
+
+// TestChatWorkload: the chat workload is deterministic, and a later turn
+// of a conversation extends an earlier turn's messages (what a prefix
+// cache can reuse).
+func TestChatWorkload(t *testing.T) {
+	a, b := ChatWorkload(Config{Requests: 200, Seed: 9}), ChatWorkload(Config{Requests: 200, Seed: 9})
+	if !reflect.DeepEqual(a, b) {
+		t.Fatal("the same seed gave two workloads")
+	}
+	extends := 0
+	for i := 1; i < len(a); i++ {
+		for j := range i {
+			if n := len(a[j].Messages); n < len(a[i].Messages) && reflect.DeepEqual(a[i].Messages[:n], a[j].Messages) {
+				extends++
+				break
+			}
+		}
+	}
+	if extends < 50 {
+		t.Fatalf("only %d of 200 requests extend an earlier one", extends)
+	}
+	if c := ChatWorkload(Config{Requests: 200, Seed: 10}); reflect.DeepEqual(c, a) {
+		t.Fatal("another seed gave the same workload")
 	}
 }

@@ -6,7 +6,9 @@ import (
 	"slices"
 	"strings"
 	"text/tabwriter"
+	"time"
 
+	"github.com/prefixd/prefixd/catalog"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -27,9 +29,10 @@ func sumMetric(mf []*dto.MetricFamily, name string) float64 {
 // Write prints the report.
 func (r *Report) Write(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nRouting the same %d-request chat workload three ways, %d clients at a time (simulated TTFT = uncached prompt tokens × prefill cost):\n\n", r.requests(), max(r.Concurrency, 1))
+	fmt.Fprintf(&b, "\nThe same %d-request chat workload as OpenAI requests through prefixd proxy, three ways, %d clients at a time\n", r.requests(), max(r.Concurrency, 1))
+	fmt.Fprintf(&b, "(TTFT and end-to-end latency measured at the client; engines modelled on Llama-3.1-8B on an H100 at %g× speed):\n\n", 1/r.TimeScale)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "routing\tcache hit rate\tTTFT p50\tTTFT p99\trequests per worker\t")
+	fmt.Fprintln(tw, "routing\tcache hit rate\tTTFT p50\tTTFT p99\te2e p50\te2e p99\treq/s\trequests per worker (p: prefill, d: decode)\t")
 	for _, m := range r.Modes {
 		ids := make([]uint64, 0, len(m.PerWorker))
 		for id := range m.PerWorker {
@@ -38,9 +41,17 @@ func (r *Report) Write(w io.Writer) error {
 		slices.Sort(ids)
 		var per []string
 		for _, id := range ids {
-			per = append(per, fmt.Sprintf("%d:%d", id, m.PerWorker[id]))
+			tag := ""
+			switch m.Roles[id] {
+			case catalog.RolePrefill:
+				tag = "p"
+			case catalog.RoleDecode:
+				tag = "d"
+			}
+			per = append(per, fmt.Sprintf("%d%s:%d", id, tag, m.PerWorker[id]))
 		}
-		fmt.Fprintf(tw, "%s\t%.1f%%\t%v\t%v\t%s\t\n", m.Name, 100*m.HitRate(), m.Percentile(0.5), m.Percentile(0.99), strings.Join(per, " "))
+		fmt.Fprintf(tw, "%s\t%.1f%%\t%v\t%v\t%v\t%v\t%.0f\t%s\t\n", m.Name, 100*m.HitRate(), round(m.Percentile(0.5)), round(m.Percentile(0.99)),
+			round(m.E2EPercentile(0.5)), round(m.E2EPercentile(0.99)), m.Throughput(), strings.Join(per, " "))
 	}
 	tw.Flush()
 	for _, m := range r.Modes {
@@ -72,4 +83,15 @@ func (r *Report) requests() int {
 		return 0
 	}
 	return r.Modes[0].Requests
+}
+
+// round keeps a duration readable: 3 significant digits at most.
+func round(d time.Duration) time.Duration {
+	switch {
+	case d >= 100*time.Millisecond:
+		return d.Round(time.Millisecond)
+	case d >= 10*time.Millisecond:
+		return d.Round(100 * time.Microsecond)
+	}
+	return d.Round(10 * time.Microsecond)
 }

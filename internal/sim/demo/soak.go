@@ -158,7 +158,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (*SoakReport, error) {
 		return nil, err
 	}
 	defer store.Close()
-	fl, err := startEngines(ctx, cfg.Config, store)
+	fl, err := startEngines(ctx, cfg.Config, store, mocker.Timing{})
 	defer fl.Stop()
 	if err != nil {
 		return nil, err
