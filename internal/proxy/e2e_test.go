@@ -50,7 +50,7 @@ type spec struct {
 // stack is a real etcd, prefixd serve, mock engines speaking vLLM's
 // OpenAI API and prefixd proxy, on loopback.
 type stack struct {
-	t       *testing.T
+	t       testing.TB
 	prefixd *client.Client
 	store   *etcdstore.Store
 	fleet   *mocker.Fleet
@@ -61,7 +61,7 @@ type stack struct {
 	logs    *testlog.Recorder
 }
 
-func startStack(t *testing.T, pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
+func startStack(t testing.TB, pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
 	t.Helper()
 	etcd := storetest.StartEtcd(t)
 	addr, _ := testsupport.Ready(t, "daemon", func(ctx context.Context, ready func(string)) error {
@@ -539,6 +539,7 @@ func TestDisaggregatedBypassAndFailures(t *testing.T) {
 		t.Fatalf("prefill failure, free_decode: %d %s", code, body)
 	}
 	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Linked", "Compensated")
+	s.logs.Wait(t, 5*time.Second, "proxy: prefill failed; decode freed", "plan_state=Compensated")
 	s.fault(11, "count=0")
 	s.fault(12, "count=0")
 }

@@ -231,7 +231,9 @@ func (x *exchange) aggregated() string {
 			}
 			return x.fail(http.StatusBadGateway, "%v", ue)
 		}
-		defer x.free(sid)
+		// Given back once the answer is out: the handler's return ends
+		// the client's response, which must not wait for prefixd.
+		defer func() { go x.free(sid) }()
 		return x.outcome(x.relay(resp, func() { x.prefillComplete(sid) }))
 	}
 }
@@ -382,7 +384,7 @@ func (x *exchange) disaggregated() string {
 		return x.planFailed(err)
 	}
 	p.m.open.Add(1)
-	defer x.release()
+	defer func() { go x.release() }() // after the answer is out, as free
 	switch plan.State {
 	case "Bypass":
 		return x.runWhole(*plan.Decode, "bypass")

@@ -1,0 +1,100 @@
+package proxy_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/proxy"
+)
+
+// BenchmarkProxyOverhead is the latency the proxy adds to a request:
+// the same non-streamed completion (a 200-word prompt, 4 tokens, on a
+// mock engine that costs nothing) sent to the engine directly and
+// through the proxy (tokenize — from the cache after the first —, select
+// and reserve, forward, prefill complete, free), one request at a time,
+// alternated. Reported: p50 and p99 of each, and their difference.
+//
+//	go test -run '^$' -bench ProxyOverhead ./internal/proxy
+func BenchmarkProxyOverhead(b *testing.B) {
+	s := benchStack(b)
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": longPrompt(1), "max_tokens": 4})
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
+	send := func(url string) time.Duration {
+		start := time.Now()
+		resp, err := hc.Post(url+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("HTTP %d", resp.StatusCode)
+		}
+		return time.Since(start)
+	}
+	send(s.url) // warm the tokenize cache and the connections
+	send(s.urls[1])
+	var direct, proxied []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		direct = append(direct, send(s.urls[1]))
+		proxied = append(proxied, send(s.url))
+	}
+	b.StopTimer()
+	slices.Sort(direct)
+	slices.Sort(proxied)
+	q := func(d []time.Duration, f float64) float64 {
+		return float64(d[min(len(d)-1, int(f*float64(len(d))))].Microseconds())
+	}
+	b.ReportMetric(q(direct, 0.5), "direct-p50-µs")
+	b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
+	b.ReportMetric(q(proxied, 0.5), "proxy-p50-µs")
+	b.ReportMetric(q(proxied, 0.99), "proxy-p99-µs")
+	b.ReportMetric(q(proxied, 0.5)-q(direct, 0.5), "added-p50-µs")
+}
+
+// BenchmarkProxyThroughput is requests per second through the proxy with
+// 32 clients, the proxy, prefixd and the engines on this machine's cores.
+func BenchmarkProxyThroughput(b *testing.B) {
+	s := benchStack(b)
+	body, _ := json.Marshal(map[string]any{"model": model, "prompt": longPrompt(2), "max_tokens": 4})
+	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var wg sync.WaitGroup
+	jobs := make(chan struct{})
+	for range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range jobs {
+				resp, err := hc.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					b.Error(err)
+					continue
+				}
+				io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		}()
+	}
+	start := time.Now()
+	b.ResetTimer()
+	for b.Loop() {
+		jobs <- struct{}{}
+	}
+	close(jobs)
+	wg.Wait()
+	b.ReportMetric(float64(b.N)/time.Since(start).Seconds(), "req/s")
+}
+
+func benchStack(b *testing.B) *stack {
+	b.Helper()
+	return startStack(b, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated}, spec{id: 2, role: catalog.RoleAggregated})
+}
