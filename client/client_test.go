@@ -45,24 +45,27 @@ func (r *records) List(string, string) []api.WorkerState {
 	return out
 }
 
-// TestRoutes calls every route through the client against the real API
-// handler, with tokens.
-func TestRoutes(t *testing.T) {
+// prompt is the 64-token prompt worker 1 holds in fixture's index.
+var prompt = func() []uint32 {
+	tokens := make([]uint32, 64)
+	for i := range tokens {
+		tokens[i] = uint32(i + 1)
+	}
+	return tokens
+}()
+
+// fixture serves the real API handler with engines 1 (aggregated, holding
+// prompt), 2 (prefill) and 3 (decode) of model "m", an in-memory worker
+// list, the API token "w" and readToken, and a /metrics page "up 1".
+func fixture(t *testing.T, readToken string) *httptest.Server {
+	t.Helper()
 	ix := indexer.New(indexer.Options{})
 	key := indexer.PartitionKey{Model: "m", Group: "default"}
 	if err := ix.AddPartition(key, 16); err != nil {
 		t.Fatal(err)
 	}
-	tokens := make([]uint32, 64)
-	for i := range tokens {
-		tokens[i] = uint32(i + 1)
-	}
-	var hashes []int64 // /query_by_hash takes Dynamo's signed form
-	for _, h := range indexer.HashBlocks(nil, tokens, 16, indexer.BaseSeed) {
-		hashes = append(hashes, int64(h))
-	}
 	if _, err := ix.Apply(key, indexer.Rank{WorkerID: 1}, 1, []indexer.Op{{Kind: indexer.OpStore,
-		Store: indexer.Stored{Hashes: []uint64{11, 12, 13, 14}, Tokens: tokens, BlockSize: 16, Seed: indexer.BaseSeed}}}); err != nil {
+		Store: indexer.Stored{Hashes: []uint64{11, 12, 13, 14}, Tokens: prompt, BlockSize: 16, Seed: indexer.BaseSeed}}}); err != nil {
 		t.Fatal(err)
 	}
 	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix}})
@@ -72,10 +75,21 @@ func TestRoutes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	ws := &records{}
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc, Workers: ws, APIToken: "w", ReadToken: "r",
+	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc, Workers: &records{}, APIToken: "w", ReadToken: readToken,
 		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("up 1\n")) })}))
-	defer srv.Close()
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// TestRoutes calls every route through the client against the real API
+// handler, with tokens.
+func TestRoutes(t *testing.T) {
+	srv := fixture(t, "r")
+	tokens := prompt
+	var hashes []int64 // /query_by_hash takes Dynamo's signed form
+	for _, h := range indexer.HashBlocks(nil, tokens, 16, indexer.BaseSeed) {
+		hashes = append(hashes, int64(h))
+	}
 	ctx := context.Background()
 	c, reader := client.New(srv.URL+"/", "w"), client.New(srv.URL, "r")
 
