@@ -292,6 +292,7 @@ func TestAggregated(t *testing.T) {
 		sc, err := s.prefixd.Query(context.Background(), api.QueryRequest{TokenIDs: mocker.Tokenize(prompt), ModelName: model})
 		return err == nil && len(sc.Instances) == 1
 	})
+	s.checkNoBookings() // the first request's booking is given back after its answer
 	code, body = s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt + " and more", "max_tokens": 4})
 	again := decodeCompletion(t, body)
 	if code != 200 || again.Usage.PromptTokensDetails.CachedTokens < first.Usage.PromptTokens-16 {
@@ -387,6 +388,7 @@ func TestEngineFailures(t *testing.T) {
 		}
 		return err == nil && len(sc.Instances) == 1
 	})
+	s.checkNoBookings() // the warm request's booking is given back after its answer
 	if got := s.selected(prompt); got != first {
 		t.Fatalf("prefixd chooses %d, not %d which holds the prompt", got, first)
 	}
@@ -525,6 +527,7 @@ func TestDisaggregatedBypassAndFailures(t *testing.T) {
 		sc, err := s.prefixd.Query(context.Background(), api.QueryRequest{TokenIDs: mocker.Tokenize(prompt), ModelName: model})
 		return err == nil && len(sc.Instances) == 2
 	})
+	s.checkNoBookings()
 	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt + " again", "max_tokens": 4}); code != 200 {
 		t.Fatalf("bypass: %d %s", code, body)
 	}
