@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -685,4 +686,79 @@ func runJob(s *stack, prompt string, stream bool, hangUpAt int) {
 		return
 	}
 	io.Copy(io.Discard, resp.Body)
+}
+
+// failTokenize is an engine transport whose /tokenize calls fail, as
+// when no engine's tokenizer answers.
+type failTokenize struct{ http.RoundTripper }
+
+func (f failTokenize) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == "/tokenize" {
+		return nil, errors.New("tokenizer down")
+	}
+	return f.RoundTripper.RoundTrip(r)
+}
+
+// TestTokenizerUnavailable: without token ids the request is routed by
+// load, counted and logged, and still served.
+func TestTokenizerUnavailable(t *testing.T) {
+	hc := proxy.EngineHTTPClient()
+	hc.Transport = failTokenize{hc.Transport}
+	s := startStack(t, proxy.Config{Engines: hc}, coordinator.CoordinatorConfig{},
+		spec{id: 1, role: catalog.RoleAggregated}, spec{id: 2, role: catalog.RoleAggregated})
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2}); code != 200 {
+		t.Fatalf("without a tokenizer: %d %s", code, body)
+	}
+	s.logs.Wait(t, 5*time.Second, "proxy: no tokenizer answered; routing by load", "model=m")
+	if _, page := s.get("/metrics"); !strings.Contains(page, `prefixd_proxy_tokenize_total{source="unavailable"} 1`) ||
+		!strings.Contains(page, `prefixd_proxy_fallbacks_total{reason="no_tokens"} 1`) {
+		t.Fatalf("metrics lack the fallback:\n%s", page)
+	}
+	// A prompt given as token ids needs no tokenizer.
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": []int{1, 2, 3, 4}, "max_tokens": 2}); code != 200 {
+		t.Fatalf("token ids: %d %s", code, body)
+	}
+	if _, page := s.get("/metrics"); !strings.Contains(page, `prefixd_proxy_tokenize_total{source="client"} 1`) {
+		t.Fatalf("metrics lack the client's ids:\n%s", page)
+	}
+}
+
+// TestDecodeBusyGateThroughProxy: the policy bypasses (the decode worker
+// caches the prompt) while the decode worker's booked blocks stay under
+// the gate (4 % of its 512 blocks); with another request booked on each
+// decode worker the gate vetoes the bypass: remote prefill, linked.
+func TestDecodeBusyGateThroughProxy(t *testing.T) {
+	s := disaggStack(t, proxy.Config{PlanPolicy: &api.PlanPolicy{Kind: "isl_bounding", DecodeBusyThreshold: 0.04}})
+	prompt := longPrompt(11)
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 2}); code != 200 {
+		t.Fatalf("first: %d %s", code, body)
+	}
+	testsupport.Eventually(t, 10*time.Second, "the decode worker's copy indexed", func() bool {
+		sc, err := s.prefixd.Query(context.Background(), api.QueryRequest{TokenIDs: mocker.Tokenize(prompt), ModelName: model})
+		return err == nil && len(sc.Instances) == 2
+	})
+	s.checkNoBookings()
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt + " again", "max_tokens": 2}); code != 200 {
+		t.Fatalf("bypass: %d %s", code, body)
+	}
+	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Bypass", "Released")
+	s.checkNoBookings()
+	// Other requests booked on both decode workers make them busy.
+	ctx := context.Background()
+	for _, id := range []uint64{21, 22} {
+		wid := id
+		if _, err := s.prefixd.Reserve(ctx, api.ReserveRequest{Prompt: api.Prompt{TokenIDs: mocker.Tokenize(longPrompt(int(id)))},
+			SelectionID: fmt.Sprintf("busy-%d", id), ModelName: model, Role: "decode", WorkerID: &wid}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt + " once more", "max_tokens": 2}); code != 200 {
+		t.Fatalf("vetoed bypass: %d %s", code, body)
+	}
+	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Linked", "PrefillReleased", "Released")
+	for _, id := range []uint64{21, 22} {
+		if err := s.prefixd.FreeReservation(ctx, fmt.Sprintf("busy-%d", id)); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
