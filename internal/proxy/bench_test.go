@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"slices"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -16,18 +17,20 @@ import (
 )
 
 // BenchmarkProxyOverhead is the latency the proxy adds to a request:
-// the same non-streamed completion (a 200-word prompt, 4 tokens, on a
-// mock engine that costs nothing) sent to the engine directly and
-// through the proxy (tokenize — from the cache after the first —, select
-// and reserve, forward, prefill complete, free), one request at a time,
-// alternated. Reported: p50 and p99 of each, and their difference.
+// the same kind of non-streamed completion (a 200-word prompt, 4 tokens,
+// on a mock engine that costs nothing) sent to the engine directly and
+// through the proxy (tokenize, select and reserve, forward, prefill
+// complete, free), one request at a time, alternated. "cached" repeats
+// one prompt, so the proxy's tokenize cache answers; "uncached" makes
+// every prompt new (a word appended), so the proxy asks an engine's
+// /tokenize each time. Reported: p50 and p99 of each path, and the
+// difference of the p50s.
 //
-//	go test -run '^$' -bench ProxyOverhead ./internal/proxy
+//	go test -run '^$' -bench ProxyOverhead -benchtime 2000x ./internal/proxy
 func BenchmarkProxyOverhead(b *testing.B) {
 	s := benchStack(b)
-	body, _ := json.Marshal(map[string]any{"model": model, "prompt": longPrompt(1), "max_tokens": 4})
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 4}}
-	send := func(url string) time.Duration {
+	send := func(url string, body []byte) time.Duration {
 		start := time.Now()
 		resp, err := hc.Post(url+"/v1/completions", "application/json", bytes.NewReader(body))
 		if err != nil {
@@ -40,25 +43,37 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		}
 		return time.Since(start)
 	}
-	send(s.url) // warm the tokenize cache and the connections
-	send(s.urls[1])
-	var direct, proxied []time.Duration
-	b.ResetTimer()
-	for b.Loop() {
-		direct = append(direct, send(s.urls[1]))
-		proxied = append(proxied, send(s.url))
+	for _, fresh := range []bool{false, true} {
+		b.Run(map[bool]string{false: "cached", true: "uncached"}[fresh], func(b *testing.B) {
+			n := 0
+			body := func() []byte {
+				p := longPrompt(1)
+				if fresh {
+					n++
+					p += " w" + strconv.Itoa(n)
+				}
+				out, _ := json.Marshal(map[string]any{"model": model, "prompt": p, "max_tokens": 4})
+				return out
+			}
+			send(s.url, body()) // warm the connections (and the cache)
+			send(s.urls[1], body())
+			var direct, proxied []time.Duration
+			for b.Loop() {
+				direct = append(direct, send(s.urls[1], body()))
+				proxied = append(proxied, send(s.url, body()))
+			}
+			slices.Sort(direct)
+			slices.Sort(proxied)
+			q := func(d []time.Duration, f float64) float64 {
+				return float64(d[min(len(d)-1, int(f*float64(len(d))))].Microseconds())
+			}
+			b.ReportMetric(q(direct, 0.5), "direct-p50-µs")
+			b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
+			b.ReportMetric(q(proxied, 0.5), "proxy-p50-µs")
+			b.ReportMetric(q(proxied, 0.99), "proxy-p99-µs")
+			b.ReportMetric(q(proxied, 0.5)-q(direct, 0.5), "added-p50-µs")
+		})
 	}
-	b.StopTimer()
-	slices.Sort(direct)
-	slices.Sort(proxied)
-	q := func(d []time.Duration, f float64) float64 {
-		return float64(d[min(len(d)-1, int(f*float64(len(d))))].Microseconds())
-	}
-	b.ReportMetric(q(direct, 0.5), "direct-p50-µs")
-	b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
-	b.ReportMetric(q(proxied, 0.5), "proxy-p50-µs")
-	b.ReportMetric(q(proxied, 0.99), "proxy-p99-µs")
-	b.ReportMetric(q(proxied, 0.5)-q(direct, 0.5), "added-p50-µs")
 }
 
 // BenchmarkProxyThroughput is requests per second through the proxy with
