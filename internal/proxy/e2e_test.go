@@ -88,7 +88,11 @@ func startStack(t testing.TB, pcfg proxy.Config, coord coordinator.CoordinatorCo
 	}
 	s.waitIndexed(specs)
 	s.logs, pcfg.Logger = testlog.New(t)
-	pcfg.Prefixd = s.prefixd
+	if pcfg.Prefixd != nil { // the test's own client (its transport), to this daemon
+		pcfg.Prefixd.BaseURL = s.prefixd.BaseURL
+	} else {
+		pcfg.Prefixd = s.prefixd
+	}
 	pcfg.Refresh = 50 * time.Millisecond
 	if s.proxy, err = proxy.New(pcfg); err != nil {
 		t.Fatal(err)
@@ -761,4 +765,55 @@ func TestDecodeBusyGateThroughProxy(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// failPath is a transport whose requests to one path fail, as when
+// prefixd does not answer them.
+type failPath struct {
+	path string
+	http.RoundTripper
+}
+
+func (f failPath) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL.Path == f.path {
+		return nil, errors.New("prefixd unreachable")
+	}
+	return f.RoundTripper.RoundTrip(r)
+}
+
+// TestPrefixdUnavailable: a selection prefixd does not answer is routed
+// by load, counted and logged, and the request served.
+func TestPrefixdUnavailable(t *testing.T) {
+	pc := &client.Client{HTTP: &http.Client{Transport: failPath{"/select_and_reserve", http.DefaultTransport}}}
+	s := startStack(t, proxy.Config{Prefixd: pc}, coordinator.CoordinatorConfig{},
+		spec{id: 1, role: catalog.RoleAggregated}, spec{id: 2, role: catalog.RoleAggregated})
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2}); code != 200 {
+		t.Fatalf("without prefixd's selection: %d %s", code, body)
+	}
+	s.logs.Wait(t, 5*time.Second, "proxy: prefixd did not choose; routing by load")
+	if _, page := s.get("/metrics"); !strings.Contains(page, `prefixd_proxy_fallbacks_total{reason="prefixd_unavailable"} 1`) {
+		t.Fatalf("metrics lack the fallback:\n%s", page)
+	}
+}
+
+// TestIncompleteKVTransferMetadata: the coordinator's case of a decode
+// worker whose KV-transfer domain has no value (or no enforcement) cannot
+// reach a plan through the proxy: the catalog refuses such a record at
+// registration, naming the field, so the plans only ever see complete
+// metadata.
+func TestIncompleteKVTransferMetadata(t *testing.T) {
+	s := disaggStack(t, proxy.Config{})
+	for _, ext := range []api.Extensions{
+		{Attributes: catalog.Attributes{Role: catalog.RoleDecode, KVTransferDomain: "rack", KVTransferEnforcement: catalog.EnforcementRequired}},
+		{Attributes: catalog.Attributes{Role: catalog.RoleDecode, KVTransferDomain: "rack", TopologyDomains: map[string]string{"rack": "r9"}}},
+	} {
+		err := s.prefixd.Register(context.Background(), api.RegisterRequest{InstanceID: 99, Endpoint: "tcp://127.0.0.1:1", ModelName: model, BlockSize: 16, Extensions: ext})
+		if !errors.Is(err, client.ErrInvalid) || !strings.Contains(err.Error(), "kv_transfer") && !strings.Contains(err.Error(), "topology_domains") {
+			t.Errorf("incomplete metadata %+v registered: %v", ext.Attributes, err)
+		}
+	}
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": longPrompt(12), "max_tokens": 2}); code != 200 {
+		t.Fatalf("%d %s", code, body)
+	}
+	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Linked", "PrefillReleased", "Released")
 }
