@@ -128,15 +128,7 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%s %s: answer longer than %d bytes", method, path, MaxAnswerBytes)
 	}
 	if resp.StatusCode/100 != 2 {
-		e := &Error{Method: method, Path: path, Status: resp.StatusCode}
-		var b struct {
-			Error string        `json:"error"`
-			Plan  *api.PlanInfo `json:"plan"`
-		}
-		if json.Unmarshal(raw, &b) == nil {
-			e.Msg, e.Plan = b.Error, b.Plan
-		}
-		return e
+		return answerError(method, path, resp.StatusCode, raw)
 	}
 	if out == nil {
 		return nil
@@ -145,6 +137,20 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%s %s: decode the answer: %w", method, path, err)
 	}
 	return nil
+}
+
+// answerError is the *Error of an answer other than 2xx, with the
+// server's message (and failed plan) from its body.
+func answerError(method, path string, status int, raw []byte) *Error {
+	e := &Error{Method: method, Path: path, Status: status}
+	var b struct {
+		Error string        `json:"error"`
+		Plan  *api.PlanInfo `json:"plan"`
+	}
+	if json.Unmarshal(raw, &b) == nil {
+		e.Msg, e.Plan = b.Error, b.Plan
+	}
+	return e
 }
 
 // open sends one request (body, if not nil, as JSON) and returns the
@@ -325,7 +331,7 @@ func (c *Client) Metrics(ctx context.Context) ([]byte, error) {
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, MaxAnswerBytes))
 	if err == nil && resp.StatusCode/100 != 2 {
-		err = &Error{Method: http.MethodGet, Path: "/metrics", Status: resp.StatusCode}
+		return nil, answerError(http.MethodGet, "/metrics", resp.StatusCode, raw)
 	}
 	return raw, err
 }
@@ -340,14 +346,7 @@ func (c *Client) Dump(ctx context.Context, w io.Writer) (int64, error) {
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
-		e := &Error{Method: http.MethodGet, Path: "/dump", Status: resp.StatusCode}
-		var b struct {
-			Error string `json:"error"`
-		}
-		if json.Unmarshal(raw, &b) == nil {
-			e.Msg = b.Error
-		}
-		return 0, e
+		return 0, answerError(http.MethodGet, "/dump", resp.StatusCode, raw)
 	}
 	return io.Copy(w, resp.Body)
 }

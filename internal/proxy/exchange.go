@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prefixd/prefixd/api"
@@ -116,7 +117,7 @@ func (x *exchange) call(e engine, path string, body []byte) (*http.Response, err
 // countedBody gives back the engine's in-flight count when closed.
 type countedBody struct {
 	io.ReadCloser
-	load interface{ Add(int64) int64 }
+	load *atomic.Int64
 	once sync.Once
 }
 

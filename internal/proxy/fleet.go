@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"math/rand/v2"
@@ -98,15 +99,7 @@ func (f *fleet) set(ws []api.WorkerInfo) {
 		}
 		es = append(es, e)
 	}
-	slices.SortFunc(es, func(a, b engine) int {
-		if a.id != b.id {
-			if a.id < b.id {
-				return -1
-			}
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(es, func(a, b engine) int { return cmp.Compare(a.id, b.id) })
 	f.mu.Lock()
 	old := f.engines
 	f.engines = es
@@ -152,26 +145,28 @@ func (f *fleet) all() []engine {
 	return slices.Clone(f.engines)
 }
 
+// healthyFirst returns the healthy engines of es, or es when none is.
+func healthyFirst(es []engine) []engine {
+	if healthy := slices.DeleteFunc(slices.Clone(es), func(e engine) bool { return !e.active }); len(healthy) > 0 {
+		return healthy
+	}
+	return es
+}
+
 // next returns one of es in turn, healthy ones first.
 func (f *fleet) next(es []engine) (engine, bool) {
+	es = healthyFirst(es)
 	if len(es) == 0 {
 		return engine{}, false
-	}
-	healthy := slices.DeleteFunc(slices.Clone(es), func(e engine) bool { return !e.active })
-	if len(healthy) > 0 {
-		es = healthy
 	}
 	return es[f.rr.Add(1)%uint64(len(es))], true
 }
 
 // random returns one of es at random, healthy ones first.
 func (f *fleet) random(es []engine, r *rand.Rand, mu *sync.Mutex) (engine, bool) {
+	es = healthyFirst(es)
 	if len(es) == 0 {
 		return engine{}, false
-	}
-	healthy := slices.DeleteFunc(slices.Clone(es), func(e engine) bool { return !e.active })
-	if len(healthy) > 0 {
-		es = healthy
 	}
 	mu.Lock()
 	defer mu.Unlock()
@@ -182,12 +177,9 @@ func (f *fleet) random(es []engine, r *rand.Rand, mu *sync.Mutex) (engine, bool)
 // proxy has in flight there (ties in turn), healthy ones first: routing
 // by load when prefixd or the tokenizer cannot be asked.
 func (f *fleet) leastLoaded(es []engine) (engine, bool) {
+	es = healthyFirst(es)
 	if len(es) == 0 {
 		return engine{}, false
-	}
-	healthy := slices.DeleteFunc(slices.Clone(es), func(e engine) bool { return !e.active })
-	if len(healthy) > 0 {
-		es = healthy
 	}
 	start := int(f.rr.Add(1) % uint64(len(es)))
 	best, bestLoad := es[start], f.load(es[start].endpoint).Load()
