@@ -215,6 +215,9 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 			Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl}
 		addr := ln.Addr().String()
 		if _, err := fl.Start(ctx, cfg, ln); err != nil {
+			if ctx.Err() != nil { // shut down while starting: not a failure
+				return fl.Stop()
+			}
 			return errors.Join(err, fl.Stop())
 		}
 		log.Info("mock engine", "worker", o.firstID+uint64(i), "http", addr)

@@ -250,7 +250,8 @@ func (e *Engine) Session() *catalog.Session {
 // and runs the scheduler until ctx is done or Crash is called; requests
 // still in the engine then fail with ErrNotRunning. It returns the
 // publisher's or the registration's error, or nil. Ending with ctx
-// revokes the lease, so the worker leaves the catalog at once; ending
+// revokes the lease, so the worker leaves the catalog at once (ending
+// while the registration is in flight is a clean end too); ending
 // with Crash does not.
 func (e *Engine) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
@@ -296,8 +297,12 @@ func (e *Engine) Run(ctx context.Context) error {
 		}
 		s, err := catalog.Register(ctx, e.cfg.Store, w.WithDefaults(), e.cfg.LeaseTTL)
 		if err != nil {
+			stopped := ctx.Err() != nil // shut down while registering: a clean end
 			cancel()
 			<-pubErr
+			if stopped {
+				return nil
+			}
 			return fmt.Errorf("mocker: %w", err)
 		}
 		e.sessMu.Lock()

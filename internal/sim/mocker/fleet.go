@@ -77,6 +77,9 @@ func (f *Fleet) Start(ctx context.Context, cfg Config, ln net.Listener) (*Engine
 	select {
 	case <-e.Ready():
 	case err := <-done:
+		if err == nil { // the fleet stopped before the engine was ready
+			err = ErrNotRunning
+		}
 		return nil, fmt.Errorf("mock engine %d: %w", id, err)
 	case <-ctx.Done():
 		return nil, ctx.Err()

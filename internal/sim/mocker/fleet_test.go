@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"testing"
@@ -67,5 +68,51 @@ func TestFleet(t *testing.T) {
 	}
 	if keys, err := store.Keys(ctx, "m", 1); err != nil || len(keys) != 0 {
 		t.Fatalf("worker 1 still registered after Stop: %v %v", keys, err)
+	}
+}
+
+// slowAckStore applies a Put and then holds its answer until the caller's
+// context ends, as an etcd whose reply is still in flight at shutdown.
+type slowAckStore struct {
+	*storetest.MemoryStore
+	applied chan struct{}
+}
+
+func (s slowAckStore) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID) (int64, error) {
+	if _, err := s.MemoryStore.Put(ctx, w, lease); err != nil {
+		return 0, err
+	}
+	close(s.applied)
+	<-ctx.Done()
+	return 0, ctx.Err()
+}
+
+// TestFleetStoppedWhileRegistering: a fleet shut down while an engine's
+// registration is in flight is a clean stop, not a failure, and the
+// half-made registration leaves with its revoked lease.
+func TestFleetStoppedWhileRegistering(t *testing.T) {
+	store := slowAckStore{storetest.NewMemoryStore(""), make(chan struct{})}
+	t.Cleanup(func() { store.Close() })
+	ctx, cancel := context.WithCancel(context.Background())
+	fl := NewFleet(ctx, store, nil)
+	go func() {
+		<-store.applied
+		cancel()
+	}()
+	_, err := fl.Start(context.Background(), Config{TotalBlocks: 64, BlockSize: 4,
+		Worker: catalog.Worker{WorkerID: 1, ModelName: "m", RoutingGroup: "g", Endpoint: "http://127.0.0.1:1"}}, nil)
+	if !errors.Is(err, ErrNotRunning) {
+		t.Fatalf("Start = %v, want ErrNotRunning", err)
+	}
+	if err := fl.Stop(); err != nil {
+		t.Fatalf("Stop = %v, want a clean stop", err)
+	}
+	select {
+	case <-fl.Failed():
+		t.Fatal("Failed closed by a shutdown")
+	default:
+	}
+	if keys, err := store.Keys(context.Background(), "m", 1); err != nil || len(keys) != 0 {
+		t.Fatalf("worker 1 still registered: %v %v", keys, err)
 	}
 }
