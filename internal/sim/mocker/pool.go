@@ -302,6 +302,10 @@ func (p *Pool) Usage() float64 { return 1 - float64(p.FreeBlocks())/float64(len(
 // from its prefix cache now (Alloc's CachedBlocks), without changing it.
 func (p *Pool) Hit(tokens []uint32) int { return p.hit(BlockHashes(tokens, p.blockSize)) }
 
+// HitBlocks is Hit for a prompt given by its engine block hashes
+// (BlockHashes): how many of them the pool would serve now.
+func (p *Pool) HitBlocks(hashes []uint64) int { return p.hit(hashes) }
+
 // hit is the longest prefix of hashes that every group serves: each group
 // in turn cuts the candidate length to the longest it serves within it,
 // until none cuts it.
@@ -369,7 +373,13 @@ func (p *Pool) Alloc(tokens []uint32) (*Alloc, error) {
 // It queues the evictions' BlockRemoved. On ErrNoSpace nothing changes.
 // tokens must not change until the alloc is fully cached or freed.
 func (p *Pool) Admit(tokens []uint32) (*Alloc, error) {
-	hashes := BlockHashes(tokens, p.blockSize)
+	return p.AdmitHashed(tokens, BlockHashes(tokens, p.blockSize))
+}
+
+// AdmitHashed is Admit of a prompt whose engine block hashes
+// (BlockHashes(tokens, block size)) the caller already has; the alloc
+// keeps hashes, which must not change either.
+func (p *Pool) AdmitHashed(tokens []uint32, hashes []uint64) (*Alloc, error) {
 	hits := p.hit(hashes)
 	total := (len(tokens) + p.blockSize - 1) / p.blockSize
 	need, hitsInLRU := 0, 0

@@ -143,6 +143,7 @@ type Seq struct {
 	Arrived, Scheduled, FirstToken, Finished time.Time
 
 	alloc      *Alloc
+	hashes     []uint64  // the prompt's engine block hashes, once admission is first tried
 	transferAt time.Time // when its transfer is done
 	step       int       // tokens scheduled in the current step
 	aborted    bool
@@ -304,7 +305,10 @@ func (s *Scheduler) Plan(now time.Time) Step {
 	}
 	for len(s.waiting) > 0 && budget > 0 && len(s.running)+len(s.transferring) < s.t.MaxNumSeqs {
 		q := s.waiting[0]
-		a, err := s.pool.Admit(q.Tokens)
+		if q.hashes == nil { // hashed once: a head-of-line sequence is tried every step
+			q.hashes = BlockHashes(q.Tokens, s.pool.BlockSize())
+		}
+		a, err := s.pool.AdmitHashed(q.Tokens, q.hashes)
 		if err != nil {
 			if len(s.running)+len(s.transferring) > 0 {
 				break // wait for running requests to free blocks

@@ -489,3 +489,23 @@ func BenchmarkSimulateH100Llama8B(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkSchedulerHeadOfLine is a step whose head-of-line sequence does
+// not fit (a 2,000-block prompt behind one holding 3,000 of 4,096
+// blocks): admission is tried, and refused, every step.
+func BenchmarkSchedulerHeadOfLine(b *testing.B) {
+	s, _ := mustScheduler(b, 4096, 16, Timing{})
+	add(b, s, &Seq{Tokens: toks(0, 3000*16), MaxTokens: 1 << 30}, epoch)
+	s.Plan(epoch)
+	s.Finish(epoch)
+	add(b, s, &Seq{Tokens: toks(1<<24, 2000*16), MaxTokens: 1}, epoch)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		s.Plan(epoch)
+		s.Finish(epoch)
+	}
+	if l := s.Load(); l.Waiting != 1 {
+		b.Fatalf("load %+v: want the long prompt waiting", l)
+	}
+}
