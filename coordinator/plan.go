@@ -304,6 +304,20 @@ func (c *Coordinator) prompt(k PoolKey, req *Request) (Prompt, error) {
 // size per hash), with src's overlaps and block size; without a source it
 // hashes with bs and has no overlaps.
 func buildPrompt(src OverlapSource, bs int, k PoolKey, tokens []uint32, lora, salt string, hashes []uint64, promptTokens int) (Prompt, error) {
+	p, err := sourcePrompt(src, bs, k, tokens, lora, salt, hashes, promptTokens)
+	if m, ok := src.(promptMerger); ok && err == nil {
+		m.mergePrompt(k, &p)
+	}
+	return p, err
+}
+
+// promptMerger is a source that rescores a prompt once it is hashed (the
+// Service's predictions).
+type promptMerger interface {
+	mergePrompt(k PoolKey, p *Prompt)
+}
+
+func sourcePrompt(src OverlapSource, bs int, k PoolKey, tokens []uint32, lora, salt string, hashes []uint64, promptTokens int) (Prompt, error) {
 	if len(hashes) > 0 {
 		var ov []indexer.Overlap
 		if src != nil {

@@ -80,6 +80,12 @@ type ServiceConfig struct {
 	Source OverlapSource
 	// Observer, if set, is told of selections, plan changes and departed ranks.
 	Observer Observer
+	// Predicted, if set, is the side index of the blocks bookings are
+	// about to hold: every booking (a reservation, a plan's decode and
+	// prefill bookings) predicts its prompt's blocks on its rank, and
+	// selection scores each rank by the larger of the source's overlap
+	// and the prediction (indexer.Predictions.Merge).
+	Predicted *indexer.Predictions
 	// Rand is the random source of selection; nil seeds a PCG at random.
 	Rand Rand
 	// Now is the clock of the operations; nil is time.Now.
@@ -110,6 +116,7 @@ type Service struct {
 	now   func() time.Time
 	src   OverlapSource
 	obs   Observer
+	pred  *indexer.Predictions // nil: no predictions
 	pools *Pools
 	c     *Coordinator
 
@@ -138,7 +145,7 @@ func NewService(cfg ServiceConfig) *Service {
 	if err != nil {
 		panic(err) // only for a size ≤ 0
 	}
-	s := &Service{now: now, src: cfg.Source, obs: obs, pools: NewPools(cfg.Pool, rng),
+	s := &Service{now: now, src: cfg.Source, obs: obs, pred: cfg.Predicted, pools: NewPools(cfg.Pool, rng),
 		blockSizes: map[indexer.PartitionKey]int{}, engines: map[EngineKey][]indexer.Rank{},
 		noEndpoint: map[EngineKey]PoolKey{}, byID: map[string]PoolKey{}, finished: finished}
 	s.c = NewCoordinator(s.pools, serviceSource{s}, cfg.Coordinator)
@@ -166,6 +173,13 @@ func (ss serviceSource) Overlaps(model, group string, tokens []uint32, lora, sal
 		}
 	}
 	return ss.s.registered(model, group, ov, bs)
+}
+
+// mergePrompt scores p's ranks with the predictions too.
+func (ss serviceSource) mergePrompt(k PoolKey, p *Prompt) {
+	if ss.s.pred != nil {
+		p.Overlaps = ss.s.pred.Merge(indexer.PartitionKey{Model: k.Model, Group: k.Group}, p.Hashes, p.Overlaps, ss.s.now(), nil)
+	}
 }
 
 func (ss serviceSource) OverlapsByHash(model, group string, hashes []uint64) ([]indexer.Overlap, int, error) {
@@ -226,7 +240,7 @@ func (s *Service) SetEngine(e Engine) error {
 	}
 	for _, r := range s.engines[key] {
 		if !slices.Contains(ranks, r) {
-			s.removeRank(r, now)
+			s.removeRank(e.Model, e.Group, r, now)
 		}
 	}
 	if len(ranks) == 0 {
@@ -245,14 +259,17 @@ func (s *Service) RemoveEngine(k EngineKey) {
 	defer s.mu.Unlock()
 	now := s.now()
 	for _, r := range s.engines[k] {
-		s.removeRank(r, now)
+		s.removeRank(k.Model, k.Group, r, now)
 	}
 	delete(s.engines, k)
 	delete(s.noEndpoint, k)
 }
 
-func (s *Service) removeRank(r indexer.Rank, now time.Time) {
+func (s *Service) removeRank(model, group string, r indexer.Rank, now time.Time) {
 	s.record(s.c.WorkerRemoved(r, now))
+	if s.pred != nil {
+		s.pred.RemoveRank(indexer.PartitionKey{Model: model, Group: group}, r)
+	}
 	s.obs.RankRemoved(r)
 }
 
@@ -375,9 +392,13 @@ func (s *Service) reserve(r *SelectRequest, op SelectOp) (Choice, error) {
 	if err != nil {
 		return Choice{}, err
 	}
-	sel, err := p.SelectAndReserve(r.ID, q, s.now())
+	now := s.now()
+	sel, err := p.SelectAndReserve(r.ID, q, now)
 	if err != nil {
 		return Choice{}, s.poolError(r.Pool, err)
+	}
+	if s.pred != nil {
+		s.pred.Add(indexer.PartitionKey{Model: r.Pool.Model, Group: r.Pool.Group}, sel.Rank, q.Prompt.Hashes, now)
 	}
 	s.byID[r.ID] = r.Pool
 	c := choice(p, &q, sel)
@@ -546,8 +567,32 @@ func (s *Service) Plan(r Request) (Plan, error) {
 		}
 		return p, err
 	}
+	if s.pred != nil {
+		s.predictPlan(&r, p)
+	}
 	s.obs.Planned(p)
 	return p, nil
+}
+
+// predictPlan predicts r's prompt on the ranks plan p booked: the prefill
+// worker computes its KV, the decode worker receives it.
+func (s *Service) predictPlan(r *Request, p Plan) {
+	now := s.now()
+	for _, b := range []*Booking{p.Decode, p.Prefill} {
+		if b == nil {
+			continue
+		}
+		k := indexer.PartitionKey{Model: b.Pool.Model, Group: b.Pool.Group}
+		hashes := r.Hashes
+		if len(hashes) == 0 {
+			bs, ok := s.blockSizes[k]
+			if !ok {
+				continue
+			}
+			hashes = indexer.HashBlocks(nil, r.Tokens, bs, indexer.Seed(r.Lora, r.Salt))
+		}
+		s.pred.Add(k, b.Rank, hashes, now)
+	}
 }
 
 // emptyPool reports whether pool k has no workers (or does not exist).

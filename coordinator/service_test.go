@@ -325,3 +325,60 @@ func (r *recorder) PlanChanged(p Plan, live bool, plans int) {
 func (r *recorder) Planned(p Plan)                 { r.planned = append(r.planned, p) }
 func (r *recorder) Selected(op SelectOp, _ Choice) { r.ops = append(r.ops, op) }
 func (r *recorder) RankRemoved(rank indexer.Rank)  { r.removed = append(r.removed, rank) }
+
+// TestServicePredictions: with predictions, a booking's prompt counts as
+// cached on its rank until the TTL, so a second request with the same new
+// prefix, arriving after the first's prefill but before its events,
+// follows it; without them it
+// goes to the idle worker; a departed rank's predictions go with it.
+func TestServicePredictions(t *testing.T) {
+	agg := func(id uint64) Engine { return engine(id, RoleAggregated, endpoint(id)) }
+	tokens := make([]uint32, 64*bs)
+	for i := range tokens {
+		tokens[i] = uint32(i)
+	}
+	pool := PoolKey{Model: "m", Group: "default"}
+	for _, tc := range []struct {
+		name   string
+		pred   *indexer.Predictions
+		follow bool
+	}{
+		{"without", nil, false},
+		{"with", indexer.NewPredictions(time.Second, 0), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, clk := newService(t, ServiceConfig{Predicted: tc.pred}, agg(1), agg(2))
+			first, err := s.SelectAndReserve(SelectRequest{ID: "a", Pool: pool, Tokens: tokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The first prefill is done; its events have not arrived.
+			if err := s.ReservePrefillComplete("a"); err != nil {
+				t.Fatal(err)
+			}
+			second, err := s.SelectAndReserve(SelectRequest{ID: "b", Pool: pool, Tokens: tokens})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := second.Rank == first.Rank; got != tc.follow {
+				t.Fatalf("first on %v, second on %v: followed %v, want %v", first.Rank, second.Rank, got, tc.follow)
+			}
+			if tc.pred == nil {
+				return
+			}
+			if second.Overlap.Device != 64 || second.CachedTokens != float64(len(tokens)) {
+				t.Fatalf("second's overlap %+v, cached %v: want the predicted 64 blocks", second.Overlap, second.CachedTokens)
+			}
+			// Past the TTL the prediction is gone: the less loaded worker wins.
+			clk.t = clk.t.Add(time.Second)
+			third, err := s.Select(SelectRequest{Pool: pool, Tokens: tokens})
+			if err != nil || third.Rank == first.Rank {
+				t.Fatalf("after the TTL: %v on %v, want the other worker", err, third.Rank)
+			}
+			s.RemoveEngine(EngineKey{Model: "m", Group: "default", WorkerID: first.Rank.WorkerID})
+			if n := tc.pred.Len(); n != 0 {
+				t.Fatalf("%d predictions left after the rank left", n)
+			}
+		})
+	}
+}

@@ -63,17 +63,23 @@ func HashBlocks(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uin
 // Sequence hashes identify a prefix (used by bookings); the tree navigates
 // by local hashes.
 func HashSequence(dst []uint64, local []uint64) []uint64 {
-	var buf [16]byte
 	var prev uint64
 	for i, h := range local {
 		if i == 0 {
 			prev = h
 		} else {
-			binary.LittleEndian.PutUint64(buf[:8], prev)
-			binary.LittleEndian.PutUint64(buf[8:], h)
-			prev = xxh3.HashSeed(buf[:], BaseSeed)
+			prev = seqNext(prev, h)
 		}
 		dst = append(dst, prev)
 	}
 	return dst
+}
+
+// seqNext is the sequence hash of the block local after the prefix whose
+// sequence hash is prev.
+func seqNext(prev, local uint64) uint64 {
+	var buf [16]byte
+	binary.LittleEndian.PutUint64(buf[:8], prev)
+	binary.LittleEndian.PutUint64(buf[8:], local)
+	return xxh3.HashSeed(buf[:], BaseSeed)
 }
