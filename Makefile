@@ -27,7 +27,7 @@ FUZZTIME ?= 20s
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build deps test bench lint fuzz demo index-demo soak clean
+.PHONY: all build deps test bench bench-routing lint fuzz demo index-demo soak clean
 
 all: build
 
@@ -43,6 +43,13 @@ test: deps
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...
+
+# Routing quality on the Mooncake trace (docs/benchmarks.md): every policy at
+# six load levels and prefixd's overlap weight; the report and SVG charts go
+# to docs/bench/routing. About 20 minutes on 2 cores.
+ROUTING_FLAGS ?= --weights 0.5,1,2,4
+bench-routing:
+	$(GO) run ./cmd/prefixd bench routing $(ROUTING_FLAGS) --out docs/bench/routing
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...

@@ -1,0 +1,137 @@
+package routing
+
+import (
+	"encoding/binary"
+	"slices"
+
+	"github.com/zeebo/xxh3"
+
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
+)
+
+type randomRouter struct{ s *sim }
+
+func (p randomRouter) route(*request) (int, error) { return p.s.rng.IntN(len(p.s.engines)), nil }
+func (randomRouter) prefilled(*request)            {}
+func (randomRouter) done(*request)                 {}
+
+type roundRobin struct {
+	s    *sim
+	next int
+}
+
+func (p *roundRobin) route(*request) (int, error) {
+	i := p.next
+	p.next = (p.next + 1) % len(p.s.engines)
+	return i, nil
+}
+func (*roundRobin) prefilled(*request) {}
+func (*roundRobin) done(*request)      {}
+
+// leastLoaded counts what a router without engine metrics knows: the
+// requests it sent each engine that have not finished.
+type leastLoaded struct{ s *sim }
+
+func (p leastLoaded) route(*request) (int, error) {
+	best, ties := -1, 0
+	for i, e := range p.s.engines {
+		switch {
+		case best < 0 || e.inflight < p.s.engines[best].inflight:
+			best, ties = i, 1
+		case e.inflight == p.s.engines[best].inflight:
+			// Reservoir sampling: each tie equally likely.
+			if ties++; p.s.rng.IntN(ties) == 0 {
+				best = i
+			}
+		}
+	}
+	return best, nil
+}
+func (leastLoaded) prefilled(*request) {}
+func (leastLoaded) done(*request)      {}
+
+// ring is consistent hashing of the prompt's first block (its engine
+// block hash) onto points engines each own.
+type ring struct {
+	s      *sim
+	points []uint64
+	owner  []int
+}
+
+func newRing(s *sim, perEngine int) *ring {
+	type pt struct {
+		h uint64
+		e int
+	}
+	var pts []pt
+	var buf [16]byte
+	for e := range s.engines {
+		for v := range perEngine {
+			binary.LittleEndian.PutUint64(buf[:8], uint64(e))
+			binary.LittleEndian.PutUint64(buf[8:], uint64(v))
+			pts = append(pts, pt{xxh3.Hash(buf[:]), e})
+		}
+	}
+	slices.SortFunc(pts, func(a, b pt) int {
+		switch {
+		case a.h < b.h:
+			return -1
+		case a.h > b.h:
+			return 1
+		}
+		return 0
+	})
+	r := &ring{s: s}
+	for _, p := range pts {
+		r.points, r.owner = append(r.points, p.h), append(r.owner, p.e)
+	}
+	return r
+}
+
+func (p *ring) route(r *request) (int, error) {
+	n := min(len(r.tokens), p.s.cfg.BlockSize)
+	key := mocker.BlockHash(0, r.tokens[:n])
+	i, _ := slices.BinarySearch(p.points, key)
+	if i == len(p.points) {
+		i = 0
+	}
+	return p.owner[i], nil
+}
+func (*ring) prefilled(*request) {}
+func (*ring) done(*request)      {}
+
+// svcRouter routes through prefixd's coordinator service: select and
+// reserve, prefill complete at the first token, free at the end.
+type svcRouter struct{ s *sim }
+
+var aggregated = coordinator.PoolKey{Model: model, Group: group, Role: coordinator.RoleAggregated}
+
+func (p svcRouter) route(r *request) (int, error) {
+	c, err := p.s.svc.SelectAndReserve(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens})
+	if err != nil {
+		return 0, err
+	}
+	return p.s.byRank[c.Rank], nil
+}
+
+func (p svcRouter) prefilled(r *request) { _ = p.s.svc.ReservePrefillComplete(r.id) }
+
+// done frees the booking; one already expired is gone (not an error here).
+func (p svcRouter) done(r *request) { _ = p.s.svc.Free(r.id) }
+
+// oracle is an overlap source that reads every engine's true prefix
+// cache: the cost function with perfect knowledge.
+type oracle struct{ s *sim }
+
+func (o oracle) Overlaps(_, _ string, tokens []uint32, _, _ string) ([]indexer.Overlap, int, error) {
+	hashes := mocker.BlockHashes(tokens, o.s.cfg.BlockSize)
+	var ov []indexer.Overlap
+	for _, e := range o.s.engines {
+		if n := uint32(e.pool.HitBlocks(hashes)); n > 0 {
+			ov = append(ov, indexer.Overlap{Rank: e.rank, Device: n, Host: n, Disk: n})
+		}
+	}
+	return ov, o.s.cfg.BlockSize, nil
+}

@@ -1,0 +1,276 @@
+// Package routing measures routing policies on a request trace: it
+// replays the trace on a virtual clock against a simulated fleet of the
+// mocker's engines (a vLLM-like prefix cache with LRU eviction and its
+// continuous-batching scheduler with the H100 timing model), routing each
+// request with one policy, and reports prefix-cache hit rate, TTFT,
+// end-to-end latency, throughput and load imbalance.
+//
+// The KV-aware policies see what a daemon sees: every engine's KV events
+// are encoded on the vLLM wire, delivered after a configurable delay,
+// decoded, ordered by the stream cursor and applied to a real index; the
+// oracle reads every engine's true cache at decision time instead.
+//
+// A run is deterministic for a trace, configuration, policy and seed, and
+// single-threaded; Sweep runs independent runs in parallel.
+package routing
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/sim/trace"
+)
+
+// Policy names a routing policy.
+type Policy string
+
+// The policies Run knows.
+const (
+	// Random picks an engine uniformly.
+	Random Policy = "random"
+	// RoundRobin cycles through the engines.
+	RoundRobin Policy = "round-robin"
+	// LeastLoaded picks the engine with the fewest requests in flight (as
+	// the router counts them; ties at random).
+	LeastLoaded Policy = "least-loaded"
+	// ConsistentHash hashes the prompt's first block onto a ring of the
+	// engines (64 points each).
+	ConsistentHash Policy = "consistent-hash"
+	// Approx is the approximate prefix-affinity routing of routers without
+	// KV events: the router remembers the blocks of the prompts it routed
+	// to each engine for ApproxTTL (Dynamo's --no-router-kv-events, 120 s;
+	// the Gateway API Inference Extension's prefix-cache scorer and
+	// SGLang's cache-aware router keep the same kind of router-side
+	// guess), and scores it with prefixd's cost function.
+	Approx Policy = "approx-prefix"
+	// Prefixd is prefixd's selection as served: the cost function with its
+	// defaults, over the index the engines' KV events build.
+	Prefixd Policy = "prefixd"
+	// PrefixdPredicted is Prefixd with booking predictions
+	// (serve --predicted-ttl, Config.PredictedTTL): each booking's prompt
+	// counts as cached on its worker until the TTL or its events.
+	PrefixdPredicted Policy = "prefixd-predicted"
+	// Oracle is Prefixd's cost function reading every engine's true cache
+	// at decision time: no event lag, no approximation.
+	Oracle Policy = "oracle"
+	// Disagg is prefixd's decode-first plans on a prefill/decode split
+	// of the fleet (PrefillEngines prefill, the rest decode): prefill runs
+	// with one output token on the plan's prefill engine, its KV moves to
+	// the plan's decode engine, which decodes.
+	Disagg Policy = "prefixd-disagg"
+)
+
+// Policies lists every policy, in report order.
+var Policies = []Policy{Random, RoundRobin, LeastLoaded, ConsistentHash, Approx, Prefixd, PrefixdPredicted, Oracle, Disagg}
+
+// ParsePolicy returns the policy named s.
+func ParsePolicy(s string) (Policy, error) {
+	for _, p := range Policies {
+		if string(p) == s {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("unknown policy %q", s)
+}
+
+// Defaults of Config.
+const (
+	DefaultEngines     = 16
+	DefaultTotalBlocks = 16384
+	DefaultBlockSize   = 16
+	DefaultEventDelay  = 10 * time.Millisecond
+	// DefaultPredictedTTL is how long a booking's predicted blocks count
+	// (events normally arrive within milliseconds of the prefill; the TTL
+	// bounds a lost or slow stream's effect).
+	DefaultPredictedTTL = 2 * time.Second
+	DefaultApproxTTL    = 120 * time.Second
+	// DefaultVocab is Llama 3's vocabulary size: trace hash ids expand to
+	// token ids below it.
+	DefaultVocab = 128256
+)
+
+// Config is the fleet and the replay. Start from DefaultConfig.
+type Config struct {
+	// Engines is the fleet size; PrefillEngines of them prefill under
+	// Disagg (0: half).
+	Engines        int
+	PrefillEngines int
+	// TotalBlocks is each engine's KV pool, BlockSize tokens per block.
+	TotalBlocks int
+	BlockSize   int
+	Timing      mocker.Timing
+	// EventDelay is how long an engine's KV events take to reach the
+	// index (publish → apply).
+	EventDelay time.Duration
+	// Speedup compresses the trace's arrival times (2: twice the load).
+	Speedup float64
+	// Options is the cost function of the KV-aware policies (prefixd's
+	// serving defaults: coordinator.DefaultOptions).
+	Options coordinator.Options
+	// PredictedTTL is PrefixdPredicted's prediction lifetime; ApproxTTL
+	// the lifetime of Approx's router-side guess.
+	PredictedTTL time.Duration
+	ApproxTTL    time.Duration
+	Seed         uint64
+}
+
+// DefaultConfig returns the benchmark's fleet: 16 engines of 16,384
+// blocks of 16 tokens (262,144 tokens, about 21 of the trace's average
+// prompts each), on the H100 Llama-3.1-8B timing.
+func DefaultConfig() Config {
+	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
+		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.DefaultOptions(),
+		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1}
+}
+
+// Validate names the first field out of range.
+func (c Config) Validate() error {
+	switch {
+	case c.Engines < 2 || c.Engines > 4096:
+		return fmt.Errorf("engines %d: want 2 to 4096", c.Engines)
+	case c.PrefillEngines < 0 || c.PrefillEngines >= c.Engines:
+		return fmt.Errorf("prefill engines %d: want 0 (half) to engines-1 (%d)", c.PrefillEngines, c.Engines-1)
+	case c.TotalBlocks < 1 || c.TotalBlocks > 1<<24:
+		return fmt.Errorf("total blocks %d: want 1 to %d", c.TotalBlocks, 1<<24)
+	case c.BlockSize < 1 || c.BlockSize > 1024:
+		return fmt.Errorf("block size %d: want 1 to 1024", c.BlockSize)
+	case c.EventDelay < 0:
+		return fmt.Errorf("event delay %v: must not be negative", c.EventDelay)
+	case !(c.Speedup > 0) || math.IsInf(c.Speedup, 0):
+		return fmt.Errorf("speedup %v: want a positive factor", c.Speedup)
+	case c.PredictedTTL <= 0 || c.ApproxTTL <= 0:
+		return fmt.Errorf("predicted TTL %v and approx TTL %v must be positive", c.PredictedTTL, c.ApproxTTL)
+	}
+	return c.Timing.WithDefaults().Validate()
+}
+
+// Latency is a distribution's summary, in milliseconds.
+type Latency struct {
+	Mean float64 `json:"mean_ms"`
+	P50  float64 `json:"p50_ms"`
+	P90  float64 `json:"p90_ms"`
+	P99  float64 `json:"p99_ms"`
+}
+
+// IndexWork is what the index did in a KV-aware run.
+type IndexWork struct {
+	Batches uint64 `json:"batches"`
+	Events  uint64 `json:"events"`
+	// Blocks stored and removed by the events applied; Removed of them.
+	Blocks  uint64 `json:"blocks"`
+	Removed uint64 `json:"removed_blocks"`
+	// Entries is the index's (block, rank) entries at the end, and
+	// MaxEntries its peak (sampled at each delivery).
+	Entries    int `json:"entries"`
+	MaxEntries int `json:"max_entries"`
+	// ApplyErrors counts batches the index refused (0 on a healthy run).
+	ApplyErrors int `json:"apply_errors"`
+	// Predicted is the predictions' (block, rank) entries at the end.
+	Predicted int `json:"predicted_entries"`
+}
+
+// Result is one run's measurements.
+type Result struct {
+	Policy  Policy  `json:"policy"`
+	Speedup float64 `json:"speedup"`
+	// Weight is the cost function's overlap weight of the run.
+	Weight float64 `json:"overlap_weight"`
+	// Requests were offered; Completed finished, Failed did not (refused
+	// by an engine or the router).
+	Requests  int `json:"requests"`
+	Completed int `json:"completed"`
+	Failed    int `json:"failed"`
+	// OfferedRPS is the trace's request rate after Speedup (requests over
+	// the arrival window, first to last arrival); ThroughputRPS the
+	// requests completed within that window, per second of it; OutputTPS
+	// all completed requests' output tokens per second, from the first
+	// arrival to the last completion.
+	OfferedRPS    float64 `json:"offered_rps"`
+	ThroughputRPS float64 `json:"throughput_rps"`
+	OutputTPS     float64 `json:"output_tokens_per_s"`
+	// HitRate is the prompt tokens the engines' prefix caches served, over
+	// all prompt tokens of completed requests (the prefill engine's, under
+	// Disagg).
+	HitRate float64 `json:"hit_rate"`
+	TTFT    Latency `json:"ttft"`
+	E2E     Latency `json:"e2e"`
+	// Imbalance is the busiest engine's busy time over the mean (1:
+	// perfectly even); under Disagg, over the prefill engines.
+	Imbalance float64 `json:"imbalance"`
+	// Bookings is the reservations and plans prefixd still held at the end
+	// (0: none leaked).
+	Bookings int `json:"bookings"`
+	// Fallbacks counts Disagg plans that ran in bypass (prefill on the
+	// decode engine).
+	Bypass  int        `json:"bypass,omitempty"`
+	Index   *IndexWork `json:"index,omitempty"`
+	Virtual float64    `json:"virtual_seconds"`
+	Wall    float64    `json:"wall_seconds"`
+	// TTFTs are the completed requests' TTFTs in ms, sorted (for CDFs).
+	TTFTs []float64 `json:"-"`
+}
+
+// Run replays reqs (prompts holds each one's tokens, Prompts) on a fresh
+// fleet configured by cfg, routing with policy.
+func Run(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy) (Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return Result{}, err
+	}
+	if len(prompts) != len(reqs) {
+		return Result{}, fmt.Errorf("%d prompts for %d requests", len(prompts), len(reqs))
+	}
+	if len(reqs) == 0 {
+		return Result{}, errors.New("no requests")
+	}
+	start := time.Now()
+	s, err := newSim(cfg, reqs, prompts, policy)
+	if err != nil {
+		return Result{}, err
+	}
+	if err := s.run(); err != nil {
+		return Result{}, fmt.Errorf("%s: %w", policy, err)
+	}
+	res := s.result()
+	res.Wall = time.Since(start).Seconds()
+	return res, nil
+}
+
+// Prompts expands every request's hash ids into token ids below vocab.
+func Prompts(reqs []trace.Request, vocab uint32) [][]uint32 {
+	out := make([][]uint32, len(reqs))
+	for i, r := range reqs {
+		out[i] = r.Tokens(make([]uint32, 0, r.InputLength), vocab)
+	}
+	return out
+}
+
+// summarize returns the latency summary of ms (sorted in place).
+func summarize(ms []float64) Latency {
+	if len(ms) == 0 {
+		return Latency{}
+	}
+	slices.Sort(ms)
+	var sum float64
+	for _, v := range ms {
+		sum += v
+	}
+	q := func(p float64) float64 {
+		i := int(math.Ceil(p*float64(len(ms)))) - 1
+		return ms[min(max(i, 0), len(ms)-1)]
+	}
+	return Latency{Mean: sum / float64(len(ms)), P50: q(0.50), P90: q(0.90), P99: q(0.99)}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// byPolicyOrder sorts results by policy (report order), weight, speedup.
+func byPolicyOrder(a, b Result) int {
+	ia, ib := slices.Index(Policies, a.Policy), slices.Index(Policies, b.Policy)
+	return cmp.Or(cmp.Compare(ia, ib), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Speedup, b.Speedup))
+}

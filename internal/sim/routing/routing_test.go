@@ -1,0 +1,229 @@
+package routing
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/sim/trace"
+)
+
+// slice is the CI slice: the trace's first requests, shared by the tests.
+var slice = sync.OnceValues(func() ([]trace.Request, error) {
+	reqs, err := trace.Mooncake()
+	if err != nil {
+		return nil, err
+	}
+	return reqs[:300], nil
+})
+
+func sliceOf(t *testing.T) ([]trace.Request, [][]uint32) {
+	t.Helper()
+	reqs, err := slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return reqs, Prompts(reqs, DefaultVocab)
+}
+
+// TestCISlice runs every policy on the slice at the trace's load and at
+// four times it, and checks the relations that must hold: every request
+// completes, the oracle's hit rate is at least every policy's, prefixd's
+// beats random's and least-loaded's, its bookings all return, and the
+// index applied every batch.
+func TestCISlice(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	results, err := Sweep(context.Background(), DefaultConfig(), reqs, prompts, Policies, []float64{1, 4}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(results) != 2*len(Policies) {
+		t.Fatalf("%d results, want %d", len(results), 2*len(Policies))
+	}
+	for _, sp := range []float64{1, 4} {
+		by := map[Policy]Result{}
+		for _, r := range results {
+			if r.Speedup == sp {
+				by[r.Policy] = r
+			}
+		}
+		for p, r := range by {
+			if r.Completed != len(reqs) || r.Failed != 0 {
+				t.Errorf("×%g %s: %d completed, %d failed of %d", sp, p, r.Completed, r.Failed, len(reqs))
+			}
+			if r.Bookings != 0 {
+				t.Errorf("×%g %s: %d bookings left", sp, p, r.Bookings)
+			}
+			if r.Index != nil && (r.Index.ApplyErrors != 0 || r.Index.Events == 0) {
+				t.Errorf("×%g %s: index %+v", sp, p, *r.Index)
+			}
+			if r.HitRate > by[Oracle].HitRate {
+				t.Errorf("×%g: %s's hit rate %.4f beats the oracle's %.4f", sp, p, r.HitRate, by[Oracle].HitRate)
+			}
+			if r.TTFT.P50 <= 0 || r.TTFT.P99 < r.TTFT.P50 || r.E2E.P50 < r.TTFT.P50 {
+				t.Errorf("×%g %s: TTFT %+v, E2E %+v", sp, p, r.TTFT, r.E2E)
+			}
+		}
+		px := by[Prefixd]
+		for _, p := range []Policy{Random, LeastLoaded} {
+			if px.HitRate <= by[p].HitRate {
+				t.Errorf("×%g: prefixd's hit rate %.4f, %s's %.4f: want prefixd's higher", sp, px.HitRate, p, by[p].HitRate)
+			}
+		}
+		t.Logf("×%g: hit rate oracle %.1f %%, prefixd %.1f %%, random %.1f %%, least-loaded %.1f %%", sp,
+			100*by[Oracle].HitRate, 100*px.HitRate, 100*by[Random].HitRate, 100*by[LeastLoaded].HitRate)
+	}
+}
+
+// TestRunDeterministic: the same trace, configuration and seed give the
+// same result; another seed changes random's choices.
+func TestRunDeterministic(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	reqs, prompts = reqs[:100], prompts[:100]
+	run := func(p Policy, seed uint64) Result {
+		cfg := DefaultConfig()
+		cfg.Seed = seed
+		r, err := Run(cfg, reqs, prompts, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Wall, r.TTFTs = 0, nil
+		return r
+	}
+	for _, p := range []Policy{Random, Prefixd} {
+		a, b := run(p, 1), run(p, 1)
+		if !reflect.DeepEqual(a, b) {
+			t.Errorf("%s: two runs differ:\n%+v\n%+v", p, a, b)
+		}
+	}
+	if a, b := run(Random, 1), run(Random, 2); a.TTFT == b.TTFT {
+		t.Errorf("random: seeds 1 and 2 gave the same TTFTs %+v", a.TTFT)
+	}
+}
+
+// TestIndexMatchesEngines: after a replay, with every event delivered,
+// the index holds exactly what the engines cache, rank by rank.
+func TestIndexMatchesEngines(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	cfg := DefaultConfig()
+	cfg.TotalBlocks = 4096 // evictions in the slice
+	for _, p := range []Policy{Prefixd, Disagg} {
+		s, err := newSim(cfg, reqs[:150], prompts[:150], p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.run(); err != nil {
+			t.Fatal(err)
+		}
+		k := indexer.PartitionKey{Model: model, Group: group}
+		for _, e := range s.engines {
+			want := e.pool.Holds()
+			st, err := s.ix.Rank(k, e.rank)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Degraded || st.Truncated || st.Blocks != len(want) {
+				t.Errorf("%s engine %d: index %+v, engine holds %d blocks", p, e.idx, st, len(want))
+			}
+			err = s.ix.Read(k, func(tr *indexer.Tree) {
+				for h, n := range want {
+					if c, ok := tr.Holds(e.rank, h); !ok || int(c[indexer.TierDevice]) != n {
+						t.Errorf("%s engine %d block %x: index %v %v, engine %d copies", p, e.idx, h, c, ok, n)
+						return
+					}
+				}
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		if s.work.Removed == 0 {
+			t.Errorf("%s: no block was evicted: the test does not cover removals", p)
+		}
+		if s.work.ApplyErrors != 0 {
+			t.Errorf("%s: %d apply errors", p, s.work.ApplyErrors)
+		}
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		edit func(*Config)
+		want string
+	}{
+		{func(c *Config) { c.Engines = 1 }, "engines"},
+		{func(c *Config) { c.PrefillEngines = c.Engines }, "prefill engines"},
+		{func(c *Config) { c.TotalBlocks = 0 }, "total blocks"},
+		{func(c *Config) { c.BlockSize = 0 }, "block size"},
+		{func(c *Config) { c.EventDelay = -time.Second }, "event delay"},
+		{func(c *Config) { c.Speedup = 0 }, "speedup"},
+		{func(c *Config) { c.ApproxTTL = 0 }, "approx TTL"},
+		{func(c *Config) { c.PredictedTTL = 0 }, "predicted TTL"},
+		{func(c *Config) { c.Timing.MaxNumSeqs = -1 }, "max num seqs"},
+	} {
+		c := DefaultConfig()
+		tc.edit(&c)
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Validate = %v, want an error naming %q", err, tc.want)
+		}
+	}
+	if err := DefaultConfig().Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ParsePolicy("fastest"); err == nil {
+		t.Error("ParsePolicy accepted an unknown policy")
+	}
+}
+
+// TestBenchWritesReport: Bench prints the tables and writes the JSON
+// report, the Markdown tables and the four charts.
+func TestBenchWritesReport(t *testing.T) {
+	dir := t.TempDir()
+	o := NewBenchOptions()
+	o.Requests, o.Policies, o.Speedups, o.Out = 60, []Policy{Random, Prefixd, Oracle}, []float64{1, 2}, dir
+	var out strings.Builder
+	if err := Bench(context.Background(), o, &out); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"| prefixd |", "×2 (offered", "prefixd against random", "Saturation", "wrote " + filepath.Join(dir, ChartTTFT)} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	var rep Report
+	b, err := os.ReadFile(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &rep); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Requests != 60 || len(rep.Results) != 6 || len(rep.Knees) != 3 || rep.Fleet.Engines != DefaultEngines {
+		t.Errorf("report %+v", rep)
+	}
+	for _, f := range []string{"report.md", ChartTTFT, ChartHitRate, ChartP99, ChartThrough} {
+		b, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil || len(b) < 100 {
+			t.Errorf("%s: %d bytes, %v", f, len(b), err)
+		}
+		if strings.HasSuffix(f, ".svg") && !strings.Contains(string(b), "<svg") {
+			t.Errorf("%s is not SVG", f)
+		}
+	}
+	// A trace file of the same format, with an error naming its line.
+	bad := filepath.Join(dir, "bad.jsonl")
+	if err := os.WriteFile(bad, []byte(`{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1]}`+"\n"+`{"timestamp": 1}`+"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o.Trace, o.Out = bad, ""
+	if err := Bench(context.Background(), o, &out); err == nil || !strings.Contains(err.Error(), "line 2") {
+		t.Errorf("Bench of a bad trace: %v, want an error naming line 2", err)
+	}
+}

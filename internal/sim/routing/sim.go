@@ -1,0 +1,530 @@
+package routing
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/events/cursor"
+	"github.com/prefixd/prefixd/events/stream"
+	"github.com/prefixd/prefixd/events/wire"
+	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/sim/trace"
+)
+
+// The fleet's model and routing group.
+const (
+	model = "mooncake"
+	group = catalog.DefaultRoutingGroup
+)
+
+// epoch is the virtual clock's start.
+var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// engine is one simulated engine: the mocker's pool and scheduler, driven
+// step by step, and its event stream as the daemon receives it.
+type engine struct {
+	idx   int
+	rank  indexer.Rank
+	role  coordinator.Role
+	pool  *mocker.Pool
+	sched *mocker.Scheduler
+
+	stepping bool      // a step runs until until
+	until    time.Time // end of the running step
+	busy     time.Duration
+
+	// inflight is the requests routed here and not finished, as the
+	// router counts them.
+	inflight int
+
+	// The event stream: published batches wait in inbox until their
+	// delivery time, then go through the cursor to the index.
+	pubSeq uint64
+	inbox  []delivery
+	head   int
+	cur    *cursor.Cursor
+}
+
+type delivery struct {
+	due     time.Time
+	seq     uint64
+	payload []byte
+}
+
+// stage is where a request is.
+type stage uint8
+
+const (
+	stageOne     stage = iota // aggregated: one sequence does it all
+	stagePrefill              // disaggregated: prefilling on the prefill engine
+	stageDecode               // disaggregated: decoding on the decode engine
+)
+
+type request struct {
+	i       int
+	id      string
+	arrival time.Time
+	tokens  []uint32
+	output  int
+
+	stage  stage
+	engine int // of the current sequence
+	seq    *mocker.Seq
+	decode int // Disagg: the plan's decode engine
+	hit    int // prompt tokens served by a prefix cache
+
+	firstToken, finished time.Time
+	failed               bool
+}
+
+// router routes aggregated requests (every policy but Disagg).
+type router interface {
+	route(r *request) (int, error)
+	prefilled(r *request)
+	done(r *request)
+}
+
+type sim struct {
+	cfg     Config
+	policy  Policy
+	now     time.Time
+	rng     *rand.Rand
+	engines []*engine
+	byRank  map[indexer.Rank]int
+	reqs    []*request
+	next    int // next arrival
+	bySeq   map[*mocker.Seq]*request
+	router  router
+	svc     *coordinator.Service // the KV-aware policies'
+	nextExp time.Time            // next Service.Expire
+
+	// The index the events build (KV-aware policies only).
+	ix      *indexer.Index
+	applier *stream.IndexApplier
+	enc     wire.Encoder
+	dec     wire.Decoder
+	batch   wire.Batch
+	work    IndexWork
+	events  bool // publish events to the index
+	pred    *indexer.Predictions
+
+	bypass int
+}
+
+func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy) (*sim, error) {
+	s := &sim{cfg: cfg, policy: policy, now: epoch, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)),
+		byRank: map[indexer.Rank]int{}, bySeq: map[*mocker.Seq]*request{}}
+	prefill := 0
+	if policy == Disagg {
+		prefill = cmpOr(cfg.PrefillEngines, cfg.Engines/2)
+	}
+	for i := range cfg.Engines {
+		pool, err := mocker.NewPool(cfg.TotalBlocks, cfg.BlockSize)
+		if err != nil {
+			return nil, err
+		}
+		sched, err := mocker.NewScheduler(pool, cfg.Timing)
+		if err != nil {
+			return nil, err
+		}
+		role := coordinator.RoleAggregated
+		if policy == Disagg {
+			role = coordinator.RoleDecode
+			if i < prefill {
+				role = coordinator.RolePrefill
+			}
+		}
+		e := &engine{idx: i, rank: indexer.Rank{WorkerID: uint64(i + 1)}, role: role, pool: pool, sched: sched,
+			cur: cursor.New(cursor.Config{})}
+		e.cur.Connected(epoch)
+		s.engines = append(s.engines, e)
+		s.byRank[e.rank] = i
+	}
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return int(reqs[a].Arrival - reqs[b].Arrival) })
+	for _, i := range order {
+		r := reqs[i]
+		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
+			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup))})
+	}
+	return s, s.setPolicy()
+}
+
+func cmpOr(a, b int) int {
+	if a != 0 {
+		return a
+	}
+	return b
+}
+
+func (s *sim) setPolicy() error {
+	switch s.policy {
+	case Random:
+		s.router = randomRouter{s}
+	case RoundRobin:
+		s.router = &roundRobin{s: s}
+	case LeastLoaded:
+		s.router = leastLoaded{s}
+	case ConsistentHash:
+		s.router = newRing(s, 64)
+	case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg:
+		return s.newService()
+	default:
+		return fmt.Errorf("unknown policy %q", s.policy)
+	}
+	return nil
+}
+
+// newService sets up prefixd's coordinator service over the source the
+// policy reads.
+func (s *sim) newService() error {
+	pcfg := coordinator.DefaultPoolConfig()
+	pcfg.Options = s.cfg.Options
+	scfg := coordinator.ServiceConfig{Pool: pcfg, Now: func() time.Time { return s.now },
+		Rand: rand.New(rand.NewPCG(s.cfg.Seed^1, s.cfg.Seed^2))}
+	switch s.policy {
+	case Prefixd, PrefixdPredicted, Disagg:
+		s.events = true
+		s.ix = indexer.New(indexer.Options{})
+		k := indexer.PartitionKey{Model: model, Group: group}
+		if err := s.ix.AddPartition(k, s.cfg.BlockSize); err != nil {
+			return err
+		}
+		s.applier = &stream.IndexApplier{Index: s.ix, Partition: k}
+		scfg.Source = coordinator.IndexOverlaps{Index: s.ix}
+		if s.policy == PrefixdPredicted {
+			s.pred = indexer.NewPredictions(s.cfg.PredictedTTL, 0)
+		}
+	case Approx:
+		s.pred = indexer.NewPredictions(s.cfg.ApproxTTL, 1<<30)
+	case Oracle:
+		scfg.Source = oracle{s}
+	}
+	scfg.Predicted = s.pred
+	s.svc = coordinator.NewService(scfg)
+	for _, e := range s.engines {
+		w := catalog.Worker{WorkerID: e.rank.WorkerID, ModelName: model, RoutingGroup: group,
+			Endpoint: "sim://engine-" + strconv.Itoa(e.idx), BlockSize: uint32(s.cfg.BlockSize)}
+		w.TotalKVBlocks, w.MaxNumBatchedTokens = uint64(s.cfg.TotalBlocks), uint64(e.sched.Timing().MaxNumBatchedTokens)
+		w.Role = catalog.Role(e.role.String())
+		if err := s.svc.SetRecord(w.WithDefaults()); err != nil {
+			return fmt.Errorf("engine %d: %w", e.idx, err)
+		}
+	}
+	if s.policy != Disagg {
+		s.router = svcRouter{s}
+	}
+	return nil
+}
+
+// run replays the trace to its end: every request arrived and ended.
+func (s *sim) run() error {
+	for {
+		t, ok := s.nextTime()
+		if !ok {
+			break
+		}
+		if t.After(s.now) {
+			s.now = t
+		}
+		s.finishSteps()
+		s.deliver()
+		if s.svc != nil && !s.now.Before(s.nextExp) {
+			s.svc.Expire(s.now)
+			s.nextExp = s.now.Add(time.Second)
+		}
+		for s.next < len(s.reqs) && !s.reqs[s.next].arrival.After(s.now) {
+			s.arrive(s.reqs[s.next])
+			s.next++
+		}
+		for _, e := range s.engines {
+			if !e.stepping {
+				s.plan(e)
+			}
+		}
+	}
+	for _, r := range s.reqs {
+		if r.finished.IsZero() && !r.failed {
+			return fmt.Errorf("request %s never finished", r.id)
+		}
+	}
+	return nil
+}
+
+// nextTime is the time of the next thing to happen: an arrival, the end of
+// a step, a KV transfer's end on an idle engine, an event delivery.
+func (s *sim) nextTime() (time.Time, bool) {
+	var t time.Time
+	ok := false
+	take := func(x time.Time) {
+		if !ok || x.Before(t) {
+			t, ok = x, true
+		}
+	}
+	if s.next < len(s.reqs) {
+		take(s.reqs[s.next].arrival)
+	}
+	for _, e := range s.engines {
+		if e.stepping {
+			take(e.until)
+		} else if at, has := e.sched.NextTransfer(); has {
+			take(at)
+		}
+		if e.head < len(e.inbox) {
+			take(e.inbox[e.head].due)
+		}
+	}
+	return t, ok
+}
+
+// plan starts the next step of an idle engine, if it has work.
+func (s *sim) plan(e *engine) {
+	st := e.sched.Plan(s.now)
+	for _, q := range st.Ended {
+		s.ended(e, q)
+	}
+	if st.Empty() {
+		s.publish(e) // admissions may have evicted
+		return
+	}
+	e.stepping, e.until = true, s.now.Add(st.Duration)
+	e.busy += st.Duration
+}
+
+// finishSteps ends the steps due now.
+func (s *sim) finishSteps() {
+	for _, e := range s.engines {
+		if !e.stepping || e.until.After(s.now) {
+			continue
+		}
+		e.stepping = false
+		for _, q := range e.sched.Finish(s.now) {
+			r := s.bySeq[q]
+			if r == nil {
+				continue
+			}
+			if q.Output == 1 && q.FirstToken.Equal(s.now) {
+				s.firstToken(r, q)
+			}
+			if q.State == mocker.SeqDone {
+				s.ended(e, q)
+			}
+		}
+		s.publish(e)
+	}
+}
+
+// publish sends the engine's pending KV events as one batch.
+func (s *sim) publish(e *engine) {
+	evs := e.pool.Events()
+	if len(evs) == 0 || !s.events {
+		return
+	}
+	b := wire.Batch{TS: float64(s.now.UnixNano()) / 1e9, Events: evs}
+	payload, err := s.enc.AppendBatch(nil, &b)
+	if err != nil {
+		s.work.ApplyErrors++
+		return
+	}
+	e.inbox = append(e.inbox, delivery{due: s.now.Add(s.cfg.EventDelay), seq: e.pubSeq, payload: payload})
+	e.pubSeq++
+}
+
+// deliver applies the batches due now, in order, through each stream's
+// cursor, as a subscriber does.
+func (s *sim) deliver() {
+	for _, e := range s.engines {
+		for e.head < len(e.inbox) && !e.inbox[e.head].due.After(s.now) {
+			d := e.inbox[e.head]
+			e.inbox[e.head] = delivery{}
+			e.head++
+			for _, a := range e.cur.Live(d.seq, d.payload, s.now) {
+				s.act(e, a)
+			}
+		}
+		if e.head == len(e.inbox) {
+			e.inbox, e.head = e.inbox[:0], 0
+		}
+	}
+	if s.ix != nil {
+		s.work.MaxEntries = max(s.work.MaxEntries, s.ix.Entries())
+	}
+}
+
+func (s *sim) act(e *engine, a cursor.Action) {
+	switch a.Kind {
+	case cursor.ActApply:
+		if err := s.dec.Decode(a.Payload, &s.batch); err != nil {
+			s.work.ApplyErrors++
+			return
+		}
+		s.work.Batches++
+		s.work.Events += uint64(len(s.batch.Events))
+		for i := range s.batch.Events {
+			ev := &s.batch.Events[i]
+			s.work.Blocks += uint64(len(ev.BlockHashes))
+			if ev.Kind == wire.KindBlockRemoved {
+				s.work.Removed += uint64(len(ev.BlockHashes))
+			}
+		}
+		if err := s.applier.ApplyBatch(e.rank, indexer.Mark{Seq: a.Seq, Digest: a.Digest}, &s.batch); err != nil {
+			s.work.ApplyErrors++
+		}
+	default:
+		// A gap or a reset: impossible on a lossless in-order stream.
+		s.work.ApplyErrors++
+	}
+}
+
+// arrive routes a request that arrives now.
+func (s *sim) arrive(r *request) {
+	if s.policy == Disagg {
+		s.arriveDisagg(r)
+		return
+	}
+	i, err := s.router.route(r)
+	if err != nil {
+		r.failed = true
+		return
+	}
+	s.start(r, i, &mocker.Seq{Tokens: r.tokens, MaxTokens: r.output})
+}
+
+// start adds r's sequence q to engine i.
+func (s *sim) start(r *request, i int, q *mocker.Seq) {
+	e := s.engines[i]
+	r.engine, r.seq = i, q
+	if err := e.sched.Add(q, s.now); err != nil {
+		s.fail(r)
+		return
+	}
+	e.inflight++
+	s.bySeq[q] = r
+}
+
+func (s *sim) firstToken(r *request, q *mocker.Seq) {
+	switch r.stage {
+	case stageOne:
+		r.firstToken = s.now
+		s.router.prefilled(r)
+	case stageDecode:
+		r.firstToken = s.now
+	}
+}
+
+// ended handles a sequence that finished or was refused.
+func (s *sim) ended(e *engine, q *mocker.Seq) {
+	r := s.bySeq[q]
+	if r == nil {
+		return
+	}
+	delete(s.bySeq, q)
+	e.inflight--
+	if q.Err != nil {
+		s.fail(r)
+		return
+	}
+	switch r.stage {
+	case stageOne:
+		r.hit, r.finished = q.CachedTokens, s.now
+		s.router.done(r)
+	case stagePrefill:
+		r.hit = q.CachedTokens
+		s.prefillDone(r)
+	case stageDecode:
+		r.finished = s.now
+		s.release(r)
+	}
+}
+
+func (s *sim) fail(r *request) {
+	r.failed = true
+	switch {
+	case s.policy == Disagg:
+		s.release(r)
+	case s.router != nil:
+		s.router.done(r)
+	}
+}
+
+// result summarises the run.
+func (s *sim) result() Result {
+	res := Result{Policy: s.policy, Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit, Requests: len(s.reqs), Bypass: s.bypass}
+	var ttft, e2e []float64
+	var prompt, hit, out int
+	var last time.Time
+	first := s.reqs[0].arrival
+	for _, r := range s.reqs {
+		if r.failed {
+			res.Failed++
+			continue
+		}
+		res.Completed++
+		ttft = append(ttft, ms(r.firstToken.Sub(r.arrival)))
+		e2e = append(e2e, ms(r.finished.Sub(r.arrival)))
+		prompt += len(r.tokens)
+		hit += min(r.hit, len(r.tokens))
+		out += r.output
+		if r.finished.After(last) {
+			last = r.finished
+		}
+	}
+	lastArrival := s.reqs[len(s.reqs)-1].arrival
+	if span := lastArrival.Sub(first).Seconds(); span > 0 {
+		res.OfferedRPS = float64(len(s.reqs)) / span
+		// Throughput over the arrival window: what the fleet completed
+		// while requests kept coming. Past saturation the backlog grows
+		// and it falls behind the offered rate.
+		byLast := 0
+		for _, r := range s.reqs {
+			if !r.failed && !r.finished.After(lastArrival) {
+				byLast++
+			}
+		}
+		res.ThroughputRPS = float64(byLast) / span
+	}
+	if d := last.Sub(first).Seconds(); d > 0 {
+		res.OutputTPS = float64(out) / d
+	}
+	if prompt > 0 {
+		res.HitRate = float64(hit) / float64(prompt)
+	}
+	res.TTFT, res.E2E = summarize(ttft), summarize(e2e)
+	res.TTFTs = ttft
+	var busy []time.Duration
+	for _, e := range s.engines {
+		if s.policy != Disagg || e.role == coordinator.RolePrefill {
+			busy = append(busy, e.busy)
+		}
+	}
+	var sum, peak time.Duration
+	for _, b := range busy {
+		sum += b
+		peak = max(peak, b)
+	}
+	if sum > 0 {
+		res.Imbalance = float64(peak) / (float64(sum) / float64(len(busy)))
+	}
+	if s.svc != nil {
+		res.Bookings = s.svc.Reservations()
+	}
+	if s.ix != nil {
+		w := s.work
+		w.Entries = s.ix.Entries()
+		if s.pred != nil {
+			w.Predicted = s.pred.Len()
+		}
+		res.Index = &w
+	}
+	res.Virtual = s.now.Sub(epoch).Seconds()
+	return res
+}
