@@ -15,7 +15,7 @@ import (
 type benchRoutingOptions struct {
 	routing.BenchOptions
 	policies, speedups, weights string
-	quiet              bool
+	quiet                       bool
 }
 
 func newBenchRoutingOptions() *benchRoutingOptions {
