@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -31,6 +32,11 @@ type Config struct {
 	// Index answers /query, /query_by_hash and /dump, and supplies the
 	// per-rank block counts and watermarks of /workers.
 	Index *indexer.Index
+	// Predicted, if set, are the bookings' predictions (the Selector's
+	// side index): /query and /query_by_hash show them apart, under
+	// "predicted". Now is their clock (nil: time.Now).
+	Predicted *indexer.Predictions
+	Now       func() time.Time
 	// Workers is the catalog and stream view. Nil (in tests, or a
 	// query-only daemon): /workers returns [] and /register and
 	// /unregister answer 503.
@@ -115,6 +121,9 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = DefaultMaxTokens
@@ -351,6 +360,7 @@ type scratch struct {
 	tokens []uint32
 	hashes []uint64
 	ov     []indexer.Overlap
+	pred   []indexer.Overlap
 	out    []byte
 }
 

@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -542,4 +543,38 @@ func TestAuth(t *testing.T) {
 	s = newServer(t, Config{Index: ix, Workers: fw})
 	s.post("/register", reg).expect(t, 201, `{"status":"ok"}`)
 	s.post("/unregister", unreg).expect(t, 200, `{"status":"ok"}`)
+}
+
+// TestQueryPredicted: with booking predictions, /query and /query_by_hash
+// show the predicted tokens per instance and rank under "predicted",
+// apart from the scores the events made; expired predictions are gone.
+func TestQueryPredicted(t *testing.T) {
+	ix, p := dynamoExample(t)
+	now := time.Unix(100, 0)
+	pred := indexer.NewPredictions(time.Second, 0)
+	hashes := indexer.HashBlocks(nil, p, 16, indexer.BaseSeed)
+	pred.Add(mDefault, indexer.Rank{WorkerID: 2, DPRank: 3}, hashes, now)
+	pred.Add(mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, hashes[:1], now)
+	s := newServer(t, Config{Index: ix, Predicted: pred, Now: func() time.Time { return now }})
+	want := `{"scores":{"1":{"0":32,"1":16}},"frequencies":[],"instances":{"1":{"longest_matched":48,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":48}},` +
+		`"predicted":{"1":{"0":16},"2":{"3":64}}}`
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200, want)
+	var byHash strings.Builder
+	for i, h := range hashes {
+		if i > 0 {
+			byHash.WriteByte(',')
+		}
+		byHash.WriteString(strconv.FormatInt(int64(h), 10))
+	}
+	s.post("/query_by_hash", `{"block_hashes":[`+byHash.String()+`],"model_name":"m"}`).expect(t, 200, want)
+	var got ScoreResponse
+	if err := json.Unmarshal([]byte(s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).body), &got); err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got.Predicted, map[uint64]map[uint32]uint64{1: {0: 16}, 2: {3: 64}}) {
+		t.Errorf("Predicted = %v", got.Predicted)
+	}
+	now = now.Add(time.Second)
+	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
+		`{"scores":{"1":{"0":32,"1":16}},"frequencies":[],"instances":{"1":{"longest_matched":48,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":48}}}`)
 }

@@ -45,6 +45,12 @@ type ScoreResponse struct {
 	Frequencies []uint64 `json:"frequencies"`
 	// Instances has every instance with a match in any tier.
 	Instances map[uint64]InstanceScore `json:"instances"`
+	// Predicted is, when the daemon runs with booking predictions
+	// (serve --predicted-ttl), the tokens each instance and rank is
+	// predicted to hold because a booking sent it the prompt and its
+	// events have not arrived yet; selection scores the larger of the two.
+	// Absent without predictions.
+	Predicted map[uint64]map[uint32]uint64 `json:"predicted,omitempty"`
 }
 
 // InstanceScore is one instance's match, cumulative over tiers:
@@ -77,6 +83,12 @@ func (h *handler) query(w http.ResponseWriter, r *http.Request) {
 	}
 	k := indexer.PartitionKey{Model: req.ModelName, Group: req.RoutingGroup}
 	s.ov, err = h.cfg.Index.MatchTokens(k, req.TokenIDs, indexer.Seed(req.LoraName, req.CacheSalt), s.ov[:0])
+	if h.cfg.Predicted != nil && err == nil {
+		if bs, berr := h.cfg.Index.BlockSize(k); berr == nil {
+			s.hashes = indexer.HashBlocks(s.hashes[:0], req.TokenIDs, bs, indexer.Seed(req.LoraName, req.CacheSalt))
+			s.pred = h.cfg.Predicted.Match(k, s.hashes, h.cfg.Now(), s.pred[:0])
+		}
+	}
 	h.scores(w, r, s, k, err)
 }
 
@@ -95,6 +107,9 @@ func (h *handler) queryByHash(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.ov, err = h.cfg.Index.Match(k, hashes, s.ov[:0])
+	if h.cfg.Predicted != nil && err == nil {
+		s.pred = h.cfg.Predicted.Match(k, hashes, h.cfg.Now(), s.pred[:0])
+	}
 	h.scores(w, r, s, k, err)
 }
 
@@ -112,13 +127,15 @@ func (h *handler) scores(w http.ResponseWriter, r *http.Request, s *scratch, k i
 		h.fail(w, r, err)
 		return
 	}
-	s.out = appendScores(s.out[:0], s.ov, uint64(bs))
+	s.out = appendScores(s.out[:0], s.ov, s.pred, uint64(bs))
+	s.pred = s.pred[:0]
 	writeRaw(w, http.StatusOK, s.out)
 }
 
-// appendScores appends the JSON score response for ov (sorting it).
-// Instances and ranks are in numeric order.
-func appendScores(b []byte, ov []indexer.Overlap, bs uint64) []byte {
+// appendScores appends the JSON score response for ov (sorting it) and
+// the predictions pred (in rank order). Instances and ranks are in
+// numeric order.
+func appendScores(b []byte, ov, pred []indexer.Overlap, bs uint64) []byte {
 	slices.SortFunc(ov, func(x, y indexer.Overlap) int {
 		return cmp.Or(cmp.Compare(x.Rank.WorkerID, y.Rank.WorkerID), cmp.Compare(x.Rank.DPRank, y.Rank.DPRank))
 	})
@@ -197,7 +214,24 @@ func appendScores(b []byte, ov []indexer.Overlap, bs uint64) []byte {
 		b = append(b, '}')
 		i = j
 	}
-	return append(b, "}}\n"...)
+	b = append(b, '}')
+	if len(pred) > 0 {
+		// {"predicted":{"<id>":{"<rank>": tokens}}}: apart from the scores,
+		// which only the engines' events make.
+		b = append(b, `,"predicted":{`...)
+		first = true
+		for i := 0; i < len(pred); {
+			j := i + 1
+			for j < len(pred) && pred[j].Rank.WorkerID == pred[i].Rank.WorkerID {
+				j++
+			}
+			b = dp(id(b, pred[i], first), pred[i:j])
+			first = false
+			i = j
+		}
+		b = append(b, '}')
+	}
+	return append(b, "}\n"...)
 }
 
 // decodeQuery reads a /query body, appending the tokens to tokens (the

@@ -30,6 +30,7 @@ type serveOptions struct {
 	readyTimeout time.Duration
 	disagg       disaggFlags
 	temperature  float64
+	predictedTTL time.Duration
 	logLevel     string
 	maxMessage   int64
 	handshake    time.Duration
@@ -52,6 +53,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	o.disagg.AddFlags(fs)
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
+	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
@@ -112,6 +114,9 @@ func (o *serveOptions) Validate() error {
 	if _, err := o.disagg.coordinator(); err != nil {
 		return err
 	}
+	if o.predictedTTL < 0 || o.predictedTTL > time.Hour {
+		return fmt.Errorf("--predicted-ttl %v: want 0 (off) to 1h", o.predictedTTL)
+	}
 	if o.temperature < 0 {
 		return fmt.Errorf("--temperature %v: must not be negative", o.temperature)
 	}
@@ -144,7 +149,7 @@ func newServeCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
-				Coordinator: coord, Temperature: o.temperature, ReadyTimeout: o.readyTimeout, Logger: log,
+				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}

@@ -76,6 +76,11 @@ type Config struct {
 	Coordinator coordinator.CoordinatorConfig
 	// Temperature is the default selection temperature (0 = argmin).
 	Temperature float64
+	// PredictedTTL, when positive, turns booking predictions on: every
+	// booking's prompt counts as cached on its worker for this long, or
+	// until the worker's events arrive (indexer.Predictions); /query
+	// shows them apart.
+	PredictedTTL time.Duration
 }
 
 // Run runs the daemon until ctx ends: (embedded) etcd, the catalog watch,
@@ -192,7 +197,14 @@ func Run(ctx context.Context, cfg Config) error {
 	streams := stream.NewManager(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options.Temperature = cfg.Temperature
-	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix}, Observer: newPlanMetrics(reg)})
+	var pred *indexer.Predictions
+	if cfg.PredictedTTL > 0 {
+		pred = indexer.NewPredictions(cfg.PredictedTTL, 0)
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_predicted_entries",
+			Help: "Booking predictions held: (block, rank) entries a booked worker is about to hold."}, func() float64 { return float64(pred.Len()) }))
+	}
+	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix},
+		Predicted: pred, Observer: newPlanMetrics(reg)})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
 		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
 	view := &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}}
@@ -242,7 +254,7 @@ func Run(ctx context.Context, cfg Config) error {
 		return false, "streams still replaying"
 	}
 	handler := api.NewHandler(api.Config{
-		Index: ix, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
+		Index: ix, Predicted: pred, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
