@@ -82,9 +82,12 @@ type ServiceConfig struct {
 	Observer Observer
 	// Predicted, if set, is the side index of the blocks bookings are
 	// about to hold: every booking (a reservation, a plan's decode and
-	// prefill bookings) predicts its prompt's blocks on its rank, and
-	// selection scores each rank by the larger of the source's overlap
-	// and the prediction (indexer.Predictions.Merge).
+	// prefill bookings) predicts its prompt's blocks on its rank until
+	// its prefill completes or it ends, and for the predictions' TTL
+	// after (indexer.Predictions.Book, Settle); selection scores each
+	// rank by the larger of the source's overlap and the prediction
+	// (indexer.Predictions.Merge). A prefill-first plan's deferred decode
+	// booking (PlanDecode) is not predicted.
 	Predicted *indexer.Predictions
 	// Rand is the random source of selection; nil seeds a PCG at random.
 	Rand Rand
@@ -295,12 +298,18 @@ func (s *Service) record(plans []Plan) {
 func (s *Service) Expire(now time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.record(s.c.Expire(now))
+	expired := s.c.Expire(now)
+	s.record(expired)
+	for _, p := range expired {
+		s.settle(now, p.ID+"/decode", p.ID+"/prefill")
+	}
 	for id, k := range s.byID {
 		if p := s.pools.Pool(k); p == nil {
 			delete(s.byID, id)
+			s.settle(now, id)
 		} else if _, ok := p.Reserved(id); !ok {
 			delete(s.byID, id)
+			s.settle(now, id)
 		}
 	}
 }
@@ -398,7 +407,7 @@ func (s *Service) reserve(r *SelectRequest, op SelectOp) (Choice, error) {
 		return Choice{}, s.poolError(r.Pool, err)
 	}
 	if s.pred != nil {
-		s.pred.Add(indexer.PartitionKey{Model: r.Pool.Model, Group: r.Pool.Group}, sel.Rank, q.Prompt.Hashes, now)
+		s.pred.Book(r.ID, indexer.PartitionKey{Model: r.Pool.Model, Group: r.Pool.Group}, sel.Rank, q.Prompt.Hashes, now)
 	}
 	s.byID[r.ID] = r.Pool
 	c := choice(p, &q, sel)
@@ -518,6 +527,7 @@ func (s *Service) ReservePrefillComplete(id string) error {
 		return err
 	}
 	p.PrefillComplete(id)
+	s.settle(s.now(), id)
 	return nil
 }
 
@@ -532,6 +542,7 @@ func (s *Service) Free(id string) error {
 	}
 	p.Free(id)
 	delete(s.byID, id)
+	s.settle(s.now(), id)
 	return nil
 }
 
@@ -591,7 +602,17 @@ func (s *Service) predictPlan(r *Request, p Plan) {
 			}
 			hashes = indexer.HashBlocks(nil, r.Tokens, bs, indexer.Seed(r.Lora, r.Salt))
 		}
-		s.pred.Add(k, b.Rank, hashes, now)
+		s.pred.Book(b.ID, k, b.Rank, hashes, now)
+	}
+}
+
+// settle ends the pending time of the predictions of reservation ids.
+func (s *Service) settle(now time.Time, ids ...string) {
+	if s.pred == nil {
+		return
+	}
+	for _, id := range ids {
+		s.pred.Settle(id, now)
 	}
 }
 
@@ -621,7 +642,9 @@ func (s *Service) Release(id string) (Plan, error) { return s.planOp(id, s.c.Rel
 func (s *Service) planOp(id string, op func(string, time.Time) (Plan, error)) (Plan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	p, err := op(id, s.now())
+	now := s.now()
+	p, err := op(id, now)
+	s.settle(now, id+"/decode", id+"/prefill")
 	if p.ID != "" {
 		s.observe(p)
 	}

@@ -344,7 +344,7 @@ func TestServicePredictions(t *testing.T) {
 		follow bool
 	}{
 		{"without", nil, false},
-		{"with", indexer.NewPredictions(time.Second, 0), true},
+		{"with", indexer.NewPredictions(time.Second, 0, 0), true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, clk := newService(t, ServiceConfig{Predicted: tc.pred}, agg(1), agg(2))
@@ -369,12 +369,27 @@ func TestServicePredictions(t *testing.T) {
 			if second.Overlap.Device != 64 || second.CachedTokens != float64(len(tokens)) {
 				t.Fatalf("second's overlap %+v, cached %v: want the predicted 64 blocks", second.Overlap, second.CachedTokens)
 			}
-			// Past the TTL the prediction is gone: the less loaded worker wins.
+			// b is pending: its prediction outlives the TTL until its
+			// prefill completes; then it lives one TTL more.
 			clk.t = clk.t.Add(time.Second)
-			third, err := s.Select(SelectRequest{Pool: pool, Tokens: tokens})
-			if err != nil || third.Rank == first.Rank {
-				t.Fatalf("after the TTL: %v on %v, want the other worker", err, third.Rank)
+			if n := tc.pred.Pending(); n != 1 {
+				t.Fatalf("%d pending bookings, want b", n)
 			}
+			if err := s.ReservePrefillComplete("b"); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Free("a"); err != nil {
+				t.Fatal(err)
+			}
+			if n := tc.pred.Pending(); n != 0 || tc.pred.Len() != 64 {
+				t.Fatalf("%d pending, %d entries: want b's 64 settled", n, tc.pred.Len())
+			}
+			clk.t = clk.t.Add(time.Second)
+			tc.pred.Expire(clk.t)
+			if n := tc.pred.Len(); n != 0 {
+				t.Fatalf("%d predictions past b's TTL", n)
+			}
+			tc.pred.Book("c", indexer.PartitionKey{Model: "m", Group: "default"}, first.Rank, []uint64{1, 2}, clk.t)
 			s.RemoveEngine(EngineKey{Model: "m", Group: "default", WorkerID: first.Rank.WorkerID})
 			if n := tc.pred.Len(); n != 0 {
 				t.Fatalf("%d predictions left after the rank left", n)

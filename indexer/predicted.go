@@ -13,32 +13,59 @@ const DefaultMaxPredicted = 1 << 20
 // Predictions is a short-lived side index of the blocks ranks are about
 // to hold: a router books a request on a rank and, until that rank's KV
 // events arrive, nothing in the index says it will cache the prompt, so
-// requests arriving together with the same new prefix all see it
-// uncached and spread over the fleet. Each booking predicts its prompt's
-// blocks on its rank; a prediction ends after the TTL, or as soon as the
-// index holds the rank's blocks (the events arrived: Merge), whichever
-// comes first. Predictions never enter the index (index ⊆ engine truth):
-// a query scores the larger of the two (Merge) and shows them apart.
+// requests arriving together with the same new prefix — or while the
+// first waits in the engine's queue — all see it uncached and spread over
+// the fleet. Each booking predicts its prompt's blocks on its rank (Book):
+// while the booking waits for its prefill, at most PendingTTL; once the
+// prefill is done or the booking ends (Settle), for TTL more, which
+// covers the events' way to the index. A prediction also ends as soon as
+// the index holds the rank's blocks (the events arrived: Merge).
+// Predictions never enter the index (index ⊆ engine truth): a query
+// scores the larger of the two (Merge) and shows them apart.
 //
 // Entries are keyed by the sequence hash of a block (HashSequence of the
 // prompt's local hashes), so that a prediction matches a prefix, not a
-// block content. It is bounded (MaxEntries, the oldest first) and safe for
-// concurrent use; every method takes now, none reads a clock.
+// block content. It is bounded (MaxEntries, the soonest to expire
+// first) and safe for concurrent use; every method takes now, none reads
+// a clock.
 type Predictions struct {
-	ttl time.Duration
-	max int
+	ttl, pending time.Duration
+	max          int
 
-	mu    sync.Mutex // guards parts and n
-	parts map[PartitionKey]*predPart
-	n     int // live (block, rank) entries over all partitions
+	mu       sync.Mutex // guards parts, bookings, booked and n
+	parts    map[PartitionKey]*predPart
+	bookings map[string]*predBooking // pending bookings, by id
+	// booked is every pending booking in the order it was made (so in
+	// the order its pending time ends), to forget those never settled.
+	booked     []bookedItem
+	bookedHead int
+	n          int // live (block, rank) entries over all partitions
+}
+
+type bookedItem struct {
+	id string
+	b  *predBooking
+}
+
+// predBooking is what a pending booking predicted, to settle it.
+type predBooking struct {
+	k     PartitionKey
+	rank  Rank
+	seq   []uint64
+	until time.Time // end of its pending time
 }
 
 type predPart struct {
 	blocks map[uint64][]predEntry // sequence hash → the ranks predicted to hold it
-	// queue is every entry in the order it was made (or refreshed), so in
-	// expiry order: one TTL for all. A refreshed entry leaves a stale item
-	// behind, skipped when it reaches the front (its expiry differs).
-	queue []predItem
+	// queues hold every entry in the order it was made or refreshed, one
+	// per lifetime (pending, settled), so each is in expiry order. A
+	// refreshed entry leaves a stale item behind, skipped when it reaches
+	// the front (its expiry differs).
+	queues [2]predQueue
+}
+
+type predQueue struct {
+	items []predItem
 	head  int
 }
 
@@ -53,16 +80,25 @@ type predItem struct {
 	expires time.Time
 }
 
-// NewPredictions returns a side index whose entries live ttl (> 0), of at
+// DefaultPendingTTL bounds how long a booking's predictions wait for
+// Settle: the coordinator's reservation lifetime.
+const DefaultPendingTTL = 300 * time.Second
+
+// NewPredictions returns a side index whose settled entries live ttl
+// (> 0) and pending ones at most pending (≤ 0: DefaultPendingTTL), of at
 // most maxEntries (block, rank) entries (≤ 0: DefaultMaxPredicted).
-func NewPredictions(ttl time.Duration, maxEntries int) *Predictions {
+func NewPredictions(ttl, pending time.Duration, maxEntries int) *Predictions {
 	if maxEntries <= 0 {
 		maxEntries = DefaultMaxPredicted
 	}
-	return &Predictions{ttl: ttl, max: maxEntries, parts: map[PartitionKey]*predPart{}}
+	if pending <= 0 {
+		pending = DefaultPendingTTL
+	}
+	return &Predictions{ttl: ttl, pending: max(pending, ttl), max: maxEntries, parts: map[PartitionKey]*predPart{},
+		bookings: map[string]*predBooking{}}
 }
 
-// TTL returns how long a prediction lives.
+// TTL returns how long a settled prediction lives.
 func (p *Predictions) TTL() time.Duration { return p.ttl }
 
 // Len returns the live (block, rank) entries, expired ones not yet
@@ -73,33 +109,95 @@ func (p *Predictions) Len() int {
 	return p.n
 }
 
-// Add predicts that rank r of partition k is about to hold the blocks of
-// a prompt given by its local block hashes (HashBlocks), until now+TTL.
-// Predicting blocks again refreshes them.
+// Add predicts that rank r of partition k holds the blocks of a prompt
+// given by its local block hashes (HashBlocks) until now+TTL: a booking
+// whose prefill is already done. Predicting blocks again refreshes them.
 func (p *Predictions) Add(k PartitionKey, r Rank, local []uint64, now time.Time) {
 	if len(local) == 0 || p.ttl <= 0 {
 		return
 	}
-	seq := HashSequence(make([]uint64, 0, len(local)), local)
-	exp := now.Add(p.ttl)
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.addLocked(k, r, HashSequence(make([]uint64, 0, len(local)), local), now, settled)
+}
+
+// Book predicts the prompt (local block hashes) of booking id on rank r
+// of partition k until Settle(id) (or PendingTTL). Booking an id again
+// settles its previous prediction first.
+func (p *Predictions) Book(id string, k PartitionKey, r Rank, local []uint64, now time.Time) {
+	if len(local) == 0 || p.ttl <= 0 {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.settleLocked(id, now)
+	seq := HashSequence(make([]uint64, 0, len(local)), local)
+	p.addLocked(k, r, seq, now, pending)
+	b := &predBooking{k: k, rank: r, seq: seq, until: now.Add(p.pending)}
+	p.bookings[id] = b
+	p.booked = append(p.booked, bookedItem{id, b})
+}
+
+// Settle says booking id's prefill is done, or the booking ended: its
+// predictions live TTL from now. An unknown id is ignored.
+func (p *Predictions) Settle(id string, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.settleLocked(id, now)
+}
+
+func (p *Predictions) settleLocked(id string, now time.Time) {
+	b, ok := p.bookings[id]
+	if !ok {
+		return
+	}
+	delete(p.bookings, id)
+	pp := p.parts[b.k]
+	if pp == nil {
+		return
+	}
+	exp := now.Add(p.ttl)
+	q := &pp.queues[settled]
+	for _, h := range b.seq {
+		es := pp.blocks[h]
+		if i := slices.IndexFunc(es, func(e predEntry) bool { return e.rank == b.rank }); i >= 0 && es[i].expires.After(exp) {
+			es[i].expires = exp
+			q.items = append(q.items, predItem{seq: h, rank: b.rank, expires: exp})
+		}
+	}
+}
+
+// The two lifetimes, indexes of predPart.queues.
+const (
+	pending = 0
+	settled = 1
+)
+
+func (p *Predictions) addLocked(k PartitionKey, r Rank, seq []uint64, now time.Time, life int) {
 	p.expireLocked(now)
 	pp := p.parts[k]
 	if pp == nil {
 		pp = &predPart{blocks: map[uint64][]predEntry{}}
 		p.parts[k] = pp
 	}
+	exp := now.Add(p.ttl)
+	if life == pending {
+		exp = now.Add(p.pending)
+	}
+	q := &pp.queues[life]
 	for _, h := range seq {
 		es := pp.blocks[h]
 		i := slices.IndexFunc(es, func(e predEntry) bool { return e.rank == r })
-		if i >= 0 {
-			es[i].expires = exp
-		} else {
+		switch {
+		case i < 0:
 			pp.blocks[h] = append(es, predEntry{rank: r, expires: exp})
 			p.n++
+		case es[i].expires.Before(exp):
+			es[i].expires = exp
+		default:
+			continue // already predicted longer
 		}
-		pp.queue = append(pp.queue, predItem{seq: h, rank: r, expires: exp})
+		q.items = append(q.items, predItem{seq: h, rank: r, expires: exp})
 	}
 	for p.n > p.max && p.dropOldestLocked() {
 	}
@@ -228,7 +326,8 @@ func (pp *predPart) remove(h uint64, r Rank, exp time.Time) bool {
 	return true
 }
 
-// Expire drops every prediction that ended by now.
+// Expire drops every prediction that ended by now, and forgets pending
+// bookings whose predictions all did.
 func (p *Predictions) Expire(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -237,54 +336,85 @@ func (p *Predictions) Expire(now time.Time) {
 
 func (p *Predictions) expireLocked(now time.Time) {
 	for k, pp := range p.parts {
-		for pp.head < len(pp.queue) && !pp.queue[pp.head].expires.After(now) {
-			it := pp.queue[pp.head]
-			pp.head++
-			if pp.remove(it.seq, it.rank, it.expires) {
-				p.n--
+		for i := range pp.queues {
+			q := &pp.queues[i]
+			for q.head < len(q.items) && !q.items[q.head].expires.After(now) {
+				it := q.items[q.head]
+				q.head++
+				if pp.remove(it.seq, it.rank, it.expires) {
+					p.n--
+				}
 			}
+			q.compact()
 		}
-		pp.compact()
-		if len(pp.blocks) == 0 && pp.head == len(pp.queue) {
+		if len(pp.blocks) == 0 && pp.queues[0].empty() && pp.queues[1].empty() {
 			delete(p.parts, k)
 		}
 	}
+	// A booking is pending at most PendingTTL: past it, there is nothing
+	// left to settle.
+	for p.bookedHead < len(p.booked) && !p.booked[p.bookedHead].b.until.After(now) {
+		it := p.booked[p.bookedHead]
+		p.booked[p.bookedHead] = bookedItem{}
+		p.bookedHead++
+		if p.bookings[it.id] == it.b {
+			delete(p.bookings, it.id)
+		}
+	}
+	if p.bookedHead > 1024 && p.bookedHead*2 >= len(p.booked) {
+		p.booked = append(p.booked[:0], p.booked[p.bookedHead:]...)
+		p.bookedHead = 0
+	}
 }
 
-// dropOldestLocked drops the oldest entry of any partition (the one that
-// expires first) and reports whether there was one.
+// Pending returns the bookings waiting for Settle.
+func (p *Predictions) Pending() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.bookings)
+}
+
+// dropOldestLocked drops the entry that expires first, over every
+// partition and lifetime, and reports whether there was one.
 func (p *Predictions) dropOldestLocked() bool {
-	var oldest *predPart
+	var oldest *predQueue
+	var part *predPart
 	for _, pp := range p.parts {
-		for pp.head < len(pp.queue) {
-			it := pp.queue[pp.head]
-			es := pp.blocks[it.seq]
-			if slices.ContainsFunc(es, func(e predEntry) bool { return e.rank == it.rank && e.expires.Equal(it.expires) }) {
-				break
+		for i := range pp.queues {
+			q := &pp.queues[i]
+			for q.head < len(q.items) {
+				it := q.items[q.head]
+				if slices.ContainsFunc(pp.blocks[it.seq], func(e predEntry) bool { return e.rank == it.rank && e.expires.Equal(it.expires) }) {
+					break
+				}
+				q.head++ // stale: refreshed or confirmed since
 			}
-			pp.head++ // stale: refreshed or confirmed since
-		}
-		if pp.head < len(pp.queue) && (oldest == nil || pp.queue[pp.head].expires.Before(oldest.queue[oldest.head].expires)) {
-			oldest = pp
+			if q.head < len(q.items) && (oldest == nil || q.items[q.head].expires.Before(oldest.items[oldest.head].expires)) {
+				oldest, part = q, pp
+			}
 		}
 	}
 	if oldest == nil {
 		return false
 	}
-	it := oldest.queue[oldest.head]
+	it := oldest.items[oldest.head]
 	oldest.head++
-	if oldest.remove(it.seq, it.rank, it.expires) {
+	if part.remove(it.seq, it.rank, it.expires) {
 		p.n--
 	}
 	oldest.compact()
 	return true
 }
 
+func (q *predQueue) empty() bool { return q.head == len(q.items) }
+
 // compact reclaims the queue's consumed front once it is half the queue.
-func (pp *predPart) compact() {
-	if pp.head > 1024 && pp.head*2 >= len(pp.queue) {
-		pp.queue = append(pp.queue[:0], pp.queue[pp.head:]...)
-		pp.head = 0
+func (q *predQueue) compact() {
+	if q.head > 1024 && q.head*2 >= len(q.items) {
+		q.items = append(q.items[:0], q.items[q.head:]...)
+		q.head = 0
+	} else if q.head == len(q.items) {
+		q.items, q.head = q.items[:0], 0
 	}
 }
 

@@ -13,7 +13,7 @@ func TestPredictions(t *testing.T) {
 	k := indexer.PartitionKey{Model: "m", Group: "g"}
 	a, b := indexer.Rank{WorkerID: 1}, indexer.Rank{WorkerID: 2}
 	t0 := time.Unix(1000, 0)
-	p := indexer.NewPredictions(2*time.Second, 0)
+	p := indexer.NewPredictions(2*time.Second, 0, 0)
 	prompt := []uint64{11, 12, 13, 14}
 	p.Add(k, a, prompt[:3], t0)
 	p.Add(k, b, []uint64{11, 99}, t0.Add(time.Second))
@@ -59,7 +59,7 @@ func TestPredictionsMerge(t *testing.T) {
 	k := indexer.PartitionKey{Model: "m"}
 	a, b, c := indexer.Rank{WorkerID: 1}, indexer.Rank{WorkerID: 2}, indexer.Rank{WorkerID: 3}
 	t0 := time.Unix(0, 0)
-	p := indexer.NewPredictions(time.Minute, 0)
+	p := indexer.NewPredictions(time.Minute, 0, 0)
 	prompt := []uint64{1, 2, 3, 4}
 	p.Add(k, a, prompt, t0)
 	p.Add(k, b, prompt[:2], t0)
@@ -83,7 +83,7 @@ func TestPredictionsMerge(t *testing.T) {
 // TestPredictionsBounded: past MaxEntries the oldest predictions go.
 func TestPredictionsBounded(t *testing.T) {
 	k := indexer.PartitionKey{Model: "m"}
-	p := indexer.NewPredictions(time.Hour, 8)
+	p := indexer.NewPredictions(time.Hour, 0, 8)
 	t0 := time.Unix(0, 0)
 	for i := range 5 {
 		p.Add(k, indexer.Rank{WorkerID: uint64(i)}, []uint64{1, 2, 3}, t0.Add(time.Duration(i)*time.Second))
@@ -105,7 +105,7 @@ func TestPredictionsModel(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	k := indexer.PartitionKey{Model: "m"}
 	ttl := 10 * time.Second
-	p := indexer.NewPredictions(ttl, 0)
+	p := indexer.NewPredictions(ttl, 0, 0)
 	type key struct {
 		seq  uint64
 		rank indexer.Rank
@@ -156,5 +156,40 @@ func TestPredictionsModel(t *testing.T) {
 				t.Fatalf("step %d: Match(%v) = %v, want %v", step, q, got, want)
 			}
 		}
+	}
+}
+
+// TestPredictionsBookSettle: a booking's prediction lives while it is
+// pending (at most the pending TTL), then a TTL from Settle; a shorter
+// one never shortens a longer one.
+func TestPredictionsBookSettle(t *testing.T) {
+	k := indexer.PartitionKey{Model: "m"}
+	a, b := indexer.Rank{WorkerID: 1}, indexer.Rank{WorkerID: 2}
+	t0 := time.Unix(0, 0)
+	p := indexer.NewPredictions(time.Second, time.Minute, 0)
+	prompt := []uint64{1, 2, 3}
+	at := func(d time.Duration) []indexer.Overlap { return p.Match(k, prompt, t0.Add(d), nil) }
+	p.Book("x", k, a, prompt, t0)
+	p.Book("y", k, b, prompt, t0)
+	if got := at(30 * time.Second); len(got) != 2 {
+		t.Fatalf("pending bookings at 30 s: %v, want both", got)
+	}
+	p.Settle("x", t0.Add(30*time.Second))
+	p.Settle("unknown", t0)
+	if got := at(31 * time.Second); len(got) != 1 || got[0].Rank != b {
+		t.Fatalf("a second after x settled: %v, want only y", got)
+	}
+	if got := at(time.Minute); len(got) != 0 {
+		t.Fatalf("past the pending TTL: %v", got)
+	}
+	p.Expire(t0.Add(time.Minute))
+	if p.Len() != 0 || p.Pending() != 0 {
+		t.Fatalf("after expiry: %d entries, %d pending", p.Len(), p.Pending())
+	}
+	// Add (settled) does not shorten a pending prediction.
+	p.Book("z", k, a, prompt, t0)
+	p.Add(k, a, prompt, t0)
+	if got := at(10 * time.Second); len(got) != 1 {
+		t.Fatalf("a pending prediction was shortened: %v", got)
 	}
 }

@@ -202,10 +202,10 @@ func (s *sim) newService() error {
 		s.applier = &stream.IndexApplier{Index: s.ix, Partition: k}
 		scfg.Source = coordinator.IndexOverlaps{Index: s.ix}
 		if s.policy == PrefixdPredicted {
-			s.pred = indexer.NewPredictions(s.cfg.PredictedTTL, 0)
+			s.pred = indexer.NewPredictions(s.cfg.PredictedTTL, 0, 0)
 		}
 	case Approx:
-		s.pred = indexer.NewPredictions(s.cfg.ApproxTTL, 1<<30)
+		s.pred = indexer.NewPredictions(s.cfg.ApproxTTL, s.cfg.ApproxTTL, 1<<30)
 	case Oracle:
 		scfg.Source = oracle{s}
 	}
