@@ -551,7 +551,7 @@ func TestAuth(t *testing.T) {
 func TestQueryPredicted(t *testing.T) {
 	ix, p := dynamoExample(t)
 	now := time.Unix(100, 0)
-	pred := indexer.NewPredictions(time.Second, 0)
+	pred := indexer.NewPredictions(time.Second, 0, 0)
 	hashes := indexer.HashBlocks(nil, p, 16, indexer.BaseSeed)
 	pred.Add(mDefault, indexer.Rank{WorkerID: 2, DPRank: 3}, hashes, now)
 	pred.Add(mDefault, indexer.Rank{WorkerID: 1, DPRank: 0}, hashes[:1], now)

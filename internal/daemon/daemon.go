@@ -199,7 +199,7 @@ func Run(ctx context.Context, cfg Config) error {
 	pcfg.Options.Temperature = cfg.Temperature
 	var pred *indexer.Predictions
 	if cfg.PredictedTTL > 0 {
-		pred = indexer.NewPredictions(cfg.PredictedTTL, 0)
+		pred = indexer.NewPredictions(cfg.PredictedTTL, 0, 0)
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_predicted_entries",
 			Help: "Booking predictions held: (block, rank) entries a booked worker is about to hold."}, func() float64 { return float64(pred.Len()) }))
 	}

@@ -67,7 +67,18 @@ func legendRoom(p *plot.Plot, log bool) {
 // the files written.
 func (rep Report) WriteCharts(dir string, cdfAt float64) ([]string, error) {
 	var files []string
-	save := func(p *plot.Plot, name string) error {
+	save := func(p *plot.Plot, name string) (err error) {
+		// gonum/plot panics on data it cannot draw: report it instead.
+		defer func() {
+			if r := recover(); r != nil {
+				err = fmt.Errorf("chart %s: %v", name, r)
+			}
+		}()
+		for _, ax := range []*plot.Axis{&p.X, &p.Y} {
+			if _, log := ax.Scale.(plot.LogScale); log {
+				padLog(ax)
+			}
+		}
 		path := filepath.Join(dir, name)
 		if err := p.Save(8*vg.Inch, 4.5*vg.Inch, path); err != nil {
 			return fmt.Errorf("chart %s: %w", name, err)
@@ -210,4 +221,19 @@ func (rep Report) weightChart() *plot.Plot {
 	}
 	legendRoom(p, false)
 	return p
+}
+
+// padLog widens a log axis whose data collapse to one value (a single
+// run), which a log scale cannot draw.
+func padLog(ax *plot.Axis) {
+	if ax.Max <= 0 {
+		ax.Min, ax.Max = 0.001, 1
+		return
+	}
+	if ax.Min <= 0 {
+		ax.Min = ax.Max / 1000
+	}
+	if ax.Max < ax.Min*1.01 {
+		ax.Min, ax.Max = ax.Min/2, ax.Max*2
+	}
 }

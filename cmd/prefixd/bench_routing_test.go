@@ -1,0 +1,49 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestBenchRouting runs a short replay through the command and checks
+// its table, progress lines and files; bad flags name themselves.
+func TestBenchRouting(t *testing.T) {
+	dir := t.TempDir()
+	stdout, stderr, err := run(t, "bench", "routing", "--requests", "40", "--policies", "random,prefixd", "--speedups", "1",
+		"--weights", "2", "--out", dir)
+	if err != nil {
+		t.Fatalf("bench routing: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{"| random |", "| prefixd |", "Overlap weight", "| prefixd | 2 | ×1 |"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if !strings.Contains(stderr, "random") || !strings.Contains(stderr, "hit") {
+		t.Errorf("no progress lines on stderr: %q", stderr)
+	}
+	for _, f := range []string{"report.json", "report.md", "ttft-cdf.svg", "ttft-vs-overlap-weight.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Error(err)
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policies", "fastest"}, "--policies"},
+		{[]string{"--speedups", "x"}, "--speedups"},
+		{[]string{"--speedups", "0"}, "--speedups"},
+		{[]string{"--weights", "-1"}, "--weights"},
+		{[]string{"--engines", "1"}, "engines"},
+		{[]string{"--requests", "-1"}, "--requests"},
+		{[]string{"--trace", filepath.Join(dir, "missing.jsonl")}, "missing.jsonl"},
+	} {
+		_, _, err := run(t, append([]string{"bench", "routing", "--quiet"}, tc.args...)...)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.want)
+		}
+	}
+}
