@@ -57,6 +57,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newStatusCommand(),
 		newSoakCommand(),
 		newProxyCommand(),
+		newBenchCommand(),
 	)
 	return root
 }
