@@ -27,7 +27,7 @@ FUZZTIME ?= 20s
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build deps test bench bench-routing lint fuzz demo index-demo soak clean
+.PHONY: all build deps test bench bench-index bench-routing lint fuzz demo index-demo soak clean
 
 all: build
 
@@ -50,6 +50,14 @@ bench:
 ROUTING_FLAGS ?= --weights 0.5,1,2,4
 bench-routing:
 	$(GO) run ./cmd/prefixd bench routing $(ROUTING_FLAGS) --out docs/bench/routing
+
+# The index benchmark's full sweep (Dynamo's mooncake_bench shape): the
+# Mooncake trace through 64 mock engines, offered load swept at each core
+# count; `make bench-index BENCH_INDEX_FLAGS='--cpu 1,4,8'`. `make bench`
+# runs its short form (BenchmarkMooncake).
+BENCH_INDEX_FLAGS ?=
+bench-index:
+	$(GO) run ./cmd/prefixd bench index $(BENCH_INDEX_FLAGS)
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...

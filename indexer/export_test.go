@@ -56,3 +56,12 @@ func CheckGroupBits(t *Tree) error {
 	}
 	return nil
 }
+
+// ApplyInPieces applies op for r as Index.ApplyBatch would with a write
+// chunk of chunk blocks, calling yield between pieces.
+func ApplyInPieces(t *Tree, r Rank, op Op, chunk int, yield func()) error {
+	if t.pieces(r, &op, chunk) > 1 {
+		return t.applyPieces(r, &op, chunk, yield)
+	}
+	return t.Apply(r, op)
+}

@@ -26,6 +26,10 @@ type Options struct {
 	// (see Index.ApplyBatch). MaxEntriesForMemory derives a cap from a
 	// memory budget.
 	MaxEntries int
+	// WriteChunk bounds the blocks a batch applies under one hold of its
+	// partition's write lock, so that a query waits for at most that
+	// much work (see Index.ApplyBatch); 0 means DefaultWriteChunk.
+	WriteChunk int
 }
 
 var (
@@ -35,14 +39,21 @@ var (
 	ErrBlockSizeConflict = errors.New("block size conflicts with the partition's")
 )
 
-// Index is the concurrent prefix index: one Tree per partition. Writers to
-// a partition are serialised; matchers run concurrently with each other.
-// All methods are safe for concurrent use.
+// Index is the concurrent prefix index: one Tree per partition. A batch
+// is applied in holds of its partition's write lock of at most
+// Options.WriteChunk blocks each, so a query waits for at most one such
+// chunk, never for a whole batch; the chunks of concurrent batches (of
+// different ranks) interleave, each batch's ops in order. Matchers run
+// concurrently with each other. Snapshot sees every batch whole or not at
+// all; Rank, Groups, Stats and Read may see a batch that runs
+// concurrently with them half applied. All methods are safe for
+// concurrent use.
 //
-// Lock order: mu is never held while waiting for a partition's lock, and
-// a partition's lock never while taking another's; evictMu is taken with
-// no partition lock held, and the evictor holds one partition lock at a
-// time under it.
+// Lock order: a partition's gate before its mu, never the gate while
+// holding mu; mu (the map's) is never held while waiting for a
+// partition's lock, and a partition's lock never while taking another's;
+// evictMu is taken with no partition lock held, and the evictor holds one
+// partition lock at a time under it.
 type Index struct {
 	opts  Options
 	mu    sync.RWMutex // guards parts (the map, not the partitions)
@@ -59,10 +70,17 @@ type Index struct {
 }
 
 type partition struct {
-	blockSize int          // immutable
-	mu        sync.RWMutex // guards tree and entries
-	tree      *Tree
-	entries   int64 // tree.entries + tree.gentries as last added to Index.total
+	blockSize int // immutable
+	// gate is held shared by each ApplyBatch for the whole batch (across
+	// the write-lock holds it is applied in, see Options.WriteChunk), and
+	// exclusively by Snapshot, Restore and RemovePartition: it guards the
+	// batch's atomicity (no snapshot sees a batch half applied) and
+	// p.tree's identity while a batch runs. Taken before mu, never while
+	// holding it.
+	gate    sync.RWMutex
+	mu      sync.RWMutex // guards tree and entries; held for at most Options.WriteChunk blocks of a batch at a time
+	tree    *Tree
+	entries int64 // tree.entries + tree.gentries as last added to Index.total
 	// removed is set (under mu) by RemovePartition; a writer that found
 	// the partition before then sees it once it holds mu and backs off.
 	removed atomic.Bool
@@ -70,6 +88,9 @@ type partition struct {
 
 // New returns an empty index.
 func New(opts Options) *Index {
+	if opts.WriteChunk <= 0 {
+		opts.WriteChunk = DefaultWriteChunk
+	}
 	return &Index{opts: opts, parts: make(map[PartitionKey]*partition)}
 }
 
@@ -178,9 +199,16 @@ func (ix *Index) RemoveEmptyPartition(k PartitionKey) (bool, error) {
 }
 
 func (ix *Index) removePartition(k PartitionKey, ifEmpty bool) (bool, error) {
-	p, err := ix.lock(k)
+	p, err := ix.partition(k)
 	if err != nil {
 		return false, err
+	}
+	p.gate.Lock() // no batch in flight
+	defer p.gate.Unlock()
+	p.mu.Lock()
+	if p.removed.Load() {
+		p.mu.Unlock()
+		return false, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
 	}
 	if ifEmpty && len(p.tree.rankIDs) > 0 {
 		p.mu.Unlock()
@@ -267,28 +295,75 @@ type Mark struct {
 }
 
 // ApplyBatch is Apply that records m with the batch (see Mark and
-// Tree.SetWatermarkDigest). After the ops it enforces r's
-// capacity (SetRankCapacity). Then, with partition k's lock released, if
+// Tree.SetWatermarkDigest). It releases the partition's write lock after
+// every Options.WriteChunk blocks (an op of more blocks is applied in
+// pieces, with the effect and the counts of the whole op), so queries and
+// other ranks' batches run in between; BatchResult counts only this
+// batch. After the ops it enforces r's capacity (SetRankCapacity). Then, with partition k's lock released, if
 // the index is over its cap it evicts the least recently stored or
 // matched leaves of the whole index (Index.evict); so the cap may be
 // exceeded briefly by batches in flight, never by a returned one.
 func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResult, error) {
 	var res BatchResult
-	p, err := ix.lock(k)
+	p, err := ix.partition(k)
 	if err != nil {
 		return res, err
 	}
-	t := p.tree
+	// The gate, shared for the whole batch, keeps Snapshot, Restore and
+	// RemovePartition out until the batch is applied: p.tree stays t, and
+	// a dump never sees the batch half applied.
+	p.gate.RLock()
+	p.mu.Lock()
+	if p.removed.Load() {
+		p.mu.Unlock()
+		p.gate.RUnlock()
+		return res, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
+	}
+	t, chunk := p.tree, ix.opts.WriteChunk
 	if t.shared != nil {
-		// Reserve two ticks per op on the shared clock; the stores of
-		// the batch stamp within them (see Tree.now).
-		n := 2 * uint32(len(ops))
+		// Reserve two ticks per op piece on the shared clock; the stores
+		// of the batch stamp within them (see Tree.now).
+		var n uint32
+		for i := range ops {
+			n += 2 * uint32(max(1, (opBlocks(&ops[i])+chunk-1)/chunk))
+		}
 		t.clock = ix.clock.Add(n) - n
 	}
 	before, redundant := t.counts, t.redundant
+	// yield ends one hold of the write lock and starts the next: what the
+	// hold skipped and found redundant is the batch's, and the batch's
+	// clock cursor is put back for its next stores.
+	yield := func() {
+		for i := range res.Skipped {
+			res.Skipped[i] += t.counts[i] - before[i]
+		}
+		res.Redundant += t.redundant - redundant
+		clock := t.clock
+		p.mu.Unlock()
+		p.mu.Lock()
+		t.clock = clock
+		before, redundant = t.counts, t.redundant
+	}
+	budget := chunk
 	for i := range ops {
-		if err := t.Apply(r, ops[i]); err != nil {
+		op := &ops[i]
+		var err error
+		if n := t.pieces(r, op, chunk); n > 1 {
+			if budget < chunk {
+				yield()
+			}
+			err = t.applyPieces(r, op, chunk, yield)
+			budget = chunk - (opBlocks(op) - (n-1)*chunk)
+		} else {
+			err = t.Apply(r, *op)
+			budget -= max(1, opBlocks(op))
+		}
+		if err != nil {
 			res.Errs = append(res.Errs, err)
+		}
+		if budget <= 0 && i+1 < len(ops) {
+			yield()
+			budget = chunk
 		}
 	}
 	rid := t.rankID(r)
@@ -302,15 +377,27 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	}
 	t.enforceCapacity(rid)
 	for i := range res.Skipped {
-		res.Skipped[i] = t.counts[i] - before[i]
+		res.Skipped[i] += t.counts[i] - before[i]
 	}
-	res.Redundant = t.redundant - redundant
+	res.Redundant += t.redundant - redundant
 	over := ix.publish(p)
 	p.mu.Unlock()
+	p.gate.RUnlock()
 	if over {
 		res.Skipped[ReasonEvicted] += ix.evict()
 	}
 	return res, nil
+}
+
+// opBlocks is how many blocks op stores or removes.
+func opBlocks(op *Op) int {
+	switch op.Kind {
+	case OpStore:
+		return len(op.Store.Hashes)
+	case OpRemove:
+		return len(op.Remove.Hashes)
+	}
+	return 0
 }
 
 // publish adds p's entry change to the index total and reports whether
@@ -483,6 +570,8 @@ func (ix *Index) Snapshot(k PartitionKey) (*Snapshot, error) {
 	if err != nil {
 		return nil, err
 	}
+	p.gate.Lock() // every batch whole or not at all
+	defer p.gate.Unlock()
 	p.mu.RLock()
 	defer p.mu.RUnlock()
 	return p.tree.Dump(), nil
@@ -506,14 +595,17 @@ func (ix *Index) Restore(k PartitionKey, s *Snapshot) error {
 			ix.parts[k] = p
 		}
 		ix.mu.Unlock()
+		p.gate.Lock() // no batch in flight on the tree replaced
 		p.mu.Lock()
 		if p.removed.Load() {
 			p.mu.Unlock()
+			p.gate.Unlock()
 			continue // removed since we found it: add it again
 		}
 		if ok {
 			if p.blockSize != t.blockSize {
 				p.mu.Unlock()
+				p.gate.Unlock()
 				return fmt.Errorf("partition %v: snapshot block size %d, have %d: %w", k, t.blockSize, p.blockSize, ErrBlockSizeConflict)
 			}
 			for r, rid := range p.tree.rankIDs {
@@ -525,6 +617,7 @@ func (ix *Index) Restore(k PartitionKey, s *Snapshot) error {
 		}
 		over := ix.publish(p)
 		p.mu.Unlock()
+		p.gate.Unlock()
 		if over {
 			ix.evict()
 		}

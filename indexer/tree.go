@@ -218,10 +218,16 @@ type Tree struct {
 	counts   [NumReasons]uint64
 	// redundant counts the blocks of redundant stores (see Redundant).
 	redundant uint64
-	localBuf  []uint64
-	touched   []uint32
-	sortBuf   []uint64
-	trimBuf   []trimCand
+	// piece: storeMain is applying a piece of a larger store
+	// (applyPieces), whose redundant blocks it adds to pieceRed instead of
+	// the counts. Set only by the writer applying the pieces, while it
+	// holds the tree.
+	piece    bool
+	pieceRed uint64
+	localBuf []uint64
+	touched  []uint32
+	sortBuf  []uint64
+	trimBuf  []trimCand
 }
 
 // NewTree returns an empty tree for blocks of blockSize tokens.
@@ -541,8 +547,12 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	}
 	if red && err == nil {
 		n := uint64(len(s.Hashes))
-		t.redundant += n
-		t.ranks[rid].redundant += n
+		if t.piece {
+			t.pieceRed += n // the whole op decides (applyPieces)
+		} else {
+			t.redundant += n
+			t.ranks[rid].redundant += n
+		}
 	}
 	if err == nil && usable < len(s.Hashes) {
 		err = t.fail(r, ReasonShortTokens, s.Hashes[usable], len(s.Hashes)-usable)

@@ -95,6 +95,21 @@ type propRun struct {
 	trace []string
 	last  *propStore // last store, for duplicates
 	seq   uint64
+	// chunk > 0: stores and removes go through indexer.ApplyInPieces
+	// with this write chunk, as Index.ApplyBatch applies large ops.
+	chunk int
+	// record, if set, is told every store and remove applied.
+	record func(r indexer.Rank, op indexer.Op)
+}
+
+func (p *propRun) apply(r indexer.Rank, op indexer.Op) error {
+	if p.record != nil {
+		p.record(r, op)
+	}
+	if p.chunk > 0 {
+		return indexer.ApplyInPieces(p.tr, r, op, p.chunk, func() {})
+	}
+	return p.tr.Apply(r, op)
 }
 
 type propStore struct {
@@ -133,7 +148,7 @@ func (p *propRun) drawRun() (d, s, a, b int) {
 
 func (p *propRun) applyStore(r indexer.Rank, s indexer.Stored) {
 	want := p.m.Store(r, s)
-	got := p.tr.Store(r, s)
+	got := p.apply(r, indexer.Op{Kind: indexer.OpStore, Store: s})
 	if err := checkOpError(got, want); err != nil {
 		p.fatalf("Store(%v, %+v): %v", r, s, err)
 	}
@@ -142,7 +157,7 @@ func (p *propRun) applyStore(r indexer.Rank, s indexer.Stored) {
 
 func (p *propRun) applyRemove(r indexer.Rank, rm indexer.Removed) {
 	want := p.m.Remove(r, rm)
-	got := p.tr.Remove(r, rm)
+	got := p.apply(r, indexer.Op{Kind: indexer.OpRemove, Remove: rm})
 	if err := checkOpError(got, want); err != nil {
 		p.fatalf("Remove(%v, %+v): %v", r, rm, err)
 	}
@@ -363,10 +378,19 @@ func (p *propRun) check(what string) {
 // same random events and compares every observable after every action.
 // Every run ends by emptying the tree, through remove events or through
 // RemoveRank/RemoveWorker, and checks nothing is left behind.
-func TestTreeMatchesModel(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) {
+func TestTreeMatchesModel(t *testing.T) { rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, 0) }) }
+
+// TestTreeMatchesModelInPieces is TestTreeMatchesModel with every store
+// and remove applied in pieces of 1 to 5 blocks, as Index.ApplyBatch
+// applies ops larger than WriteChunk: the same tree, counts and errors.
+func TestTreeMatchesModelInPieces(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, rapid.IntRange(1, 5).Draw(t, "chunk")) })
+}
+
+func treeMatchesModel(t *rapid.T, chunk int) {
+	{
 		w := drawWorld(t)
-		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs)}
+		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs), chunk: chunk}
 		p.check("start")
 		ops := rapid.IntRange(50, 200).Draw(t, "ops")
 		for i := 0; i < ops; i++ {
@@ -407,5 +431,5 @@ func TestTreeMatchesModel(t *testing.T) {
 		if st := p.tr.Stats(); st.Entries != 0 || st.Blocks != 0 || st.Nodes != 0 || st.Ranks != 0 {
 			p.fatalf("after removing every rank: %+v, want an empty tree", st)
 		}
-	})
+	}
 }

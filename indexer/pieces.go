@@ -1,0 +1,158 @@
+package indexer
+
+// Pieces: Index.ApplyBatch holds a partition's write lock for at most
+// Options.WriteChunk blocks at a time, so that a query waits for at most that
+// much work, not for a whole engine batch (an engine step stores up to a
+// chunked prefill's 512 blocks and evicts as many). Between chunks other
+// writers' chunks and queries run. A large op is applied in pieces of at
+// most that many blocks, with exactly the effect and the counts of the
+// whole op: the pieces of a store continue its chain (piece j's parent is
+// the last hash of piece j−1), a piece that fails ends the op with the
+// blocks left counted under its reason, redundancy is decided over the
+// whole op, and the pieces' errors are one OpError.
+
+// DefaultWriteChunk is Options.WriteChunk's default: the most blocks
+// Index.ApplyBatch applies under one hold of a partition's write lock (an
+// op of fewer blocks is not split, so a hold may cover up to
+// DefaultWriteChunk−1 more). 32 blocks take about 10 µs to apply.
+const DefaultWriteChunk = 32
+
+// pieces reports how many pieces op is applied in for rank r: 1 unless
+// it is a main-group store or remove of more than chunk blocks for a rank
+// without other KV-cache groups, in a tree without hybrid ranks, and
+// (for a store) passes the checks made on the whole op.
+func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
+	if t.hybrid > 0 || op.Group != (Group{}) || chunk <= 0 {
+		return 1
+	}
+	var n int
+	switch op.Kind {
+	case OpStore:
+		s := &op.Store
+		n = len(s.Hashes)
+		if n <= chunk {
+			return 1
+		}
+		if len(s.Tokens) > 0 || s.Tier == TierDevice { // not an offload
+			if s.BlockSize != t.blockSize || len(s.Tokens)/t.blockSize == 0 || t.selfReferencing(*s) {
+				return 1 // fails at once, whole
+			}
+		}
+	case OpRemove:
+		n = len(op.Remove.Hashes)
+		if n <= chunk {
+			return 1
+		}
+	default:
+		return 1
+	}
+	if rid, ok := t.rankIDs[r]; ok {
+		rs := &t.ranks[rid]
+		if rs.groups != nil || (rs.hasMain && rs.main.idx != 0) {
+			return 1
+		}
+	}
+	return (n + chunk - 1) / chunk
+}
+
+// applyPieces applies op for r in pieces of chunk blocks (pieces must
+// have said more than 1), calling yield between pieces. yield may let
+// other writers change the tree.
+func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
+	if op.Kind == OpRemove {
+		return t.removePieces(r, op.Remove, chunk, yield)
+	}
+	s := op.Store
+	n := len(s.Hashes)
+	offload := len(s.Tokens) == 0 && s.Tier != TierDevice
+	usable := n
+	if !offload {
+		usable = min(n, len(s.Tokens)/t.blockSize)
+	}
+	var merged *OpError
+	var red uint64
+	t.piece = true
+	defer func() { t.piece = false }()
+	for from := 0; from < usable; from += chunk {
+		if from > 0 {
+			t.piece = false
+			yield()
+			t.piece = true
+		}
+		to := min(from+chunk, usable)
+		p := s
+		p.Hashes = s.Hashes[from:to]
+		if from > 0 {
+			p.Parent, p.HasParent = s.Hashes[from-1], true
+		}
+		if !offload {
+			p.Tokens = s.Tokens[from*t.blockSize : to*t.blockSize]
+		}
+		t.pieceRed = 0
+		err := t.Apply(r, Op{Kind: OpStore, Store: p})
+		red += t.pieceRed
+		if err == nil {
+			continue
+		}
+		oe, ok := err.(*OpError)
+		if !ok {
+			return err
+		}
+		if !offload {
+			// The store ends here: the blocks left are skipped for the
+			// same reason, as the whole op would skip them.
+			rest := n - to
+			t.counts[oe.Reason] += uint64(rest)
+			oe.Blocks += rest
+			return oe
+		}
+		if merged == nil {
+			merged = oe
+		} else {
+			merged.Blocks += oe.Blocks
+		}
+	}
+	if usable < n {
+		return t.fail(r, ReasonShortTokens, s.Hashes[usable], n-usable)
+	}
+	if merged != nil {
+		return merged
+	}
+	if red == uint64(n) {
+		if rid, ok := t.rankIDs[r]; ok {
+			t.redundant += red
+			t.ranks[rid].redundant += red
+		}
+	}
+	return nil
+}
+
+// removePieces applies a main-group remove in pieces; a remove skips each
+// block it cannot apply and goes on, so the pieces' errors are summed.
+func (t *Tree) removePieces(r Rank, rm Removed, chunk int, yield func()) error {
+	var merged *OpError
+	for from := 0; from < len(rm.Hashes); from += chunk {
+		if from > 0 {
+			yield()
+		}
+		p := rm
+		p.Hashes = rm.Hashes[from:min(from+chunk, len(rm.Hashes))]
+		err := t.Apply(r, Op{Kind: OpRemove, Remove: p})
+		if err == nil {
+			continue
+		}
+		oe, ok := err.(*OpError)
+		if !ok {
+			return err
+		}
+		if merged == nil {
+			merged = oe
+		} else {
+			merged.Blocks += oe.Blocks
+		}
+	}
+	if merged != nil {
+		return merged
+	}
+	return nil
+}

@@ -1,0 +1,64 @@
+package indexbench
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/prefixd/prefixd/internal/sim/trace"
+)
+
+// The short form of `prefixd bench index`: the trace's first 3,000
+// requests on DefaultRecordConfig's 64 engines, recorded once.
+var short struct {
+	once sync.Once
+	rec  *Recording
+	err  error
+}
+
+func shortRecording(b *testing.B) *Recording {
+	b.Helper()
+	short.once.Do(func() {
+		reqs, err := trace.Mooncake()
+		if err != nil {
+			short.err = err
+			return
+		}
+		short.rec, short.err = Record(reqs[:3000], DefaultRecordConfig())
+	})
+	if short.err != nil {
+		b.Fatal(short.err)
+	}
+	return short.rec
+}
+
+// BenchmarkMooncake replays the short recording unpaced with GOMAXPROCS
+// sticky appliers and as many lookup goroutines, and reports ops/s (event
+// blocks applied + lookup blocks matched) and ops/s per core; then the
+// score latency at idle and under ingest (GOMAXPROCS − 1 appliers, at
+// least one).
+func BenchmarkMooncake(b *testing.B) {
+	rec := shortRecording(b)
+	cpus := runtime.GOMAXPROCS(0)
+	var ops int64
+	var secs float64
+	for b.Loop() {
+		res, err := Replay(context.Background(), rec, ReplayConfig{Appliers: cpus, Lookupers: cpus})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ops += res.Ops
+		secs += res.Elapsed.Seconds()
+	}
+	b.StopTimer()
+	l, err := Latency(context.Background(), rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: 10000})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportMetric(float64(ops)/secs, "ops/s")
+	b.ReportMetric(float64(ops)/secs/float64(cpus), "ops/s/core")
+	b.ReportMetric(float64(l.IdleP99.Nanoseconds()), "idle-p99-ns")
+	b.ReportMetric(float64(l.LoadP50.Nanoseconds()), "load-p50-ns")
+	b.ReportMetric(float64(l.LoadP99.Nanoseconds()), "load-p99-ns")
+}

@@ -1,0 +1,204 @@
+package indexbench
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"runtime"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prefixd/prefixd/internal/sim/trace"
+)
+
+// Options configure Run, what `prefixd bench index` runs. The zero value
+// is not valid; use NewOptions.
+type Options struct {
+	Record RecordConfig
+	// Requests limits the trace to its first Requests requests (0: all).
+	Requests int
+	// CPUs are the core counts (GOMAXPROCS) to run at, in order; at each,
+	// Appliers and Lookupers default to the core count.
+	CPUs                []int
+	Appliers, Lookupers int
+	// Rates are the offered loads in ops/s; empty: Fractions of the
+	// unpaced capacity measured first at each core count.
+	Rates     []float64
+	Fractions []float64
+	// Track: achieved tracks offered while achieved ≥ Track × offered.
+	Track      float64
+	IdleProbes int
+}
+
+// NewOptions returns the defaults: the whole Mooncake trace on
+// DefaultRecordConfig's engines, at 1 core and at every core of the
+// machine, offered 50 % to 160 % of the capacity.
+func NewOptions() Options {
+	cpus := []int{1}
+	if n := runtime.NumCPU(); n > 1 {
+		cpus = append(cpus, n)
+	}
+	return Options{Record: DefaultRecordConfig(), CPUs: cpus, Fractions: []float64{0.5, 0.7, 0.85, 1, 1.15, 1.3, 1.6},
+		Track: 0.95, IdleProbes: 20000}
+}
+
+// Validate reports the first option that cannot run.
+func (o Options) Validate() error {
+	if err := o.Record.Validate(); err != nil {
+		return err
+	}
+	switch {
+	case o.Requests < 0:
+		return fmt.Errorf("requests %d must not be negative", o.Requests)
+	case len(o.CPUs) == 0:
+		return errors.New("no core count to run at")
+	case o.Appliers < 0 || o.Lookupers < 0:
+		return fmt.Errorf("appliers %d and lookupers %d must not be negative", o.Appliers, o.Lookupers)
+	case len(o.Rates) == 0 && len(o.Fractions) == 0:
+		return errors.New("no offered load: give rates or fractions")
+	case o.Track <= 0 || o.Track > 1:
+		return fmt.Errorf("track %v: want a fraction in (0, 1]", o.Track)
+	case o.IdleProbes < 1:
+		return fmt.Errorf("idle probes %d must be positive", o.IdleProbes)
+	}
+	for _, c := range o.CPUs {
+		if c < 1 || c > 1<<12 {
+			return fmt.Errorf("core count %d: want 1 to 4,096", c)
+		}
+	}
+	for _, r := range o.Rates {
+		if !(r > 0 && r < 1e12) {
+			return fmt.Errorf("offered rate %v: want a positive rate below 10¹² ops/s", r)
+		}
+	}
+	for _, f := range o.Fractions {
+		if !(f > 0 && f < 100) {
+			return fmt.Errorf("fraction %v: want a positive factor below 100", f)
+		}
+	}
+	return nil
+}
+
+// Report is what Run measured at one core count.
+type Report struct {
+	CPUs      int
+	Capacity  Result   // unpaced
+	Points    []Result // by offered load, ascending
+	Threshold float64  // the highest offered load achieved within Track (0: none)
+	Latency   LatencyResult
+}
+
+// Run records the trace and, at each core count, measures the unpaced
+// capacity (and checks the index against the engines), sweeps the
+// offered load and times scores at idle and under ingest, writing the
+// tables to out as it goes. GOMAXPROCS is restored at the end.
+func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
+	if err := o.Validate(); err != nil {
+		return nil, err
+	}
+	p := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
+	reqs, err := trace.Mooncake()
+	if err != nil {
+		return nil, err
+	}
+	if o.Requests > 0 && o.Requests < len(reqs) {
+		reqs = reqs[:o.Requests]
+	}
+	c := o.Record
+	p("recording %d Mooncake requests on %d mock engines (%d GPU blocks of %d tokens each, prefix caching on)…\n",
+		len(reqs), c.Engines, c.GPUBlocks, c.BlockSize)
+	t0 := time.Now()
+	rec, err := Record(reqs, c)
+	if err != nil {
+		return nil, err
+	}
+	p("recorded in %v: %s events (%s blocks stored, %s removed) in %s batches, %s lookup blocks, trace span %v; %s ops per replay\n\n",
+		time.Since(t0).Round(time.Millisecond), count(int64(rec.Events)), count(rec.StoredBlocks), count(rec.RemovedBlocks),
+		count(int64(batches(rec))), count(rec.LookupBlocks), rec.Span.Round(time.Second), count(rec.Ops()))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	var reports []Report
+	for _, cpus := range o.CPUs {
+		runtime.GOMAXPROCS(cpus)
+		rp := Report{CPUs: cpus}
+		appl, look := cmpOr(o.Appliers, cpus), cmpOr(o.Lookupers, cpus)
+		cfg := ReplayConfig{Appliers: appl, Lookupers: look}
+		runtime.GC()
+		if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
+			return reports, err
+		}
+		if err := Verify(rec, rp.Capacity.Index); err != nil {
+			return reports, err
+		}
+		rp.Capacity.Index = nil
+		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines\n", cpus, appl, look)
+		p("  unpaced: %s ops/s (%s per core) in %v; index equal to the engines' caches\n",
+			mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond))
+		rates := slices.Clone(o.Rates)
+		if len(rates) == 0 {
+			for _, f := range o.Fractions {
+				rates = append(rates, f*rp.Capacity.Achieved)
+			}
+		}
+		slices.Sort(rates)
+		p("  %-14s %-14s %-9s %-10s %-10s\n", "offered ops/s", "achieved ops/s", "achieved", "lag p50", "lag p99")
+		for _, r := range rates {
+			cfg.Offered = r
+			runtime.GC()
+			res, err := Replay(ctx, rec, cfg)
+			if err != nil {
+				return reports, err
+			}
+			res.Index = nil
+			rp.Points = append(rp.Points, res)
+			if res.Achieved >= o.Track*r {
+				rp.Threshold = max(rp.Threshold, r)
+			}
+			p("  %-14s %-14s %-9s %-10v %-10v\n", mops(r), mops(res.Achieved), fmt.Sprintf("%.0f %%", 100*res.Achieved/r),
+				res.LagP50.Round(time.Microsecond), res.LagP99.Round(time.Microsecond))
+		}
+		p("  achieved tracks offered (≥ %.0f %%) up to %s ops/s = %s per core\n", 100*o.Track, mops(rp.Threshold), mops(rp.Threshold/float64(cpus)))
+		runtime.GC()
+		rp.Latency, err = Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes})
+		if err != nil {
+			return reports, err
+		}
+		l := rp.Latency
+		p("  score (%d tokens, hash + match): idle p50 %v p99 %v; under ingest (%d appliers, %s blocks/s) p50 %v p99 %v (%.1f× idle p99)\n\n",
+			PromptTokens, l.IdleP50, l.IdleP99, max(1, cpus-1), mops(l.IngestRate), l.LoadP50, l.LoadP99, float64(l.LoadP99)/float64(l.IdleP99))
+		reports = append(reports, rp)
+	}
+	return reports, nil
+}
+
+func cmpOr(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
+}
+
+func batches(rec *Recording) int {
+	n := 0
+	for _, bs := range rec.Batches {
+		n += len(bs)
+	}
+	return n
+}
+
+// mops formats a rate in millions.
+func mops(r float64) string { return fmt.Sprintf("%.2fM", r/1e6) }
+
+// count formats n with thousands separators.
+func count(n int64) string {
+	s := fmt.Sprint(n)
+	var b strings.Builder
+	for i, c := range s {
+		if i > 0 && (len(s)-i)%3 == 0 && s[0] != '-' {
+			b.WriteByte(',')
+		}
+		b.WriteRune(c)
+	}
+	return b.String()
+}
