@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"net/url"
 	"os"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/internal/daemon"
@@ -31,13 +33,14 @@ type serveOptions struct {
 	disagg       disaggFlags
 	temperature  float64
 	predictedTTL time.Duration
+	overlap      float64
 	logLevel     string
 	maxMessage   int64
 	handshake    time.Duration
 }
 
 func newServeOptions() *serveOptions {
-	return &serveOptions{etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
+	return &serveOptions{overlap: coordinator.DefaultOverlapWeight, etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
 }
 
@@ -53,6 +56,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	o.disagg.AddFlags(fs)
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
+	fs.Float64Var(&o.overlap, "overlap-weight", o.overlap, "the cost function's credit per cached block (Dynamo's overlap_score_weight, whose default is 1; a request's router_config_override still wins)")
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
@@ -114,6 +118,9 @@ func (o *serveOptions) Validate() error {
 	if _, err := o.disagg.coordinator(); err != nil {
 		return err
 	}
+	if !(o.overlap >= 0) || math.IsInf(o.overlap, 0) {
+		return fmt.Errorf("--overlap-weight %v: want a finite weight ≥ 0", o.overlap)
+	}
 	if o.predictedTTL < 0 || o.predictedTTL > time.Hour {
 		return fmt.Errorf("--predicted-ttl %v: want 0 (off) to 1h", o.predictedTTL)
 	}
@@ -149,7 +156,7 @@ func newServeCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
-				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, ReadyTimeout: o.readyTimeout, Logger: log,
+				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}

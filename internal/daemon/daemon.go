@@ -76,6 +76,9 @@ type Config struct {
 	Coordinator coordinator.CoordinatorConfig
 	// Temperature is the default selection temperature (0 = argmin).
 	Temperature float64
+	// OverlapWeight is the cost function's default credit per cached
+	// block; nil is coordinator.DefaultOverlapWeight.
+	OverlapWeight *float64
 	// PredictedTTL, when positive, turns booking predictions on: every
 	// booking's prompt counts as cached on its worker for this long, or
 	// until the worker's events arrive (indexer.Predictions); /query
@@ -196,6 +199,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	streams := stream.NewManager(ix, subCfg, log)
 	pcfg := coordinator.DefaultPoolConfig()
+	pcfg.Options = coordinator.ServedOptions()
+	if cfg.OverlapWeight != nil {
+		pcfg.Options.OverlapCredit = *cfg.OverlapWeight
+	}
 	pcfg.Options.Temperature = cfg.Temperature
 	var pred *indexer.Predictions
 	if cfg.PredictedTTL > 0 {

@@ -111,7 +111,7 @@ type Config struct {
 	// Speedup compresses the trace's arrival times (2: twice the load).
 	Speedup float64
 	// Options is the cost function of the KV-aware policies (prefixd's
-	// serving defaults: coordinator.DefaultOptions).
+	// serving defaults: coordinator.ServedOptions).
 	Options coordinator.Options
 	// PredictedTTL is PrefixdPredicted's prediction lifetime; ApproxTTL
 	// the lifetime of Approx's router-side guess.
@@ -125,7 +125,7 @@ type Config struct {
 // prompts each), on the H100 Llama-3.1-8B timing.
 func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
-		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.DefaultOptions(),
+		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
 		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1}
 }
 
