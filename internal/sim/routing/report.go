@@ -7,6 +7,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/prefixd/prefixd/coordinator"
 )
 
 // Report is a sweep's results with what produced them (the JSON output).
@@ -147,7 +149,7 @@ func (rep Report) WriteTable(w io.Writer) error {
 		}
 	}
 	if len(rep.Weights) > 0 {
-		b.WriteString("\nOverlap weight (the cost function's credit per cached block; 1 is the default):\n\n")
+		fmt.Fprintf(&b, "\nOverlap weight (the cost function's credit per cached block; prefixd serves %g, Dynamo's default is 1):\n\n", float64(coordinator.DefaultOverlapWeight))
 		b.WriteString("| policy | weight | load | hit rate | TTFT p50 | p99 | E2E p50 | imbalance |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
 		for _, r := range rep.Weights {
 			fmt.Fprintf(&b, "| %s | %g | ×%g | %.1f %% | %s | %s | %s | %.2f |\n", r.Policy, r.Weight, r.Speedup, 100*r.HitRate,

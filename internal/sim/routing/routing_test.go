@@ -35,9 +35,10 @@ func sliceOf(t *testing.T) ([]trace.Request, [][]uint32) {
 
 // TestCISlice runs every policy on the slice at the trace's load and at
 // four times it, and checks the relations that must hold: every request
-// completes, the oracle's hit rate is at least every policy's, prefixd's
-// beats random's and least-loaded's, its bookings all return, and the
-// index applied every batch.
+// completes, the oracle's hit rate is at least that of every policy that
+// credits no more than the engines' truth, prefixd's beats random's and
+// least-loaded's, its bookings all return, and the index applied every
+// batch.
 func TestCISlice(t *testing.T) {
 	reqs, prompts := sliceOf(t)
 	results, err := Sweep(context.Background(), DefaultConfig(), reqs, prompts, Policies, []float64{1, 4}, 0, nil)
@@ -64,7 +65,13 @@ func TestCISlice(t *testing.T) {
 			if r.Index != nil && (r.Index.ApplyErrors != 0 || r.Index.Events == 0) {
 				t.Errorf("×%g %s: index %+v", sp, p, *r.Index)
 			}
-			if r.HitRate > by[Oracle].HitRate {
+			// The oracle is the cost function over the engines' true
+			// caches: no policy that knows less, or routes without it,
+			// beats its hit rate. Approx and PrefixdPredicted credit
+			// blocks beyond the truth (routed, or booked and still
+			// pending): they can, and do here at ×4 and on the whole
+			// trace at ×16 (docs/benchmarks.md).
+			if p != Approx && p != PrefixdPredicted && r.HitRate > by[Oracle].HitRate {
 				t.Errorf("×%g: %s's hit rate %.4f beats the oracle's %.4f", sp, p, r.HitRate, by[Oracle].HitRate)
 			}
 			if r.TTFT.P50 <= 0 || r.TTFT.P99 < r.TTFT.P50 || r.E2E.P50 < r.TTFT.P50 {
