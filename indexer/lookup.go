@@ -32,9 +32,10 @@ import (
 // slot. The hash is a seeded mix of the key, the seed random per table and
 // renewed by every rebuild, so crafted engine hashes cannot pile up. A
 // table holds at most 7/8 of its slots in entries and tombstones; past
-// that it is rebuilt, a quarter larger unless the entries fill at most
-// 15/16 of that (the rest tombstones).
-// It shrinks only when reset.
+// that it is rebuilt with the same size if the entries fill less than
+// 15/16 of that (the rest tombstones), else larger: twice as large up to
+// 32 groups, then a quarter larger (lookupGrow). It shrinks only when
+// reset.
 //
 // lookup is not safe for concurrent use; get may run concurrently with
 // other gets.
@@ -165,7 +166,7 @@ func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
 	if lk.left == 0 {
 		size := len(lk.ctrl)
 		if lk.n >= size*8*7/8*15/16 { // too few tombstones to make room: grow
-			size = max(size+size/4, size+1)
+			size = lookupGrow(size)
 		}
 		lk.rebuild(t, rid, size, r)
 	}
@@ -173,6 +174,16 @@ func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
 		lk.left--
 	}
 	lk.n++
+}
+
+// lookupGrow returns the group count after groups: double up to 32
+// groups (256 slots, where rebuilding often costs more than the room),
+// then a quarter more.
+func lookupGrow(groups int) int {
+	if groups < 32 {
+		return max(2*groups, 1)
+	}
+	return groups + groups/4
 }
 
 // place puts x → r into the first free slot of its probe and reports

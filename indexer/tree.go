@@ -765,14 +765,7 @@ func (t *Tree) clearRank(rid uint32) {
 // clearMain drops rid's tree holdings (its main group's blocks).
 func (t *Tree) clearMain(rid uint32) {
 	lk := &t.ranks[rid].lookup
-	t.touched = t.touched[:0]
-	lk.each(func(r ref) {
-		if k := len(t.touched); k == 0 || t.touched[k-1] != r.node {
-			t.touched = append(t.touched, r.node)
-		}
-	})
-	slices.Sort(t.touched)
-	t.touched = slices.Compact(t.touched)
+	t.touched = append(t.touched[:0], t.lookupNodes(lk)...)
 	lk.reset() // removeHolder's deletes then find nothing
 	for _, id := range t.touched {
 		if h := t.holderIndex(id, rid); h >= 0 {
