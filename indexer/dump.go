@@ -260,7 +260,7 @@ func (t *Tree) restoreGroups(s *Snapshot) error {
 	}
 	for rid := range t.ranks {
 		rs := &t.ranks[rid]
-		if len(rs.lookup) > 0 && !rs.hasMain {
+		if rs.lookup.len() > 0 && !rs.hasMain {
 			if t.group(uint32(rid), 0, nil, 0) != nil {
 				return fmt.Errorf("restore: rank %v holds blocks but has no main group", rs.rank)
 			}
@@ -268,13 +268,13 @@ func (t *Tree) restoreGroups(s *Snapshot) error {
 		}
 		if rg := rs.groups; rg != nil && rg.entries > 0 {
 			rg.orphans = rg.entries
-			for x, rf := range rs.lookup {
+			t.eachEntry(uint32(rid), func(x uint64, rf ref) {
 				l := t.locOf(rf)
 				n := &t.nodes[l.node]
 				m := t.groupMask(rg, x)
 				t.setBits(l.node, int(l.pos)*len(n.hold)+t.holderIndex(l.node, uint32(rid)), m)
 				rg.orphans -= bits.OnesCount64(m)
-			}
+			})
 			t.norphans += rg.orphans
 		}
 	}
@@ -409,7 +409,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 			t.nodes[nid].hold[h].pext, t.nodes[nid].hold[h].hasP = ev.ParentHash, ev.HasParent
 		}
 		rs := &t.ranks[rid]
-		lk := rs.lookup
+		lk := &rs.lookup
 		n := &t.nodes[nid]
 		H := len(n.hold)
 		for j, b := range ev.Blocks {
@@ -417,7 +417,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 			if pos != int(n.hold[h].cut) {
 				return nil, fmt.Errorf("restore: rank %v holds node %d from position %d, not a prefix", ev.Rank, ev.Node, pos)
 			}
-			if _, dup := lk[b.Hash]; dup {
+			if _, dup := lk.get(t, rid, b.Hash); dup {
 				return nil, fmt.Errorf("restore: rank %v holds hash %#x twice", ev.Rank, b.Hash)
 			}
 			i := pos*H + h
@@ -435,8 +435,8 @@ func Restore(s *Snapshot) (*Tree, error) {
 			if n.cnt[i] == 0 {
 				return nil, fmt.Errorf("restore: rank %v block %#x has no copies", ev.Rank, b.Hash)
 			}
-			lk[b.Hash] = ref{nid, n.depth + uint32(pos)}
-			n.hold[h].cut++
+			n.hold[h].cut++ // before the insert, which may read the tree
+			lk.insert(t, rid, b.Hash, ref{nid, n.depth + uint32(pos)})
 			t.entries++
 		}
 	}

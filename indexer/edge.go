@@ -109,14 +109,15 @@ func (t *Tree) replaceChild(old, nw uint32) {
 }
 
 // rewriteRefs points every holder's lookup entries for id's blocks
-// [from, to) at id.
-func (t *Tree) rewriteRefs(id uint32, from, to int) {
+// [from, to), which were node old's, at id.
+func (t *Tree) rewriteRefs(id, old uint32, from, to int) {
 	n := &t.nodes[id]
 	H := len(n.hold)
 	for h := range n.hold {
-		lk := t.ranks[n.hold[h].rid].lookup
+		lk := &t.ranks[n.hold[h].rid].lookup
 		for j := from; j < min(to, int(n.hold[h].cut)); j++ {
-			lk[n.ext[j*H+h]] = ref{id, n.depth + uint32(j)}
+			d := n.depth + uint32(j)
+			lk.set(n.ext[j*H+h], ref{old, d}, ref{id, d})
 		}
 	}
 }
@@ -198,7 +199,7 @@ func (t *Tree) removeHolder(id uint32, h int) {
 				rs.tiers[tier]--
 			}
 		}
-		delete(rs.lookup, x)
+		rs.lookup.del(x, ref{id, n.depth + uint32(j)})
 	}
 	t.entries -= int(hd.cut)
 	n.hold = slices.Delete(n.hold, h, h+1)
@@ -383,7 +384,7 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 		t.link(nid, id)
 		upper, lower = nid, id
 	}
-	t.rewriteRefs(nid, 0, len(t.nodes[nid].hashes))
+	t.rewriteRefs(nid, id, 0, len(t.nodes[nid].hashes))
 	return upper, lower
 }
 
@@ -467,12 +468,12 @@ func (t *Tree) merge(id, c uint32) uint32 {
 	if keepN {
 		t.moveChildren(c, id)
 		t.setEdge(id, &e)
-		t.rewriteRefs(id, L1, L1+L2)
+		t.rewriteRefs(id, c, L1, L1+L2)
 	} else {
 		keep, gone = c, id
 		t.setEdge(c, &e)
 		t.replaceChild(id, c)
-		t.rewriteRefs(c, 0, L1)
+		t.rewriteRefs(c, id, 0, L1)
 	}
 	t.nodes[gone] = node{}
 	t.free = append(t.free, gone)

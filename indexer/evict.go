@@ -246,10 +246,11 @@ func (t *Tree) trimMain(rid uint32, tier Tier, need int) int {
 		}
 	}
 	t.localBuf = victims
-	lk := t.ranks[rid].lookup
+	lk := &t.ranks[rid].lookup
 	for _, x := range victims {
 		t.clearGroupTier(rid, x, tier)
-		l := t.locOf(lk[x])
+		xr, _ := lk.get(t, rid, x)
+		l := t.locOf(xr)
 		h := t.holderIndex(l.node, rid)
 		t.clearTier(l.node, h, l.pos, tier)
 		if n := &t.nodes[l.node]; n.cnt[int(l.pos)*len(n.hold)+h] == 0 {

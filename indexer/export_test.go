@@ -41,7 +41,7 @@ func CheckGroupBits(t *Tree) error {
 		n := 0
 		for i := range rs.groups.list {
 			for x := range rs.groups.list[i].blocks {
-				if _, ok := rs.lookup[x]; !ok {
+				if _, ok := rs.lookup.get(t, uint32(rid), x); !ok {
 					n++
 				}
 			}

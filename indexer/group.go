@@ -369,7 +369,7 @@ func (t *Tree) demoteMain(rid uint32) {
 	trunc := rs.truncated
 	if gs != nil && gs.tracked {
 		rg := rs.groups
-		for x, rf := range rs.lookup {
+		t.eachEntry(rid, func(x uint64, rf ref) {
 			l := t.locOf(rf)
 			h := t.holderIndex(l.node, rid)
 			var v uint64
@@ -387,8 +387,8 @@ func (t *Tree) demoteMain(rid uint32) {
 			gs.blocks[x] = v
 			rg.entries++
 			t.gentries++
-		}
-	} else if len(rs.lookup) > 0 {
+		})
+	} else if rs.lookup.len() > 0 {
 		trunc = true // no room for the group: its blocks are dropped
 	}
 	t.clearMain(rid)
@@ -504,7 +504,7 @@ func (t *Tree) setBits(id uint32, i int, m uint64) {
 // x, or, if the main group does not hold x, counts the orphan.
 func (t *Tree) flipBit(rid uint32, x uint64, bit uint8, on bool) {
 	rs := &t.ranks[rid]
-	rf, ok := rs.lookup[x]
+	rf, ok := rs.lookup.get(t, rid, x)
 	if !ok {
 		d := -1
 		if on {
@@ -582,7 +582,7 @@ func (t *Tree) dropOrphans(budget int, rid int, tier Tier, all bool) int {
 				if dropped >= budget || rg.orphans == 0 {
 					break
 				}
-				if _, ok := rs.lookup[x]; ok {
+				if _, ok := rs.lookup.get(t, uint32(id), x); ok {
 					continue
 				}
 				if all {
@@ -610,7 +610,7 @@ func (t *Tree) Groups(r Rank) []GroupState {
 	var out []GroupState
 	if rs.hasMain {
 		out = append(out, GroupState{Idx: rs.main.idx, Attention: rs.main.att, Kind: rs.main.kind, Window: rs.main.window,
-			Main: true, Tracked: true, Blocks: len(rs.lookup), Tiers: rs.tiers})
+			Main: true, Tracked: true, Blocks: rs.lookup.len(), Tiers: rs.tiers})
 	}
 	if rs.groups != nil {
 		for i := range rs.groups.list {

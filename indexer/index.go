@@ -699,7 +699,7 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 	}
 	rs := &t.ranks[rid]
 	deg, why := rs.degradedState()
-	return RankState{Blocks: len(rs.lookup), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
+	return RankState{Blocks: rs.lookup.len(), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
 		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why,
 		RedundantBlocks: rs.redundant}, nil
 }

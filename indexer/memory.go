@@ -3,14 +3,14 @@ package indexer
 import "math"
 
 // MemoryPerEntry is the memory MaxEntriesForMemory budgets per indexed
-// (block, rank) entry, in bytes: 288. It is
+// (block, rank) entry, in bytes: 244. It is
 //
-//   - 72 B of live heap per entry: the most measured on any benchmark
-//     workload (BenchmarkLLMDCompareScore, 65,536 unrelated 16-block
-//     chains, the tree's worst shape; the default chat workload takes 60
-//     B, BenchmarkMemory), which includes the tree's overheads (nodes,
-//     holders, slice capacity, the children map and the per-rank lookup
-//     maps at their load factor);
+//   - 50 B of live heap per entry: the most measured on any benchmark
+//     workload, rounded up (48.6 B on BenchmarkLLMDCompareScore, 65,536
+//     unrelated 16-block chains, the tree's worst shape; the default chat
+//     workload takes 36.4 B, BenchmarkMemory), which includes the tree's
+//     overheads (nodes, holders, slice capacity, the children map and the
+//     per-rank lookup tables at their load);
 //   - plus 2 × 36 B: two /dump snapshots in flight at once (the default
 //     concurrency; BenchmarkDump measures 32.5 B of snapshot and 34 B
 //     allocated per entry);
@@ -20,7 +20,7 @@ import "math"
 //
 // It does not cover the rest of the daemon (streams, HTTP buffers, the
 // Go runtime): give MaxEntriesForMemory the index's share of the memory.
-const MemoryPerEntry = (72 + 2*36) * 2
+const MemoryPerEntry = (50 + 2*36) * 2
 
 // MaxEntriesForMemory returns the Options.MaxEntries that keeps an index
 // (with its dumps and garbage-collector headroom) within budget bytes:

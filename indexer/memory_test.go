@@ -14,7 +14,7 @@ func TestMaxEntriesForMemory(t *testing.T) {
 		want   int
 	}{
 		{-1, 0}, {0, 0}, {1, 1}, {indexer.MemoryPerEntry, 1}, {2*indexer.MemoryPerEntry - 1, 1},
-		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 288}, {1 << 62, (1 << 62) / 288},
+		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 244}, {1 << 62, (1 << 62) / 244},
 	} {
 		if got := indexer.MaxEntriesForMemory(c.budget); got != c.want {
 			t.Errorf("MaxEntriesForMemory(%d) = %d, want %d", c.budget, got, c.want)
@@ -29,7 +29,7 @@ func TestMaxEntriesForMemory(t *testing.T) {
 func TestMaxEntriesForMemoryFitsBudget(t *testing.T) {
 	const budget = 16 << 20
 	cfg := workload.DefaultConfig()
-	cfg.Workers, cfg.RankCapacityBlocks = 16, 16384
+	cfg.Workers, cfg.RankCapacityBlocks = 32, 16384
 	cfg.TargetEntries, cfg.ChurnBlocks = 4*budget/indexer.MemoryPerEntry, 50_000
 	events, bs := func() ([]workload.Event, int) { // only the events stay live
 		w, err := workload.Generate(cfg)
@@ -67,3 +67,42 @@ func TestMaxEntriesForMemoryFitsBudget(t *testing.T) {
 }
 
 func heapNow() int64 { return heapAfterGC() }
+
+// TestStatsBytesTracksHeap checks Tree.Stats().Bytes, the estimate the
+// memory cap's budget rests on, against the live heap the tree adds, on
+// the chat workload (filled, then churned at full caches) and on the
+// llm-d comparison's unrelated chains (the tree's worst shape): within
+// 80–110 % of the measured heap.
+func TestStatsBytesTracksHeap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds two indexes of 10⁵–10⁶ entries")
+	}
+	chat := workload.DefaultConfig()
+	chat.Workers, chat.TargetEntries, chat.ChurnBlocks = 16, 200_000, 200_000
+	w, err := workload.Generate(chat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		w    *workload.Workload
+	}{{"chat", w}, {"llmd", workload.LLMDCompare(1)}} {
+		base := heapNow()
+		tree := indexer.NewTree(c.w.BlockSize)
+		for i, e := range c.w.Events {
+			if err := tree.Apply(e.Rank, e.Op); err != nil {
+				t.Fatalf("%s: event %d: %v", c.name, i, err)
+			}
+		}
+		heap := heapNow() - base
+		s := tree.Stats()
+		ratio := float64(s.Bytes) / float64(heap)
+		t.Logf("%s: %d entries, heap %.1f B/entry, estimate %.1f B/entry (%.2f)",
+			c.name, s.Entries, float64(heap)/float64(s.Entries), float64(s.Bytes)/float64(s.Entries), ratio)
+		if ratio < 0.8 || ratio > 1.1 {
+			t.Errorf("%s: Stats().Bytes = %d, %.2f × the measured heap %d", c.name, s.Bytes, ratio, heap)
+		}
+		runtime.KeepAlive(tree)
+		runtime.KeepAlive(c.w)
+	}
+}

@@ -119,6 +119,7 @@ type node struct {
 	prev   uint32
 	stamp  uint32   // LRU clock of the last store or match (atomic when matched)
 	depth  uint32   // blocks from the root to this edge's first block
+	mark   uint32   // Tree.markEpoch when lookupNodes last listed the node (in padding: free)
 	hashes []uint64 // local hashes along the edge; empty only at the root
 	hold   []holder // sorted by rid
 	ext    []uint64 // block-major: ext[j*H+h] is holder h's engine hash of block j (0 past its cut)
@@ -133,7 +134,7 @@ type node struct {
 
 type rankState struct {
 	rank   Rank
-	lookup map[uint64]ref // engine hash → block
+	lookup lookup // engine hash → block
 	seq    uint64
 	hasSeq bool
 	// digest identifies the batch applied as seq (the stream layer's xxh3
@@ -226,8 +227,11 @@ type Tree struct {
 	pieceRed uint64
 	localBuf []uint64
 	touched  []uint32
-	sortBuf  []uint64
-	trimBuf  []trimCand
+	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
+	markEpoch uint32
+	lookupBuf []uint32
+	sortBuf   []uint64
+	trimBuf   []trimCand
 }
 
 // NewTree returns an empty tree for blocks of blockSize tokens.
@@ -301,7 +305,9 @@ func (t *Tree) Stats() TreeStats {
 		n := &t.nodes[i]
 		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32 + int64(cap(n.gb))*8
 	}
-	b += int64(t.entries) * 30  // rank lookups: 16-byte slots
+	for i := range t.ranks {
+		b += int64(cap(t.ranks[i].lookup.ctrl))*8 + int64(cap(t.ranks[i].lookup.refs))*8 // rank lookups: 9-byte slots
+	}
 	b += int64(t.nnodes) * 40   // children map: 24-byte slots
 	b += int64(t.gentries) * 30 // group sets: 16-byte slots
 	return TreeStats{Entries: t.entries + t.gentries, GroupEntries: t.gentries, Blocks: t.blocks, Nodes: t.nnodes, Ranks: len(t.rankIDs), Bytes: b}
@@ -311,7 +317,7 @@ func (t *Tree) Stats() TreeStats {
 // KV-cache group (see Groups for the others).
 func (t *Tree) RankBlocks(r Rank) int {
 	if rid, ok := t.rankIDs[r]; ok {
-		return len(t.ranks[rid].lookup)
+		return t.ranks[rid].lookup.len()
 	}
 	return 0
 }
@@ -331,7 +337,7 @@ func (t *Tree) Holds(r Rank, h uint64) (counts [NumTiers]uint32, ok bool) {
 	if !ok {
 		return counts, false
 	}
-	r0, ok := t.ranks[rid].lookup[h]
+	r0, ok := t.ranks[rid].lookup.get(t, rid, h)
 	if !ok {
 		return counts, false
 	}
@@ -426,7 +432,7 @@ func (t *Tree) rankID(r Rank) uint32 {
 		return rid
 	}
 	rid := allocSlot(&t.ranks, &t.freeRanks)
-	t.ranks[rid] = rankState{rank: r, lookup: make(map[uint64]ref)}
+	t.ranks[rid] = rankState{rank: r}
 	t.rankIDs[r] = rid
 	return rid
 }
@@ -475,11 +481,11 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	if !known {
 		rid = t.rankID(r)
 	}
-	lk := t.ranks[rid].lookup
+	lk := &t.ranks[rid].lookup
 	cur := loc{0, ^uint32(0)} // the last placed block; at the root, before its (empty) edge
 	prevExt, hasPrev := s.Parent, s.HasParent
 	if s.HasParent {
-		pr, ok := lk[s.Parent]
+		pr, ok := lk.get(t, rid, s.Parent)
 		if !ok {
 			return t.fail(r, ReasonParentNotFound, s.Parent, len(s.Hashes))
 		}
@@ -495,7 +501,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	var err error
 	for i := 0; i < usable; i++ {
 		x := s.Hashes[i]
-		if xr, ok := lk[x]; ok {
+		if xr, ok := lk.get(t, rid, x); ok {
 			// A copy of a block the rank holds: it must be the next block.
 			l := t.locOf(xr)
 			if !t.isNext(cur, l, local[i]) {
@@ -535,7 +541,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 		t.ranks[rid].tiers[s.Tier]++
 		n.hold[h].cut++
 		t.entries++
-		lk[x] = ref{tgt.node, n.depth + tgt.pos}
+		lk.insert(t, rid, x, ref{tgt.node, n.depth + tgt.pos})
 		t.afterCount(tgt, h)
 		if k := len(t.touched); k == 0 || t.touched[k-1] != tgt.node {
 			t.touched = append(t.touched, tgt.node)
@@ -646,10 +652,10 @@ func (t *Tree) offload(r Rank, rid uint32, known bool, s Stored) error {
 	if !known {
 		return t.fail(r, ReasonOffloadUnknown, s.Hashes[0], len(s.Hashes))
 	}
-	lk := t.ranks[rid].lookup
+	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for _, x := range s.Hashes {
-		xr, ok := lk[x]
+		xr, ok := lk.get(t, rid, x)
 		if !ok {
 			if missing == 0 {
 				first = x
@@ -682,10 +688,10 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 		}
 		return t.fail(r, ReasonBlockNotFound, rm.Hashes[0], len(rm.Hashes))
 	}
-	lk := t.ranks[rid].lookup
+	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for _, x := range rm.Hashes {
-		xr, ok := lk[x]
+		xr, ok := lk.get(t, rid, x)
 		h := -1
 		var l loc
 		if ok {
@@ -722,7 +728,7 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	}
 	n := &t.nodes[id]
 	i := int(l.pos)*len(n.hold) + h
-	delete(t.ranks[rid].lookup, n.ext[i])
+	t.ranks[rid].lookup.del(n.ext[i], ref{id, n.depth + l.pos})
 	n.ext[i], n.cnt[i] = 0, 0
 	if n.gb != nil {
 		t.adoptOrphans(rid, n.gb[i])
@@ -758,18 +764,14 @@ func (t *Tree) clearRank(rid uint32) {
 
 // clearMain drops rid's tree holdings (its main group's blocks).
 func (t *Tree) clearMain(rid uint32) {
-	lk := t.ranks[rid].lookup
-	t.touched = t.touched[:0]
-	for _, l := range lk {
-		if !t.nodes[l.node].live {
-			continue
-		}
-		if h := t.holderIndex(l.node, rid); h >= 0 {
-			t.removeHolder(l.node, h) // deletes its entries from lk
-			t.touched = append(t.touched, l.node)
+	lk := &t.ranks[rid].lookup
+	t.touched = append(t.touched[:0], t.lookupNodes(lk)...)
+	lk.reset() // removeHolder's deletes then find nothing
+	for _, id := range t.touched {
+		if h := t.holderIndex(id, rid); h >= 0 {
+			t.removeHolder(id, h)
 		}
 	}
-	clear(lk)
 	for _, id := range t.touched {
 		t.tidy(id)
 	}
