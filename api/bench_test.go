@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -317,5 +319,27 @@ func BenchmarkDecodePlan8K(b *testing.B) {
 		if _, err := decodeJSON(body, &req, nil, defaultHot(&req.Prompt)...); err != nil || len(req.TokenIDs) != 8192 {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkDecodeQueryByHash8K is /query_by_hash's body decoding alone:
+// the 512 local block hashes of the 8,192-token prompt, as the signed
+// int64 values Dynamo sends (19–20 characters each).
+func BenchmarkDecodeQueryByHash8K(b *testing.B) {
+	_, p := benchIndex(b)
+	var hs []string
+	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
+		hs = append(hs, strconv.FormatInt(int64(h), 10))
+	}
+	body := []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	var dst []uint64
+	for b.Loop() {
+		_, got, err := decodeQueryByHash(body, dst[:0], DefaultMaxBlockHashes)
+		if err != nil || len(got) != 512 {
+			b.Fatal(err)
+		}
+		dst = got
 	}
 }

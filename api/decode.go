@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"math/bits"
 	"net"
 	"net/http"
 	"reflect"
@@ -489,13 +490,23 @@ func (l *lexer) number() (raw []byte, isInt bool, problem string) {
 }
 
 // parseDigits parses a run of decimal digits; ok is false on overflow.
+// Up to 19 digits cannot overflow (10^19 − 1 < 2^64), so they take no
+// check; longer runs (a block hash is often 20) check each step with
+// bits.Mul64 and bits.Add64 rather than a division per digit.
 func parseDigits(b []byte) (v uint64, ok bool) {
+	if len(b) <= 19 {
+		for _, c := range b {
+			v = v*10 + uint64(c-'0')
+		}
+		return v, true
+	}
 	for _, c := range b {
-		d := uint64(c - '0')
-		if v > (math.MaxUint64-d)/10 {
+		hi, lo := bits.Mul64(v, 10)
+		lo, carry := bits.Add64(lo, uint64(c-'0'), 0)
+		if hi|carry != 0 {
 			return 0, false
 		}
-		v = v*10 + d
+		v = lo
 	}
 	return v, true
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -499,9 +500,25 @@ func TestParseDigits(t *testing.T) {
 		in string
 		v  uint64
 		ok bool
-	}{{"0", 0, true}, {"18446744073709551615", math.MaxUint64, true}, {"18446744073709551616", 0, false}, {"99999999999999999999", 0, false}} {
+	}{{"0", 0, true}, {"18446744073709551615", math.MaxUint64, true}, {"18446744073709551616", 0, false}, {"99999999999999999999", 0, false},
+		{"9999999999999999999", 9999999999999999999, true}, {"00000000000000000000001", 1, true}, {"184467440737095516150", 0, false}} {
 		if v, ok := parseDigits([]byte(c.in)); v != c.v || ok != c.ok {
 			t.Errorf("%s: %d %v", c.in, v, ok)
+		}
+	}
+	// Against strconv on random runs of 1 to 24 digits, around 2^64.
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 20000 {
+		b := make([]byte, 1+rng.IntN(24))
+		for i := range b {
+			b[i] = byte('0' + rng.IntN(10))
+		}
+		if len(b) == 20 && rng.IntN(2) == 0 {
+			copy(b, "1844674407370955161") // near the limit
+		}
+		want, err := strconv.ParseUint(string(b), 10, 64)
+		if v, ok := parseDigits(b); ok != (err == nil) || (ok && v != want) {
+			t.Fatalf("%s: %d %v, strconv %d %v", b, v, ok, want, err)
 		}
 	}
 }
