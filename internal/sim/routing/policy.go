@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"encoding/binary"
 	"slices"
 
@@ -74,15 +75,7 @@ func newRing(s *sim, perEngine int) *ring {
 			pts = append(pts, pt{xxh3.Hash(buf[:]), e})
 		}
 	}
-	slices.SortFunc(pts, func(a, b pt) int {
-		switch {
-		case a.h < b.h:
-			return -1
-		case a.h > b.h:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(pts, func(a, b pt) int { return cmp.Compare(a.h, b.h) })
 	r := &ring{s: s}
 	for _, p := range pts {
 		r.points, r.owner = append(r.points, p.h), append(r.owner, p.e)

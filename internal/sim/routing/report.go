@@ -54,7 +54,7 @@ const kneeFraction = 0.9
 func NewReport(traceName string, requests int, cfg Config, results []Result) Report {
 	prefill := 0
 	if slices.ContainsFunc(results, func(r Result) bool { return r.Policy == Disagg }) {
-		prefill = cmpOr(cfg.PrefillEngines, cfg.Engines/2)
+		prefill = cfg.prefillEngines()
 	}
 	rep := Report{Trace: traceName, Requests: requests, Results: results, Fleet: FleetInfo{
 		Engines: cfg.Engines, PrefillEngines: prefill, TotalBlocks: cfg.TotalBlocks, BlockSize: cfg.BlockSize,
@@ -76,23 +76,24 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 	return rep
 }
 
-func policiesOf(results []Result) []Policy {
-	var ps []Policy
+// distinct returns the values of key over results, in first-seen order.
+func distinct[T comparable](results []Result, key func(Result) T) []T {
+	var out []T
 	for _, r := range results {
-		if !slices.Contains(ps, r.Policy) {
-			ps = append(ps, r.Policy)
+		if v := key(r); !slices.Contains(out, v) {
+			out = append(out, v)
 		}
 	}
-	return ps
+	return out
 }
 
+func policiesOf(results []Result) []Policy {
+	return distinct(results, func(r Result) Policy { return r.Policy })
+}
+
+// speedupsOf returns the results' speedups, ascending.
 func speedupsOf(results []Result) []float64 {
-	var ss []float64
-	for _, r := range results {
-		if !slices.Contains(ss, r.Speedup) {
-			ss = append(ss, r.Speedup)
-		}
-	}
+	ss := distinct(results, func(r Result) float64 { return r.Speedup })
 	slices.Sort(ss)
 	return ss
 }

@@ -129,6 +129,9 @@ func DefaultConfig() Config {
 		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1}
 }
 
+// prefillEngines is how many engines prefill under Disagg.
+func (c Config) prefillEngines() int { return cmp.Or(c.PrefillEngines, c.Engines/2) }
+
 // Validate names the first field out of range.
 func (c Config) Validate() error {
 	switch {

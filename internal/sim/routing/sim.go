@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -122,7 +123,7 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 		byRank: map[indexer.Rank]int{}, bySeq: map[*mocker.Seq]*request{}}
 	prefill := 0
 	if policy == Disagg {
-		prefill = cmpOr(cfg.PrefillEngines, cfg.Engines/2)
+		prefill = cfg.prefillEngines()
 	}
 	for i := range cfg.Engines {
 		pool, err := mocker.NewPool(cfg.TotalBlocks, cfg.BlockSize)
@@ -150,20 +151,13 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return int(reqs[a].Arrival - reqs[b].Arrival) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
 	for _, i := range order {
 		r := reqs[i]
 		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
 			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup))})
 	}
 	return s, s.setPolicy()
-}
-
-func cmpOr(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 func (s *sim) setPolicy() error {

@@ -1,6 +1,7 @@
 package routing
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"runtime"
@@ -32,15 +33,7 @@ func Sweep(ctx context.Context, cfg Config, reqs []trace.Request, prompts [][]ui
 	}
 	// The slowest runs first (the overloaded end of the sweep), so that
 	// the last to finish are short.
-	slices.SortStableFunc(jobs, func(a, b job) int {
-		switch {
-		case a.sp > b.sp:
-			return -1
-		case a.sp < b.sp:
-			return 1
-		}
-		return 0
-	})
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(b.sp, a.sp) })
 	results := make([]Result, len(jobs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallel)
