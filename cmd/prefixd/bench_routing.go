@@ -2,41 +2,34 @@ package main
 
 import (
 	"fmt"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
-	"github.com/prefixd/prefixd/internal/clip"
 	"github.com/prefixd/prefixd/internal/sim/routing"
 )
 
 type benchRoutingOptions struct {
 	routing.BenchOptions
-	policies, speedups, weights string
-	quiet                       bool
+	policies []string
+	quiet    bool
 }
 
 func newBenchRoutingOptions() *benchRoutingOptions {
 	o := &benchRoutingOptions{BenchOptions: routing.NewBenchOptions()}
-	var ps, ss []string
 	for _, p := range o.Policies {
-		ps = append(ps, string(p))
+		o.policies = append(o.policies, string(p))
 	}
-	for _, s := range o.Speedups {
-		ss = append(ss, strconv.FormatFloat(s, 'g', -1, 64))
-	}
-	o.policies, o.speedups = strings.Join(ps, ","), strings.Join(ss, ",")
 	return o
 }
 
 func (o *benchRoutingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake-format trace (JSONL, gzipped or not; default: the shipped FAST'25 conversation trace)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "replay only the trace's first N requests (0: all)")
-	fs.StringVar(&o.policies, "policies", o.policies, "policies to compare, comma-separated")
-	fs.StringVar(&o.speedups, "speedups", o.speedups, "load levels: factors compressing the trace's arrival times, comma-separated")
-	fs.StringVar(&o.weights, "weights", o.weights, "also sweep prefixd's and the oracle's overlap weight over these values, comma-separated")
+	fs.StringSliceVar(&o.policies, "policies", o.policies, "policies to compare, comma-separated")
+	fs.Float64SliceVar(&o.Speedups, "speedups", o.Speedups, "load levels: factors compressing the trace's arrival times, comma-separated")
+	fs.Float64SliceVar(&o.Weights, "weights", o.Weights, "also sweep prefixd's and the oracle's overlap weight over these values, comma-separated")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")
 	fs.IntVar(&o.TotalBlocks, "kv-blocks", o.TotalBlocks, "KV blocks per engine")
@@ -53,37 +46,14 @@ func (o *benchRoutingOptions) AddFlags(fs *pflag.FlagSet) {
 
 func (o *benchRoutingOptions) Validate() error {
 	o.Policies = nil
-	for _, s := range strings.Split(o.policies, ",") {
+	for _, s := range o.policies {
 		p, err := routing.ParsePolicy(strings.TrimSpace(s))
 		if err != nil {
 			return fmt.Errorf("--policies: %w", err)
 		}
 		o.Policies = append(o.Policies, p)
 	}
-	var err error
-	if o.Speedups, err = floats("--speedups", o.speedups); err != nil {
-		return err
-	}
-	if o.Weights, err = floats("--weights", o.weights); err != nil {
-		return err
-	}
 	return o.BenchOptions.Validate()
-}
-
-// floats parses a comma-separated list of numbers ("": none).
-func floats(flag, list string) ([]float64, error) {
-	var out []float64
-	if strings.TrimSpace(list) == "" {
-		return nil, nil
-	}
-	for _, s := range strings.Split(list, ",") {
-		f, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %q is not a number", flag, clip.String(s))
-		}
-		out = append(out, f)
-	}
-	return out, nil
 }
 
 func newBenchRoutingCommand() *cobra.Command {
