@@ -82,10 +82,17 @@ func (h *handler) query(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	k := indexer.PartitionKey{Model: req.ModelName, Group: req.RoutingGroup}
-	s.ov, err = h.cfg.Index.MatchTokens(k, req.TokenIDs, indexer.Seed(req.LoraName, req.CacheSalt), s.ov[:0])
-	if h.cfg.Predicted != nil && err == nil {
-		if bs, berr := h.cfg.Index.BlockSize(k); berr == nil {
-			s.hashes = indexer.HashBlocks(s.hashes[:0], req.TokenIDs, bs, indexer.Seed(req.LoraName, req.CacheSalt))
+	seed := indexer.Seed(req.LoraName, req.CacheSalt)
+	if h.cfg.Predicted == nil {
+		s.ov, err = h.cfg.Index.MatchTokens(k, req.TokenIDs, seed, s.ov[:0])
+		h.scores(w, r, s, k, err)
+		return
+	}
+	// With predictions the hashes serve both: hash once, as MatchTokens would.
+	var bs int
+	if bs, err = h.cfg.Index.BlockSize(k); err == nil {
+		s.hashes = indexer.HashBlocks(s.hashes[:0], req.TokenIDs, bs, seed)
+		if s.ov, err = h.cfg.Index.Match(k, s.hashes, s.ov[:0]); err == nil {
 			s.pred = h.cfg.Predicted.Match(k, s.hashes, h.cfg.Now(), s.pred[:0])
 		}
 	}
