@@ -98,9 +98,6 @@ func NewPredictions(ttl, pending time.Duration, maxEntries int) *Predictions {
 		bookings: map[string]*predBooking{}}
 }
 
-// TTL returns how long a settled prediction lives.
-func (p *Predictions) TTL() time.Duration { return p.ttl }
-
 // Len returns the live (block, rank) entries, expired ones not yet
 // dropped included.
 func (p *Predictions) Len() int {
