@@ -33,8 +33,8 @@ func chainQuery(bs int, first uint32, n int) []uint64 {
 
 func partEntries(t *testing.T, ix *Index, k PartitionKey) int {
 	t.Helper()
-	n := -1
-	must(t, ix.Read(k, func(tr *Tree) { n = tr.entries }))
+	n := 0
+	must(t, ix.Read(k, func(tr *Tree) { n += tr.entries }))
 	return n
 }
 
@@ -215,17 +215,17 @@ func TestMemoryCapConcurrentPartitions(t *testing.T) {
 			_, err := truth.Apply(k, b.rank, b.seq, b.ops)
 			must(t, err)
 		}
-		checkSubset(t, ix.parts[k].tree, truth.parts[k].tree)
+		checkSubset(t, shardTrees(ix, k), shardTrees(truth, k))
 	}
 }
 
 // checkSubset checks that every entry of got is in want with the same path
 // and at most as many copies in every tier, and that every rank of got not
 // flagged truncated holds exactly what it holds in want.
-func checkSubset(t *testing.T, got, want *Tree) {
+func checkSubset(t *testing.T, got, want []*Tree) {
 	t.Helper()
-	g, _ := canonical(got)
-	w, _ := canonical(want)
+	g, _ := canonical(got...)
+	w, _ := canonical(want...)
 	for r, ents := range g {
 		for h, e := range ents {
 			we, ok := w[r][h]
@@ -239,8 +239,16 @@ func checkSubset(t *testing.T, got, want *Tree) {
 			}
 		}
 	}
+	truncated := func(r Rank) bool {
+		for _, t := range got {
+			if t.Truncated(r) {
+				return true
+			}
+		}
+		return false
+	}
 	for r := range w {
-		if !got.Truncated(r) && fmt.Sprint(g[r]) != fmt.Sprint(w[r]) {
+		if !truncated(r) && fmt.Sprint(g[r]) != fmt.Sprint(w[r]) {
 			t.Fatalf("rank %v is not flagged truncated but holds %d of the truth's %d blocks", r, len(g[r]), len(w[r]))
 		}
 	}
@@ -341,7 +349,7 @@ func TestRankCapacityProperty(t *testing.T) {
 						t.Fatalf("rank %v capacity %v, set %v", r, st.Capacity, caps[r])
 					}
 				}
-				checkSubset(t, limited.parts[testKey].tree, truth.parts[testKey].tree)
+				checkSubset(t, shardTrees(limited, testKey), shardTrees(truth, testKey))
 			}
 			var counted uint64
 			for _, st := range limited.Stats() {

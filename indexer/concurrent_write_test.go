@@ -60,7 +60,8 @@ func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 			note()
 		}
 		k := indexer.PartitionKey{Model: "m"}
-		ix := indexer.New(indexer.Options{WriteChunk: rapid.IntRange(1, 5).Draw(t, "chunk")})
+		shards := rapid.IntRange(1, 3).Draw(t, "shards")
+		ix := indexer.New(indexer.Options{WriteChunk: rapid.IntRange(1, 5).Draw(t, "chunk"), Shards: shards})
 		if err := ix.AddPartition(k, w.bs); err != nil {
 			t.Fatal(err)
 		}
@@ -132,7 +133,7 @@ func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 				}
 				s, err := ix.Snapshot(k)
 				if err == nil {
-					_, err = indexer.Restore(s)
+					err = indexer.New(indexer.Options{Shards: shards}).Restore(k, s)
 				}
 				if err != nil {
 					errs <- err
@@ -147,12 +148,15 @@ func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 		for err := range errs {
 			p.fatalf("%v", err)
 		}
-		if err := ix.Read(k, func(tr *indexer.Tree) {
-			if err := compareTree(tr, p.m, p.probes(), w.ranks); err != nil {
-				p.fatalf("after the concurrent replay: %v", err)
-			}
-		}); err != nil {
+		var trees []*indexer.Tree // read after every writer is done
+		if err := ix.Read(k, func(tr *indexer.Tree) { trees = append(trees, tr) }); err != nil {
 			t.Fatal(err)
+		}
+		if n, _ := ix.Shards(k); len(trees) != n || n != shards {
+			t.Fatalf("%d trees read, %d shards, %d configured", len(trees), n, shards)
+		}
+		if err := compareShards(trees, p.m, p.probes(), w.ranks); err != nil {
+			p.fatalf("after the concurrent replay: %v", err)
 		}
 	})
 }

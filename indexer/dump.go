@@ -58,6 +58,10 @@ type RankWatermark struct {
 	// on the replica that dumped it.
 	Degraded       bool
 	DegradedReason string
+	// Shard is the index shard the rank was dumped from (see
+	// Options.Shards): its events' nodes and the structural nodes of that
+	// shard make one tree. 0 in a dump of one tree.
+	Shard uint32
 }
 
 // DumpEvent stores Blocks for Rank: a run of one node's edge whose blocks
@@ -81,10 +85,12 @@ type DumpBlock struct {
 	Counts     [NumTiers]uint32
 }
 
-// DumpNode is an edge held by no rank.
+// DumpNode is an edge held by no rank, in shard Shard (see
+// RankWatermark.Shard).
 type DumpNode struct {
 	Node, ParentNode uint32
 	Hashes           []uint64
+	Shard            uint32
 }
 
 // Dump returns a snapshot of t. Events are ordered breadth first, so every
@@ -529,11 +535,12 @@ type jsonWatermark struct {
 	Truncated      bool   `json:"truncated,omitempty"`
 	Degraded       bool   `json:"degraded,omitempty"`
 	DegradedReason string `json:"degraded_reason,omitempty"`
+	Shard          uint32 `json:"shard,omitempty"`
 }
 
 func (w *jsonWatermark) watermark() RankWatermark {
 	rw := RankWatermark{Rank: Rank{w.WorkerID, w.DPRank}, Digest: w.Digest, Truncated: w.Truncated,
-		Degraded: w.Degraded, DegradedReason: w.DegradedReason}
+		Degraded: w.Degraded, DegradedReason: w.DegradedReason, Shard: w.Shard}
 	if w.Seq != nil {
 		rw.Seq, rw.HasSeq = *w.Seq, true
 	}
@@ -544,6 +551,7 @@ type jsonNode struct {
 	Node       uint32   `json:"node"`
 	ParentNode uint32   `json:"parent_node"`
 	Hashes     []uint64 `json:"tokens_hashes"`
+	Shard      uint32   `json:"shard,omitempty"`
 }
 
 type jsonEvent struct {

@@ -141,6 +141,10 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 			reason, _ := json.Marshal(wm.DegradedReason) // a string always marshals
 			b = append(append(b, `,"degraded_reason":`...), reason...)
 		}
+		if wm.Shard != 0 {
+			b = append(b, `,"shard":`...)
+			b = strconv.AppendUint(b, uint64(wm.Shard), 10)
+		}
 		b = append(b, '}')
 		if err := flush(); err != nil {
 			return err
@@ -172,6 +176,10 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 					}
 				}
 				b = append(b, ']')
+			}
+			if d.Shard != 0 {
+				b = append(b, `,"shard":`...)
+				b = strconv.AppendUint(b, uint64(d.Shard), 10)
 			}
 			b = append(b, '}')
 		}
@@ -660,6 +668,8 @@ func (d *snapDecoder) structural(i int) (DumpNode, error) {
 			return d.value(path(at, "node"), &n.Node)
 		case field(key, "parent_node"):
 			return d.value(path(at, "parent_node"), &n.ParentNode)
+		case field(key, "shard"):
+			return d.value(path(at, "shard"), &n.Shard)
 		case field(key, "tokens_hashes"):
 			n.Hashes = nil
 			at := path(at, "tokens_hashes")

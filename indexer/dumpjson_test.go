@@ -20,7 +20,7 @@ import (
 func referenceMarshal(s *Snapshot) ([]byte, error) {
 	js := jsonSnapshot{BlockSize: s.BlockSize, Events: make([]jsonEvent, 0, len(s.Events)), Watermarks: []jsonWatermark{}}
 	for _, w := range s.Ranks {
-		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest, Truncated: w.Truncated}
+		jw := jsonWatermark{WorkerID: w.Rank.WorkerID, DPRank: w.Rank.DPRank, Digest: w.Digest, Truncated: w.Truncated, Shard: w.Shard}
 		if w.HasSeq {
 			seq := w.Seq
 			jw.Seq = &seq

@@ -184,7 +184,7 @@ func TestHybridCapacityAndCapKeepSubsets(t *testing.T) {
 			}
 			for name, ix := range map[string]*indexer.Index{"limited": limited, "capped": capped, "free": free} {
 				var err error
-				_ = ix.Read(k, func(tr *indexer.Tree) {
+				_ = ix.ReadRank(k, r, func(tr *indexer.Tree) {
 					truncated := tr.Truncated(r)
 					if err = indexer.CheckGroupBits(tr); err != nil {
 						return

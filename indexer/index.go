@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -30,7 +31,23 @@ type Options struct {
 	// partition's write lock, so that a query waits for at most that
 	// much work (see Index.ApplyBatch); 0 means DefaultWriteChunk.
 	WriteChunk int
+	// Shards is how many trees each partition spreads its ranks over,
+	// each behind its own locks: batches of ranks in different shards are
+	// applied in parallel, and a match walks every shard. 0 means
+	// DefaultShards(); at most MaxShards. A partition restored from a
+	// snapshot of more shards keeps the snapshot's (see Index.Restore).
+	Shards int
 }
+
+// MaxShards bounds Options.Shards and the shards a snapshot may describe.
+const MaxShards = 256
+
+// DefaultShards is the shard count of Options' zero value: one per core
+// (GOMAXPROCS, as it is when the index is made), at most 8. A match walks
+// every shard, so shards past the cores that apply writes only cost
+// matches; past 8 the walks outweigh what a match of one tree costs
+// (measured on two cores only: docs/index.md).
+func DefaultShards() int { return min(runtime.GOMAXPROCS(0), 8) }
 
 var (
 	// ErrNoPartition: the partition was never added, or was removed.
@@ -39,26 +56,31 @@ var (
 	ErrBlockSizeConflict = errors.New("block size conflicts with the partition's")
 )
 
-// Index is the concurrent prefix index: one Tree per partition. A batch
-// is applied in holds of its partition's write lock of at most
-// Options.WriteChunk blocks each, so a query waits for at most one such
-// chunk, never for a whole batch; the chunks of concurrent batches (of
-// different ranks) interleave, each batch's ops in order. Matchers run
-// concurrently with each other. Snapshot sees every batch whole or not at
-// all; Rank, Groups, Stats and Read may see a batch that runs
-// concurrently with them half applied. All methods are safe for
-// concurrent use.
+// Index is the concurrent prefix index. Each partition spreads its ranks
+// over Options.Shards trees (shards), each behind its own write lock: a
+// rank lives in one shard, assigned when the partition first sees it, to
+// the shard with the fewest ranks; so batches of ranks in different shards
+// run in parallel, and a match walks every shard and appends what each
+// finds (a rank's overlap comes from its one shard). A batch is applied in
+// holds of its shard's write lock of at most Options.WriteChunk blocks
+// each, so a query waits for at most one such chunk per shard, never for a
+// whole batch; the chunks of concurrent batches (of different ranks in one
+// shard) interleave, each batch's ops in order. Matchers run concurrently
+// with each other. Snapshot sees every batch whole or not at all; Rank,
+// Groups, Stats and Read may see a batch that runs concurrently with them
+// half applied. All methods are safe for concurrent use.
 //
-// Lock order: a partition's gate before its mu, never the gate while
-// holding mu; mu (the map's) is never held while waiting for a
-// partition's lock, and a partition's lock never while taking another's;
-// evictMu is taken with no partition lock held, and the evictor holds one
-// partition lock at a time under it.
+// Lock order: a partition's gate before its shards' mu, never the gate
+// while holding a mu; several shards' mu only in shard order, and only
+// with the gate held exclusively (RemovePartition, Restore); mu (the
+// map's) is never held while waiting for a partition's lock; evictMu is
+// taken with no partition lock held, and the evictor holds one shard lock
+// at a time under it.
 type Index struct {
 	opts  Options
 	mu    sync.RWMutex // guards parts (the map, not the partitions)
 	parts map[PartitionKey]*partition
-	total atomic.Int64 // Σ partition entries (as published by each partition)
+	total atomic.Int64 // Σ shard entries (as published by each shard)
 	// clock is the LRU clock shared by every tree of a capped index, so
 	// that stamps compare across partitions: each batch reserves two ticks
 	// per op (see Tree.now).
@@ -72,18 +94,36 @@ type Index struct {
 type partition struct {
 	blockSize int // immutable
 	// gate is held shared by each ApplyBatch for the whole batch (across
-	// the write-lock holds it is applied in, see Options.WriteChunk), and
-	// exclusively by Snapshot, Restore and RemovePartition: it guards the
-	// batch's atomicity (no snapshot sees a batch half applied) and
-	// p.tree's identity while a batch runs. Taken before mu, never while
-	// holding it.
-	gate    sync.RWMutex
+	// the write-lock holds it is applied in, see Options.WriteChunk) and by
+	// every other write to one rank; exclusively by Snapshot, Restore,
+	// RemovePartition and the removal of ranks. It guards the batch's
+	// atomicity (no snapshot sees a batch half applied), the shards'
+	// identity and the ranks' assignment to shards while a write runs.
+	// Taken before any shard's mu, never while holding one.
+	gate sync.RWMutex
+	// shards is replaced (never modified) with the gate held exclusively;
+	// matches load it without the gate.
+	shards atomic.Pointer[[]*shard]
+	// where maps each rank the partition knows to its shard's index. It
+	// is copied on write: ranks are assigned rarely and looked up by every
+	// batch. Assigning takes amu with the gate held shared; removing a
+	// rank takes the gate exclusively.
+	where atomic.Pointer[map[Rank]int]
+	amu   sync.Mutex
+	// removed is set by RemovePartition with the gate held exclusively
+	// and every shard's mu; a writer that found the partition before then
+	// sees it once it holds the gate, an evictor once it holds a shard's
+	// mu, and backs off.
+	removed atomic.Bool
+}
+
+// shard is one of a partition's trees and its lock.
+type shard struct {
 	mu      sync.RWMutex // guards tree and entries; held for at most Options.WriteChunk blocks of a batch at a time
 	tree    *Tree
-	entries int64 // tree.entries + tree.gentries as last added to Index.total
-	// removed is set (under mu) by RemovePartition; a writer that found
-	// the partition before then sees it once it holds mu and backs off.
-	removed atomic.Bool
+	entries int64    // tree.entries + tree.gentries as last added to Index.total
+	ranks   int      // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
+	_       [64]byte // keeps the next shard's lock off this cache line
 }
 
 // New returns an empty index.
@@ -91,7 +131,34 @@ func New(opts Options) *Index {
 	if opts.WriteChunk <= 0 {
 		opts.WriteChunk = DefaultWriteChunk
 	}
+	if opts.Shards <= 0 {
+		opts.Shards = DefaultShards()
+	}
+	opts.Shards = min(opts.Shards, MaxShards)
 	return &Index{opts: opts, parts: make(map[PartitionKey]*partition)}
+}
+
+// newPartition returns a partition whose shards are trees, then empty
+// ones up to n, with the trees' ranks assigned to them.
+func (ix *Index) newPartition(blockSize, n int, trees []*Tree) *partition {
+	p := &partition{blockSize: blockSize}
+	ss := make([]*shard, max(n, len(trees)))
+	where := map[Rank]int{}
+	for i := range ss {
+		ss[i] = &shard{}
+		if i < len(trees) {
+			ss[i].tree = trees[i]
+		} else {
+			ss[i].tree = ix.adopt(NewTree(blockSize))
+		}
+		for r := range ss[i].tree.rankIDs {
+			where[r] = i
+			ss[i].ranks++
+		}
+	}
+	p.shards.Store(&ss)
+	p.where.Store(&where)
+	return p
 }
 
 // AddPartition creates partition k with blockSize tokens per block, or
@@ -108,7 +175,7 @@ func (ix *Index) AddPartition(k PartitionKey, blockSize int) error {
 		}
 		return nil
 	}
-	ix.parts[k] = &partition{blockSize: blockSize, tree: ix.adopt(NewTree(blockSize))}
+	ix.parts[k] = ix.newPartition(blockSize, ix.opts.Shards, nil)
 	return nil
 }
 
@@ -136,6 +203,15 @@ func (ix *Index) BlockSize(k PartitionKey) (int, error) {
 	return p.blockSize, nil
 }
 
+// Shards returns how many shards partition k has.
+func (ix *Index) Shards(k PartitionKey) (int, error) {
+	p, err := ix.partition(k)
+	if err != nil {
+		return 0, err
+	}
+	return len(*p.shards.Load()), nil
+}
+
 func (ix *Index) partition(k PartitionKey) (*partition, error) {
 	ix.mu.RLock()
 	p, ok := ix.parts[k]
@@ -146,18 +222,80 @@ func (ix *Index) partition(k PartitionKey) (*partition, error) {
 	return p, nil
 }
 
-// lock returns partition k write-locked, or ErrNoPartition.
-func (ix *Index) lock(k PartitionKey) (*partition, error) {
+// enter returns partition k with its gate held, shared or exclusively
+// (excl), or ErrNoPartition; leave releases the gate.
+func (ix *Index) enter(k PartitionKey, excl bool) (*partition, error) {
 	p, err := ix.partition(k)
 	if err != nil {
 		return nil, err
 	}
-	p.mu.Lock()
+	if excl {
+		p.gate.Lock()
+	} else {
+		p.gate.RLock()
+	}
 	if p.removed.Load() {
-		p.mu.Unlock()
+		p.leave(excl)
 		return nil, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
 	}
 	return p, nil
+}
+
+func (p *partition) leave(excl bool) {
+	if excl {
+		p.gate.Unlock()
+	} else {
+		p.gate.RUnlock()
+	}
+}
+
+// shardOf returns r's shard. If r has none it assigns r to the shard with
+// the fewest ranks (the lowest-numbered of those) when assign is set, and
+// returns nil when it is not. The gate must be held.
+func (p *partition) shardOf(r Rank, assign bool) *shard {
+	ss := *p.shards.Load()
+	if i, ok := (*p.where.Load())[r]; ok {
+		return ss[i]
+	}
+	if !assign {
+		return nil
+	}
+	p.amu.Lock()
+	defer p.amu.Unlock()
+	old := *p.where.Load()
+	if i, ok := old[r]; ok {
+		return ss[i]
+	}
+	best := 0
+	for i, s := range ss {
+		if s.ranks < ss[best].ranks {
+			best = i
+		}
+	}
+	where := make(map[Rank]int, len(old)+1)
+	for q, i := range old {
+		where[q] = i
+	}
+	where[r] = best
+	ss[best].ranks++
+	p.where.Store(&where)
+	return ss[best]
+}
+
+// forget drops the assignment of every rank its shard's tree no longer
+// knows. The gate must be held exclusively.
+func (p *partition) forget() {
+	old := *p.where.Load()
+	ss := *p.shards.Load()
+	where := make(map[Rank]int, len(old))
+	for r, i := range old {
+		if _, ok := ss[i].tree.rankIDs[r]; ok {
+			where[r] = i
+		} else {
+			ss[i].ranks--
+		}
+	}
+	p.where.Store(&where)
 }
 
 // Partitions returns the partition keys, unordered.
@@ -180,9 +318,12 @@ func (ix *Index) Entries() int { return int(ix.total.Load()) }
 // MaxEntries returns the configured cap (Options.MaxEntries; 0 = none).
 func (ix *Index) MaxEntries() int { return ix.opts.MaxEntries }
 
-// RemovePartition drops partition k with everything in it — its tree, its
-// ranks and their watermarks — and its entries from the index total. A
-// partition added again under k starts empty and may have another block
+// Options returns the index's options with the defaults filled in.
+func (ix *Index) Options() Options { return ix.opts }
+
+// RemovePartition drops partition k with everything in it — its trees,
+// its ranks and their watermarks — and its entries from the index total.
+// A partition added again under k starts empty and may have another block
 // size. It returns ErrNoPartition if k does not exist. Writes to k that
 // race with the removal either complete before it or fail with
 // ErrNoPartition.
@@ -199,25 +340,24 @@ func (ix *Index) RemoveEmptyPartition(k PartitionKey) (bool, error) {
 }
 
 func (ix *Index) removePartition(k PartitionKey, ifEmpty bool) (bool, error) {
-	p, err := ix.partition(k)
+	p, err := ix.enter(k, true) // no write in flight
 	if err != nil {
 		return false, err
 	}
-	p.gate.Lock() // no batch in flight
-	defer p.gate.Unlock()
-	p.mu.Lock()
-	if p.removed.Load() {
-		p.mu.Unlock()
-		return false, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
-	}
-	if ifEmpty && len(p.tree.rankIDs) > 0 {
-		p.mu.Unlock()
+	defer p.leave(true)
+	if ifEmpty && len(*p.where.Load()) > 0 {
 		return false, nil
 	}
+	ss := *p.shards.Load()
+	for _, s := range ss {
+		s.mu.Lock()
+	}
 	p.removed.Store(true)
-	ix.total.Add(-p.entries)
-	p.entries = 0
-	p.mu.Unlock()
+	for _, s := range ss {
+		ix.total.Add(-s.entries)
+		s.entries = 0
+		s.mu.Unlock()
+	}
 	ix.mu.Lock()
 	if ix.parts[k] == p { // not already replaced by a new AddPartition
 		delete(ix.parts, k)
@@ -229,13 +369,12 @@ func (ix *Index) removePartition(k PartitionKey, ifEmpty bool) (bool, error) {
 // RankCount returns how many ranks partition k knows: ranks that hold
 // blocks, have a watermark or have a capacity.
 func (ix *Index) RankCount(k PartitionKey) (int, error) {
-	p, err := ix.partition(k)
+	p, err := ix.enter(k, false)
 	if err != nil {
 		return 0, err
 	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return len(p.tree.rankIDs), nil
+	defer p.leave(false)
+	return len(*p.where.Load()), nil
 }
 
 // SetRankCapacity limits how many blocks rank r of partition k may hold in
@@ -247,14 +386,7 @@ func (ix *Index) RankCount(k PartitionKey) (int, error) {
 // and r is marked truncated. Set it before r's first batch; it lasts until
 // RemoveRank (RemoveWorker) or RemovePartition, and Restore keeps it.
 func (ix *Index) SetRankCapacity(k PartitionKey, r Rank, c Capacity) error {
-	p, err := ix.lock(k)
-	if err != nil {
-		return err
-	}
-	p.tree.SetCapacity(r, c)
-	ix.publish(p)
-	p.mu.Unlock()
-	return nil
+	return ix.mutateRank(k, r, true, func(t *Tree) { t.SetCapacity(r, c) })
 }
 
 // BatchResult tells what applying one batch skipped.
@@ -295,31 +427,29 @@ type Mark struct {
 }
 
 // ApplyBatch is Apply that records m with the batch (see Mark and
-// Tree.SetWatermarkDigest). It releases the partition's write lock after
+// Tree.SetWatermarkDigest). It takes the write lock of r's shard only, so
+// batches of ranks in other shards run in parallel, and releases it after
 // every Options.WriteChunk blocks (an op of more blocks is applied in
 // pieces, with the effect and the counts of the whole op), so queries and
 // other ranks' batches run in between; BatchResult counts only this
-// batch. After the ops it enforces r's capacity (SetRankCapacity). Then, with partition k's lock released, if
-// the index is over its cap it evicts the least recently stored or
-// matched leaves of the whole index (Index.evict); so the cap may be
-// exceeded briefly by batches in flight, never by a returned one.
+// batch. After the ops it enforces r's capacity (SetRankCapacity). Then,
+// with the lock released, if the index is over its cap it evicts the
+// least recently stored or matched leaves of the whole index
+// (Index.evict); so the cap may be exceeded briefly by batches in flight,
+// never by a returned one.
 func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResult, error) {
 	var res BatchResult
-	p, err := ix.partition(k)
+	// The gate, shared for the whole batch, keeps Snapshot, Restore,
+	// RemovePartition and rank removals out until the batch is applied:
+	// the shard's tree stays t, r stays in it, and a dump never sees the
+	// batch half applied.
+	p, err := ix.enter(k, false)
 	if err != nil {
 		return res, err
 	}
-	// The gate, shared for the whole batch, keeps Snapshot, Restore and
-	// RemovePartition out until the batch is applied: p.tree stays t, and
-	// a dump never sees the batch half applied.
-	p.gate.RLock()
-	p.mu.Lock()
-	if p.removed.Load() {
-		p.mu.Unlock()
-		p.gate.RUnlock()
-		return res, fmt.Errorf("partition %v: %w", k, ErrNoPartition)
-	}
-	t, chunk := p.tree, ix.opts.WriteChunk
+	s := p.shardOf(r, true)
+	s.mu.Lock()
+	t, chunk := s.tree, ix.opts.WriteChunk
 	if t.shared != nil {
 		// Reserve two ticks per op piece on the shared clock; the stores
 		// of the batch stamp within them (see Tree.now).
@@ -339,8 +469,8 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		}
 		res.Redundant += t.redundant - redundant
 		clock := t.clock
-		p.mu.Unlock()
-		p.mu.Lock()
+		s.mu.Unlock()
+		s.mu.Lock()
 		t.clock = clock
 		before, redundant = t.counts, t.redundant
 	}
@@ -380,9 +510,9 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		res.Skipped[i] += t.counts[i] - before[i]
 	}
 	res.Redundant += t.redundant - redundant
-	over := ix.publish(p)
-	p.mu.Unlock()
-	p.gate.RUnlock()
+	over := ix.publish(s)
+	s.mu.Unlock()
+	p.leave(false)
 	if over {
 		res.Skipped[ReasonEvicted] += ix.evict()
 	}
@@ -400,29 +530,29 @@ func opBlocks(op *Op) int {
 	return 0
 }
 
-// publish adds p's entry change to the index total and reports whether
-// the total is now over the cap. p.mu must be held.
-func (ix *Index) publish(p *partition) (over bool) {
-	n := int64(p.tree.entries + p.tree.gentries)
-	total := ix.total.Add(n - p.entries)
-	p.entries = n
+// publish adds s's entry change to the index total and reports whether
+// the total is now over the cap. s.mu must be held.
+func (ix *Index) publish(s *shard) (over bool) {
+	n := int64(s.tree.entries + s.tree.gentries)
+	total := ix.total.Add(n - s.entries)
+	s.entries = n
 	return ix.opts.MaxEntries > 0 && total > int64(ix.opts.MaxEntries)
 }
 
 // evict brings the index total down to 31/32 of the cap, evicting the
-// least recently stored or matched leaves first, whichever partition they
-// are in, and returns the entries evicted. It must be called with no
-// partition lock held.
+// least recently stored or matched leaves first, whichever partition and
+// shard hold them, and returns the entries evicted. It must be called
+// with no partition lock held.
 //
-// A round reads every partition's leaves and their ages on the shared
-// clock, one partition at a time under its read lock; picks the oldest
-// leaves of the whole index that cover the excess, which gives an age
-// threshold and a budget of entries per partition; then takes each
-// partition's write lock in turn and evicts its leaves at least that old,
-// oldest first, up to its budget (evictOld). Writes that happen between
-// the two steps only make leaves younger (skipped) or add new ones (left
-// for the next round); rounds repeat while the total is still over the
-// low-water mark and the last one made progress.
+// A round reads every shard's leaves and their ages on the shared clock,
+// one shard at a time under its read lock; picks the oldest leaves of the
+// whole index that cover the excess, which gives an age threshold and a
+// budget of entries per shard; then takes each shard's write lock in turn
+// and evicts its leaves at least that old, oldest first, up to its budget
+// (evictOld). Writes that happen between the two steps only make leaves
+// younger (skipped) or add new ones (left for the next round); rounds
+// repeat while the total is still over the low-water mark and the last
+// one made progress.
 func (ix *Index) evict() uint64 {
 	max := int64(ix.opts.MaxEntries)
 	low := max - max/32
@@ -432,29 +562,36 @@ func (ix *Index) evict() uint64 {
 	if ix.total.Load() <= max {
 		return 0 // another writer's evictor got there first
 	}
+	type unit struct {
+		p *partition
+		s *shard
+	}
+	var units []unit
 	for round := 0; round < 8; round++ {
 		over := ix.total.Load() - low
 		if over <= 0 {
 			break
 		}
+		units = units[:0]
 		ix.mu.RLock()
-		parts := make([]*partition, 0, len(ix.parts))
 		for _, p := range ix.parts {
-			parts = append(parts, p)
+			for _, s := range *p.shards.Load() {
+				units = append(units, unit{p, s})
+			}
 		}
 		ix.mu.RUnlock()
 		now := ix.clock.Load() + 1 // as Tree.now
 		cands := ix.evictBuf[:0]
-		for i, p := range parts {
-			p.mu.RLock()
-			if !p.removed.Load() {
-				cands = p.tree.appendLeaves(cands, uint32(i), now)
+		for i, u := range units {
+			u.s.mu.RLock()
+			if !u.p.removed.Load() {
+				cands = u.s.tree.appendLeaves(cands, uint32(i), now)
 			}
-			p.mu.RUnlock()
+			u.s.mu.RUnlock()
 		}
 		ix.evictBuf = cands
 		slices.SortFunc(cands, func(a, b leaf) int { return cmp.Compare(b.age, a.age) })
-		ix.budgets = slices.Grow(ix.budgets[:0], len(parts))[:len(parts)]
+		ix.budgets = slices.Grow(ix.budgets[:0], len(units))[:len(units)]
 		clear(ix.budgets)
 		var minAge uint32
 		for sum := int64(0); len(cands) > 0 && sum < over; cands = cands[1:] {
@@ -463,19 +600,19 @@ func (ix *Index) evict() uint64 {
 			minAge = cands[0].age
 		}
 		progress := false
-		for i, p := range parts {
+		for i, u := range units {
 			if ix.budgets[i] == 0 {
 				continue
 			}
-			p.mu.Lock()
-			if !p.removed.Load() {
-				if d := p.tree.evictOld(now, minAge, ix.budgets[i]); d > 0 {
+			u.s.mu.Lock()
+			if !u.p.removed.Load() {
+				if d := u.s.tree.evictOld(now, minAge, ix.budgets[i]); d > 0 {
 					dropped += uint64(d)
 					progress = true
 				}
-				ix.publish(p)
+				ix.publish(u.s)
 			}
-			p.mu.Unlock()
+			u.s.mu.Unlock()
 		}
 		if !progress {
 			break
@@ -484,23 +621,55 @@ func (ix *Index) evict() uint64 {
 	return dropped
 }
 
-// mutate runs f on partition k's tree under its write lock (for removals
-// and clears that come from outside an engine batch).
-func (ix *Index) mutate(k PartitionKey, f func(*Tree)) error {
-	p, err := ix.lock(k)
+// mutateRank runs f on the tree of r's shard in partition k under its
+// write lock, for writes to one rank that come from outside an engine
+// batch. If r has no shard it assigns one when assign is set; otherwise f
+// does not run.
+func (ix *Index) mutateRank(k PartitionKey, r Rank, assign bool, f func(*Tree)) error {
+	p, err := ix.enter(k, false)
 	if err != nil {
 		return err
 	}
-	f(p.tree)
-	ix.publish(p)
-	p.mu.Unlock()
+	s := p.shardOf(r, assign)
+	if s == nil {
+		p.leave(false)
+		return nil
+	}
+	s.mu.Lock()
+	f(s.tree)
+	over := ix.publish(s)
+	s.mu.Unlock()
+	p.leave(false)
+	if over {
+		ix.evict()
+	}
+	return nil
+}
+
+// removeRanks runs f, which removes ranks, on every shard's tree of
+// partition k with the gate held exclusively (no write in flight, so a
+// rank removed leaves no batch behind in its shard), then forgets the
+// ranks removed.
+func (ix *Index) removeRanks(k PartitionKey, f func(*Tree)) error {
+	p, err := ix.enter(k, true)
+	if err != nil {
+		return err
+	}
+	defer p.leave(true)
+	for _, s := range *p.shards.Load() {
+		s.mu.Lock()
+		f(s.tree)
+		ix.publish(s)
+		s.mu.Unlock()
+	}
+	p.forget()
 	return nil
 }
 
 // Clear drops every block of r in partition k and clears r's truncated
 // flag (its watermark and capacity stay).
 func (ix *Index) Clear(k PartitionKey, r Rank) error {
-	return ix.mutate(k, func(t *Tree) { t.Clear(r) })
+	return ix.mutateRank(k, r, false, func(t *Tree) { t.Clear(r) })
 }
 
 // Reset starts rank r of partition k over, as the stream layer does when
@@ -510,7 +679,7 @@ func (ix *Index) Clear(k PartitionKey, r Rank) error {
 // old watermark over the emptied blocks, nor the blocks without the
 // flag.
 func (ix *Index) Reset(k PartitionKey, r Rank, degraded bool, reason string) error {
-	return ix.mutate(k, func(t *Tree) {
+	return ix.mutateRank(k, r, true, func(t *Tree) {
 		t.Clear(r)
 		rs := &t.ranks[t.rankID(r)]
 		rs.seq, rs.hasSeq, rs.digest = 0, false, 0
@@ -519,29 +688,46 @@ func (ix *Index) Reset(k PartitionKey, r Rank, degraded bool, reason string) err
 }
 
 // RemoveRank removes r from partition k: its blocks, its watermark, its
-// capacity and its truncated flag.
+// capacity and its truncated flag. It waits for the partition's writes in
+// flight.
 func (ix *Index) RemoveRank(k PartitionKey, r Rank) error {
-	return ix.mutate(k, func(t *Tree) { t.RemoveRank(r) })
+	return ix.removeRanks(k, func(t *Tree) { t.RemoveRank(r) })
 }
 
 // RemoveWorker removes every rank of worker id from every partition.
 func (ix *Index) RemoveWorker(id uint64) {
 	for _, k := range ix.Partitions() {
-		_ = ix.mutate(k, func(t *Tree) { t.RemoveWorker(id) })
+		_ = ix.RemoveWorkerFrom(k, id)
 	}
+}
+
+// RemoveWorkerFrom removes every rank of worker id from partition k,
+// including ranks learned only from batches' data_parallel_rank. It waits
+// for the partition's writes in flight.
+func (ix *Index) RemoveWorkerFrom(k PartitionKey, id uint64) error {
+	return ix.removeRanks(k, func(t *Tree) { t.RemoveWorker(id) })
 }
 
 // Match appends to dst the overlap of each rank with the local block
 // hashes q in partition k. dst is the caller's; Match keeps no reference.
+// It takes each shard's read lock in turn and never the partition's gate,
+// so it waits for at most one write chunk per shard; a Match concurrent
+// with a Restore of k may see some shards restored and others not.
 func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, error) {
 	p, err := ix.partition(k)
 	if err != nil {
 		return dst, err
 	}
-	p.mu.RLock()
-	dst = p.tree.Match(q, dst)
-	p.mu.RUnlock()
-	return dst, nil
+	return p.match(q, dst), nil
+}
+
+func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
+	for _, s := range *p.shards.Load() {
+		s.mu.RLock()
+		dst = s.tree.Match(q, dst)
+		s.mu.RUnlock()
+	}
+	return dst
 }
 
 var hashPool = sync.Pool{New: func() any { s := make([]uint64, 0, 1024); return &s }}
@@ -555,68 +741,72 @@ func (ix *Index) MatchTokens(k PartitionKey, tokens []uint32, seed uint64, dst [
 	}
 	bp := hashPool.Get().(*[]uint64)
 	q := HashBlocks((*bp)[:0], tokens, p.blockSize, seed)
-	p.mu.RLock()
-	dst = p.tree.Match(q, dst)
-	p.mu.RUnlock()
+	dst = p.match(q, dst)
 	*bp = q
 	hashPool.Put(bp)
 	return dst, nil
 }
 
 // Snapshot dumps partition k; the watermarks describe exactly the state
-// dumped.
+// dumped. The shards' dumps are merged into one snapshot: node ids are
+// unique over the shards, and each rank and structural node names its
+// shard (RankWatermark.Shard, DumpNode.Shard), so that Restore rebuilds
+// the same shards.
 func (ix *Index) Snapshot(k PartitionKey) (*Snapshot, error) {
-	p, err := ix.partition(k)
+	p, err := ix.enter(k, true) // every batch whole or not at all
 	if err != nil {
 		return nil, err
 	}
-	p.gate.Lock() // every batch whole or not at all
-	defer p.gate.Unlock()
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.tree.Dump(), nil
+	defer p.leave(true)
+	ss := *p.shards.Load()
+	dumps := make([]*Snapshot, len(ss))
+	for i, s := range ss {
+		s.mu.RLock()
+		dumps[i] = s.tree.Dump()
+		s.mu.RUnlock()
+	}
+	return mergeSnapshots(dumps), nil
 }
 
-// Restore replaces partition k (created if missing) with the snapshot.
-// Capacities set on the partition's ranks (SetRankCapacity) carry over
-// and are enforced on the restored state; each rank's truncated flag is
-// the snapshot's.
+// Restore replaces partition k (created if missing) with the snapshot, in
+// as many shards as Options.Shards or the snapshot names, whichever is
+// more, each rank in the shard the snapshot names. Capacities set on the
+// partition's ranks (SetRankCapacity) carry over and are enforced on the
+// restored state; each rank's truncated flag is the snapshot's.
 func (ix *Index) Restore(k PartitionKey, s *Snapshot) error {
-	t, err := Restore(s)
+	sections, err := splitSnapshot(s)
 	if err != nil {
 		return fmt.Errorf("partition %v: %w", k, err)
 	}
-	ix.adopt(t)
+	trees := make([]*Tree, len(sections))
+	for i, sec := range sections {
+		t, err := Restore(sec)
+		if err != nil {
+			if len(sections) > 1 {
+				err = fmt.Errorf("shard %d: %w", i, err)
+			}
+			return fmt.Errorf("partition %v: %w", k, err)
+		}
+		trees[i] = ix.adopt(t)
+	}
 	for {
 		ix.mu.Lock()
 		p, ok := ix.parts[k]
 		if !ok || p.removed.Load() {
-			p, ok = &partition{blockSize: t.blockSize, tree: t}, false
+			p, ok = ix.newPartition(s.BlockSize, ix.opts.Shards, nil), false
 			ix.parts[k] = p
 		}
 		ix.mu.Unlock()
-		p.gate.Lock() // no batch in flight on the tree replaced
-		p.mu.Lock()
+		p.gate.Lock() // no write in flight on the trees replaced
 		if p.removed.Load() {
-			p.mu.Unlock()
 			p.gate.Unlock()
 			continue // removed since we found it: add it again
 		}
-		if ok {
-			if p.blockSize != t.blockSize {
-				p.mu.Unlock()
-				p.gate.Unlock()
-				return fmt.Errorf("partition %v: snapshot block size %d, have %d: %w", k, t.blockSize, p.blockSize, ErrBlockSizeConflict)
-			}
-			for r, rid := range p.tree.rankIDs {
-				if c := p.tree.ranks[rid].limit; c != (Capacity{}) {
-					t.SetCapacity(r, c)
-				}
-			}
-			p.tree = t
+		if ok && p.blockSize != s.BlockSize {
+			p.gate.Unlock()
+			return fmt.Errorf("partition %v: snapshot block size %d, have %d: %w", k, s.BlockSize, p.blockSize, ErrBlockSizeConflict)
 		}
-		over := ix.publish(p)
-		p.mu.Unlock()
+		over := ix.install(p, trees)
 		p.gate.Unlock()
 		if over {
 			ix.evict()
@@ -625,10 +815,42 @@ func (ix *Index) Restore(k PartitionKey, s *Snapshot) error {
 	}
 }
 
-// PartitionStats describes one partition.
+// install makes trees p's shards (with empty ones up to Options.Shards),
+// carries the capacities of p's ranks over, and reports whether the index
+// is now over its cap. p's gate must be held exclusively.
+func (ix *Index) install(p *partition, trees []*Tree) (over bool) {
+	// np builds the shards and their ranks' assignment; p takes them.
+	np := ix.newPartition(p.blockSize, ix.opts.Shards, trees)
+	old := *p.shards.Load()
+	for _, s := range old {
+		s.mu.Lock()
+		for r, rid := range s.tree.rankIDs {
+			if c := s.tree.ranks[rid].limit; c != (Capacity{}) {
+				np.shardOf(r, true).tree.SetCapacity(r, c)
+			}
+		}
+		ix.total.Add(-s.entries)
+		s.entries = 0
+	}
+	ss := *np.shards.Load()
+	for _, s := range ss {
+		ix.publish(s)
+	}
+	p.where.Store(np.where.Load())
+	p.shards.Store(&ss)
+	for _, s := range old {
+		s.mu.Unlock()
+	}
+	return ix.opts.MaxEntries > 0 && ix.total.Load() > int64(ix.opts.MaxEntries)
+}
+
+// PartitionStats describes one partition: its shards' trees summed
+// (TreeStats.Blocks and Nodes count a prefix once per shard that holds
+// it).
 type PartitionStats struct {
 	Key       PartitionKey
 	BlockSize int
+	Shards    int
 	TreeStats
 	Counts [NumReasons]uint64
 	// Redundant counts the blocks of redundant stores the partition
@@ -644,9 +866,24 @@ func (ix *Index) Stats() []PartitionStats {
 		if err != nil {
 			continue
 		}
-		p.mu.RLock()
-		out = append(out, PartitionStats{Key: k, BlockSize: p.blockSize, TreeStats: p.tree.Stats(), Counts: p.tree.counts, Redundant: p.tree.redundant})
-		p.mu.RUnlock()
+		ss := *p.shards.Load()
+		ps := PartitionStats{Key: k, BlockSize: p.blockSize, Shards: len(ss)}
+		for _, s := range ss {
+			s.mu.RLock()
+			st := s.tree.Stats()
+			ps.Entries += st.Entries
+			ps.GroupEntries += st.GroupEntries
+			ps.Blocks += st.Blocks
+			ps.Nodes += st.Nodes
+			ps.Ranks += st.Ranks
+			ps.Bytes += st.Bytes
+			for i, n := range s.tree.counts {
+				ps.Counts[i] += n
+			}
+			ps.Redundant += s.tree.redundant
+			s.mu.RUnlock()
+		}
+		out = append(out, ps)
 	}
 	return out
 }
@@ -686,22 +923,19 @@ type RankState struct {
 
 // Rank reports what partition k knows of r.
 func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
-	p, err := ix.partition(k)
-	if err != nil {
-		return RankState{}, err
-	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	t := p.tree
-	rid, ok := t.rankIDs[r]
-	if !ok {
-		return RankState{}, nil
-	}
-	rs := &t.ranks[rid]
-	deg, why := rs.degradedState()
-	return RankState{Blocks: rs.lookup.len(), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
-		Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why,
-		RedundantBlocks: rs.redundant}, nil
+	var out RankState
+	err := ix.ReadRank(k, r, func(t *Tree) {
+		rid, ok := t.rankIDs[r]
+		if !ok {
+			return
+		}
+		rs := &t.ranks[rid]
+		deg, why := rs.degradedState()
+		out = RankState{Blocks: rs.lookup.len(), Watermark: rs.seq, HasSeq: rs.hasSeq, Digest: rs.digest,
+			Tiers: rs.tiers, Capacity: rs.limit, Truncated: rs.truncated, Degraded: deg, DegradedReason: why,
+			RedundantBlocks: rs.redundant}
+	})
+	return out, err
 }
 
 // Groups returns what partition k learned of r's KV-cache groups (see
@@ -709,30 +943,43 @@ func (ix *Index) Rank(k PartitionKey, r Rank) (RankState, error) {
 // single-group engine, several for a hybrid model. The slice is the
 // caller's.
 func (ix *Index) Groups(k PartitionKey, r Rank) ([]GroupState, error) {
-	p, err := ix.partition(k)
-	if err != nil {
-		return nil, err
-	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	return p.tree.Groups(r), nil
+	var out []GroupState
+	err := ix.ReadRank(k, r, func(t *Tree) { out = t.Groups(r) })
+	return out, err
 }
 
-// Read runs f on partition k's tree under the read lock, for inspection
-// (tests, status tools). f must not keep the tree or modify it.
+// Read runs f on each of partition k's trees in turn (one per shard; a
+// rank is in one of them), each under its read lock, for inspection
+// (tests, status tools). f must not keep a tree or modify it.
 func (ix *Index) Read(k PartitionKey, f func(t *Tree)) error {
-	p, err := ix.partition(k)
+	p, err := ix.enter(k, false)
 	if err != nil {
 		return err
 	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	f(p.tree)
+	defer p.leave(false)
+	for _, s := range *p.shards.Load() {
+		s.mu.RLock()
+		f(s.tree)
+		s.mu.RUnlock()
+	}
 	return nil
 }
 
-// RemoveWorkerFrom removes every rank of worker id from partition k,
-// including ranks learned only from batches' data_parallel_rank.
-func (ix *Index) RemoveWorkerFrom(k PartitionKey, id uint64) error {
-	return ix.mutate(k, func(t *Tree) { t.RemoveWorker(id) })
+// ReadRank runs f, under its read lock, on the tree of partition k that
+// holds r; on the first shard's if r is unknown (where r holds nothing).
+// f must not keep the tree or modify it.
+func (ix *Index) ReadRank(k PartitionKey, r Rank, f func(t *Tree)) error {
+	p, err := ix.enter(k, false)
+	if err != nil {
+		return err
+	}
+	defer p.leave(false)
+	s := p.shardOf(r, false)
+	if s == nil {
+		s = (*p.shards.Load())[0]
+	}
+	s.mu.RLock()
+	f(s.tree)
+	s.mu.RUnlock()
+	return nil
 }

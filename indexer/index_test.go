@@ -101,10 +101,18 @@ type canonEntry struct {
 	counts [NumTiers]uint32
 }
 
-// canonical describes a tree independently of its node layout.
-func canonical(t *Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark) {
+// canonical describes trees independently of their node layout: the
+// shards of one partition, whose ranks are disjoint, or one tree.
+func canonical(trees ...*Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark) {
 	out := map[Rank]map[uint64]canonEntry{}
 	wm := map[Rank]RankWatermark{}
+	for _, t := range trees {
+		canonicalInto(t, out, wm)
+	}
+	return out, wm
+}
+
+func canonicalInto(t *Tree, out map[Rank]map[uint64]canonEntry, wm map[Rank]RankWatermark) {
 	paths := map[uint32]string{0: ""}
 	var walk func(id uint32)
 	walk = func(id uint32) {
@@ -143,31 +151,58 @@ func canonical(t *Tree) (map[Rank]map[uint64]canonEntry, map[Rank]RankWatermark)
 	for r, rid := range t.rankIDs {
 		wm[r] = RankWatermark{Rank: r, Seq: t.ranks[rid].seq, HasSeq: t.ranks[rid].hasSeq}
 	}
-	return out, wm
 }
 
-func sameTree(t *testing.T, got, want *Tree) {
+// shardTrees returns partition k's trees, one per shard.
+func shardTrees(ix *Index, k PartitionKey) []*Tree {
+	var out []*Tree
+	for _, s := range *ix.parts[k].shards.Load() {
+		out = append(out, s.tree)
+	}
+	return out
+}
+
+// sameTrees checks that two sets of trees (each a partition's shards, or
+// one tree) hold the same ranks with the same blocks, states and counts;
+// and, when both are sharded alike, the same node layout sizes.
+func sameTrees(t *testing.T, got, want []*Tree) {
 	t.Helper()
-	g, gw := canonical(got)
-	w, ww := canonical(want)
+	g, gw := canonical(got...)
+	w, ww := canonical(want...)
 	if fmt.Sprint(g) != fmt.Sprint(w) {
 		t.Fatalf("trees differ:\n got  %v\n want %v", g, w)
 	}
 	if fmt.Sprint(gw) != fmt.Sprint(ww) {
 		t.Fatalf("watermarks differ: got %v want %v", gw, ww)
 	}
-	for r, rid := range want.rankIDs {
-		gr, ok := got.rankIDs[r]
-		if !ok {
+	state := func(ts []*Tree, r Rank) *rankState {
+		for _, t := range ts {
+			if rid, ok := t.rankIDs[r]; ok {
+				return &t.ranks[rid]
+			}
+		}
+		return nil
+	}
+	for r := range ww {
+		g, w := state(got, r), state(want, r)
+		if g == nil {
 			continue // watermark comparison above reports it
 		}
-		g, w := &got.ranks[gr], &want.ranks[rid]
 		if g.tiers != w.tiers || g.truncated != w.truncated || g.limit != w.limit {
 			t.Fatalf("rank %v: tiers %v truncated %v capacity %v, want %v %v %v", r, g.tiers, g.truncated, g.limit, w.tiers, w.truncated, w.limit)
 		}
 	}
-	gs, ws := got.Stats(), want.Stats()
-	if gs.Entries != ws.Entries || gs.Blocks != ws.Blocks || gs.Nodes != ws.Nodes {
+	sum := func(ts []*Tree) (s TreeStats) {
+		for _, t := range ts {
+			st := t.Stats()
+			s.Entries += st.Entries
+			s.Blocks += st.Blocks
+			s.Nodes += st.Nodes
+		}
+		return s
+	}
+	gs, ws := sum(got), sum(want)
+	if gs.Entries != ws.Entries || len(got) == len(want) && (gs.Blocks != ws.Blocks || gs.Nodes != ws.Nodes) {
 		t.Fatalf("stats differ: got %+v want %+v", gs, ws)
 	}
 }
@@ -243,7 +278,7 @@ func TestSnapshotRestoreThenResume(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		sameTree(t, restored.parts[testKey].tree, live.parts[testKey].tree)
+		sameTrees(t, shardTrees(restored, testKey), shardTrees(live, testKey))
 	}
 }
 
@@ -348,7 +383,7 @@ func TestMemoryCapKeepsSubset(t *testing.T) {
 		if _, err := truth.Apply(testKey, b.rank, b.seq, b.ops); err != nil {
 			t.Fatal(err)
 		}
-		if e := capped.parts[testKey].tree.entries; e > maxEntries {
+		if e := capped.Entries(); e > maxEntries {
 			t.Fatalf("entries %d above cap %d", e, maxEntries)
 		}
 		for _, doc := range s.docs {
@@ -429,7 +464,7 @@ func TestConcurrentApplyAndMatch(t *testing.T) {
 		}
 		serial.SetWatermark(b.rank, b.seq)
 	}
-	sameTree(t, ix.parts[testKey].tree, serial)
+	sameTrees(t, shardTrees(ix, testKey), []*Tree{serial})
 }
 
 func TestIndexPartitions(t *testing.T) {

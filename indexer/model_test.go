@@ -449,7 +449,26 @@ func compareTree(tr *indexer.Tree, m *refModel, probes [][]uint64, extraRanks []
 			}
 		}
 	}
-	for _, r := range m.sortedRanks() {
+	if err := compareRanks(tr, m, m.sortedRanks()); err != nil {
+		return err
+	}
+	for _, q := range probes {
+		got, want := match(tr, q), m.Match(q)
+		if !sameOverlaps(got, want) {
+			return fmt.Errorf("Match(%x) = %v, model %v", q, got, want)
+		}
+		for _, o := range got {
+			if !(o.Device <= o.Host && o.Host <= o.Disk && int(o.Disk) <= len(q)) {
+				return fmt.Errorf("Match(%x): overlap %+v not cumulative", q, o)
+			}
+		}
+	}
+	return nil
+}
+
+// compareRanks compares what tr holds of each of ranks with the model.
+func compareRanks(tr *indexer.Tree, m *refModel, ranks []indexer.Rank) error {
+	for _, r := range ranks {
 		rr := m.ranks[r]
 		if n := tr.RankBlocks(r); n != len(rr.entries) {
 			return fmt.Errorf("RankBlocks(%v) = %d, model %d", r, n, len(rr.entries))
@@ -486,15 +505,71 @@ func compareTree(tr *indexer.Tree, m *refModel, probes [][]uint64, extraRanks []
 			}
 		}
 	}
-	for _, q := range probes {
-		got, want := match(tr, q), m.Match(q)
-		if !sameOverlaps(got, want) {
-			return fmt.Errorf("Match(%x) = %v, model %v", q, got, want)
+	return nil
+}
+
+// compareShards is compareTree over the trees of a sharded partition
+// (Index.Read), whose ranks are disjoint: the counts summed, each rank
+// checked in its tree, and each probe's overlaps gathered from all.
+func compareShards(trees []*indexer.Tree, m *refModel, probes [][]uint64, extraRanks []indexer.Rank) error {
+	if len(trees) == 1 {
+		return compareTree(trees[0], m, probes, extraRanks)
+	}
+	var entries, nranks int
+	var counts [indexer.NumReasons]uint64
+	var redundant uint64
+	var got []indexer.Rank
+	home := map[indexer.Rank]*indexer.Tree{}
+	for _, tr := range trees {
+		st := tr.Stats()
+		entries += st.Entries
+		nranks += st.Ranks
+		for i, n := range tr.Counts() {
+			counts[i] += n
 		}
-		for _, o := range got {
-			if !(o.Device <= o.Host && o.Host <= o.Disk && int(o.Disk) <= len(q)) {
-				return fmt.Errorf("Match(%x): overlap %+v not cumulative", q, o)
+		redundant += tr.Redundant()
+		for _, r := range tr.Ranks() {
+			if home[r] != nil {
+				return fmt.Errorf("rank %v in two shards", r)
 			}
+			home[r] = tr
+			got = append(got, r)
+		}
+	}
+	if want := m.Entries(); entries != want {
+		return fmt.Errorf("Σ Stats().Entries = %d, model %d", entries, want)
+	}
+	if want := len(m.ranks); nranks != want {
+		return fmt.Errorf("Σ Stats().Ranks = %d, model %d", nranks, want)
+	}
+	slices.SortFunc(got, cmpRank)
+	if want := m.sortedRanks(); !slices.Equal(got, want) && !(len(got) == 0 && len(want) == 0) {
+		return fmt.Errorf("Ranks() = %v, model %v", got, want)
+	}
+	if counts != m.counts {
+		return fmt.Errorf("Σ Counts() = %v, model %v", counts, m.counts)
+	}
+	if redundant != m.redundant {
+		return fmt.Errorf("Σ Redundant() = %d, model %d", redundant, m.redundant)
+	}
+	for _, r := range extraRanks {
+		if _, known := m.ranks[r]; !known && home[r] != nil {
+			return fmt.Errorf("shard holds unknown rank %v", r)
+		}
+	}
+	for _, r := range m.sortedRanks() {
+		if err := compareRanks(home[r], m, []indexer.Rank{r}); err != nil {
+			return err
+		}
+	}
+	for _, q := range probes {
+		var got []indexer.Overlap
+		for _, tr := range trees {
+			got = tr.Match(q, got)
+		}
+		sortOverlaps(got)
+		if want := m.Match(q); !sameOverlaps(got, want) {
+			return fmt.Errorf("Match(%x) = %v, model %v", q, got, want)
 		}
 	}
 	return nil

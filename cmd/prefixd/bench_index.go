@@ -28,6 +28,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64SliceVar(&o.Fractions, "fractions", o.Fractions, "offered loads as fractions of the unpaced capacity measured first")
 	fs.Float64Var(&o.Track, "track", o.Track, "achieved tracks offered while it is at least this fraction of it")
 	fs.IntVar(&o.IdleProbes, "idle-probes", o.IdleProbes, "scores timed at idle")
+	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: one per core, at most 8)")
 }
 
 func (o *benchIndexOptions) Validate() error { return o.Options.Validate() }

@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
+	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
@@ -27,6 +28,7 @@ type serveOptions struct {
 	apiToken     string
 	readToken    string
 	maxEntries   int
+	indexShards  int
 	peers        []string
 	replays      int
 	readyTimeout time.Duration
@@ -53,6 +55,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by the endpoints that change the catalog or bookings and by GET /dump; sent to --peers (prefer PREFIXD_API_TOKEN)")
 	fs.StringVar(&o.readToken, "read-token", o.readToken, "bearer token required by every other endpoint but /health and /ready (the API token works there too; prefer PREFIXD_READ_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = derived from the memory limit (half of it); -1 = no cap")
+	fs.IntVar(&o.indexShards, "index-shards", o.indexShards, "trees each partition's ranks are spread over, written in parallel (0 = one per core, at most 8)")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	o.disagg.AddFlags(fs)
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
@@ -93,6 +96,9 @@ func fromEnv(fs *pflag.FlagSet) error {
 }
 
 func (o *serveOptions) Validate() error {
+	if o.indexShards < 0 || o.indexShards > indexer.MaxShards {
+		return fmt.Errorf("--index-shards %d: want 0 (one per core) to %d", o.indexShards, indexer.MaxShards)
+	}
 	if o.maxEntries < -1 {
 		return fmt.Errorf("--index-max-entries %d: want a count, 0 (from memory) or -1 (no cap)", o.maxEntries)
 	}
@@ -155,7 +161,7 @@ func newServeCommand() *cobra.Command {
 			coord, _ := o.disagg.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
-				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
+				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

@@ -189,7 +189,7 @@ func newE2EIndex(t *testing.T) (*indexer.Index, *IndexApplier) {
 // rank is degraded.
 func checkIndex(t *testing.T, ix *indexer.Index, e *e2eEngine, degraded bool) {
 	t.Helper()
-	err := ix.Read(e2eKey, func(tr *indexer.Tree) {
+	err := ix.ReadRank(e2eKey, e.rank, func(tr *indexer.Tree) {
 		got, want := tr.RankBlocks(e.rank), e.truth.RankBlocks(e.rank)
 		if got > want || (!degraded && got != want) {
 			t.Errorf("rank %v holds %d blocks, engine %d (degraded %v)", e.rank, got, want, degraded)
@@ -786,7 +786,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 		roots[3], indexer.Op{Kind: indexer.OpRemove, Remove: indexer.Removed{Hashes: roots[2].Store.Hashes}})
 	caughtUp(t, s, e)
 	checkIndex(t, ix, e, true)
-	if err := ix.Read(e2eKey, func(tr *indexer.Tree) {
+	if err := ix.ReadRank(e2eKey, rank, func(tr *indexer.Tree) {
 		if n := tr.RankBlocks(rank); n != 0 {
 			t.Errorf("the rank holds %d blocks after a lossy batch, want 0 (reset)", n)
 		}

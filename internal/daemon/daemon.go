@@ -49,6 +49,9 @@ type Config struct {
 	// from the memory the process may use (half of it, at
 	// indexer.MemoryPerEntry each); negative means no cap.
 	MaxEntries int
+	// IndexShards is the index's shards per partition (indexer.Options.Shards;
+	// 0: one per core, at most 8).
+	IndexShards int
 	// Index, when set, is the index to fill (MaxEntries is then ignored);
 	// the demo reads it in-process to check it against the engines.
 	Index *indexer.Index
@@ -156,7 +159,8 @@ func Run(ctx context.Context, cfg Config) error {
 			maxEntries = indexer.MaxEntriesForMemory(mem / 2)
 			log.Info("index cap from memory: half of the memory limit", "max_entries", maxEntries, "memory_limit_bytes", mem, "from", source)
 		}
-		ix = indexer.New(indexer.Options{MaxEntries: maxEntries})
+		ix = indexer.New(indexer.Options{MaxEntries: maxEntries, Shards: cfg.IndexShards})
+		log.Info("index shards: each partition's ranks spread over this many trees, written in parallel", "shards", ix.Options().Shards)
 	}
 	reg.MustRegister(NewIndexCollector(ix, ix.MaxEntries()))
 	if len(cfg.Peers) > 0 {

@@ -1,11 +1,13 @@
 package daemon
 
 import (
+	"fmt"
 	"net/http"
 	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
@@ -19,6 +21,7 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	logs, log := testlog.New(t)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
 	const wait = 20 * time.Second
+	logs.Wait(t, wait, "index shards: each partition's ranks spread over this many trees, written in parallel", fmt.Sprintf("shards=%d", indexer.DefaultShards()))
 	logs.Wait(t, wait, "prefixd serving")
 	logs.Wait(t, wait, "catalog synced", "workers=0")
 

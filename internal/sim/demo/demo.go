@@ -508,7 +508,7 @@ func compare(ix *indexer.Index, engines []*mocker.Engine) []string {
 	for _, e := range engines {
 		holds := e.Holds()
 		rank := indexer.Rank{WorkerID: e.Worker().WorkerID}
-		err := ix.Read(indexer.PartitionKey{Model: model, Group: e.Worker().RoutingGroup}, func(t *indexer.Tree) {
+		err := ix.ReadRank(indexer.PartitionKey{Model: model, Group: e.Worker().RoutingGroup}, rank, func(t *indexer.Tree) {
 			if got := t.RankBlocks(rank); got != len(holds) {
 				diffs = append(diffs, fmt.Sprintf("worker %d: index holds %d blocks, engine %d", e.Worker().WorkerID, got, len(holds)))
 			}

@@ -37,6 +37,10 @@ type Result struct {
 	Ops                 int64         // event blocks applied + lookup blocks matched
 	EventOps, LookupOps int64
 	Achieved            float64 // Ops / Elapsed
+	// CPU is the CPU time the process used during the replay (0 where
+	// it cannot be read): Ops/CPU is the ops per core-second whether or
+	// not the cores were shared, CPU/Elapsed the cores kept busy.
+	CPU time.Duration
 	// LagP50, LagP99 and LagMax are how late items started against their
 	// due time: near zero while achieved tracks offered.
 	LagP50, LagP99, LagMax time.Duration
@@ -81,7 +85,7 @@ func Replay(ctx context.Context, rec *Recording, cfg ReplayConfig) (Result, erro
 	)
 	lags := make([][]time.Duration, len(appl)+len(looks))
 	fail := func(err error) { errOnce.Do(func() { firstErr = err }) }
-	start := time.Now()
+	start, cpu0 := time.Now(), processCPU()
 	run := func(slot int, tl []item, do func(item) error) {
 		defer wg.Done()
 		lag := make([]time.Duration, 0, len(tl))
@@ -137,7 +141,7 @@ func Replay(ctx context.Context, rec *Recording, cfg ReplayConfig) (Result, erro
 		}()
 	}
 	wg.Wait()
-	res.Elapsed = time.Since(start)
+	res.Elapsed, res.CPU = time.Since(start), processCPU()-cpu0
 	if firstErr != nil {
 		return res, firstErr
 	}
@@ -161,9 +165,9 @@ var ErrMismatch = errors.New("index disagrees with the engines' caches")
 // engine's final cache: the same blocks, each with its number of device
 // copies, and nothing else.
 func Verify(rec *Recording, ix *indexer.Index) error {
-	var bad error
-	err := ix.Read(Partition, func(t *indexer.Tree) {
-		for e, r := range rec.Ranks {
+	for e, r := range rec.Ranks {
+		var bad error
+		err := ix.ReadRank(Partition, r, func(t *indexer.Tree) {
 			want := rec.Final[e]
 			if got := t.RankBlocks(r); got != len(want) {
 				bad = fmt.Errorf("engine %d: %d blocks indexed, the engine holds %d: %w", e, got, len(want), ErrMismatch)
@@ -177,10 +181,13 @@ func Verify(rec *Recording, ix *indexer.Index) error {
 					return
 				}
 			}
+		})
+		if err != nil {
+			return err
 		}
-	})
-	if err != nil {
-		return err
+		if bad != nil {
+			return bad
+		}
 	}
-	return bad
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
@@ -30,6 +31,9 @@ type Options struct {
 	// Track: achieved tracks offered while achieved ≥ Track × offered.
 	Track      float64
 	IdleProbes int
+	// Shards is the index's Options.Shards (0: its default, one per core
+	// at each core count, at most 8).
+	Shards int
 }
 
 // NewOptions returns the defaults: the whole Mooncake trace on
@@ -60,6 +64,8 @@ func (o Options) Validate() error {
 		return errors.New("no offered load: give rates or fractions")
 	case o.Track <= 0 || o.Track > 1:
 		return fmt.Errorf("track %v: want a fraction in (0, 1]", o.Track)
+	case o.Shards < 0 || o.Shards > indexer.MaxShards:
+		return fmt.Errorf("shards %d: want 0 (the default) to %d", o.Shards, indexer.MaxShards)
 	case o.IdleProbes < 1:
 		return fmt.Errorf("idle probes %d must be positive", o.IdleProbes)
 	}
@@ -123,7 +129,8 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		runtime.GOMAXPROCS(cpus)
 		rp := Report{CPUs: cpus}
 		appl, look := cmpOr(o.Appliers, cpus), cmpOr(o.Lookupers, cpus)
-		cfg := ReplayConfig{Appliers: appl, Lookupers: look}
+		cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards}}
+		shards := indexer.New(cfg.Index).Options().Shards
 		runtime.GC()
 		if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
 			return reports, err
@@ -132,9 +139,9 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 			return reports, err
 		}
 		rp.Capacity.Index = nil
-		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines\n", cpus, appl, look)
-		p("  unpaced: %s ops/s (%s per core) in %v; index equal to the engines' caches\n",
-			mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond))
+		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines, %d index shards\n", cpus, appl, look, shards)
+		p("  unpaced: %s ops/s (%s per core) in %v%s; index equal to the engines' caches\n",
+			mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond), cpuNote(rp.Capacity))
 		rates := slices.Clone(o.Rates)
 		if len(rates) == 0 {
 			for _, f := range o.Fractions {
@@ -160,7 +167,7 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		}
 		p("  achieved tracks offered (≥ %.0f %%) up to %s ops/s = %s per core\n", 100*o.Track, mops(rp.Threshold), mops(rp.Threshold/float64(cpus)))
 		runtime.GC()
-		rp.Latency, err = Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes})
+		rp.Latency, err = Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes, Index: cfg.Index})
 		if err != nil {
 			return reports, err
 		}
@@ -170,6 +177,15 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		reports = append(reports, rp)
 	}
 	return reports, nil
+}
+
+// cpuNote describes r's CPU time: ops per core-second and the cores kept
+// busy, or nothing where it was not measured.
+func cpuNote(r Result) string {
+	if r.CPU <= 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %s ops per CPU-second, %.2f cores busy", mops(float64(r.Ops)/r.CPU.Seconds()), r.CPU.Seconds()/r.Elapsed.Seconds())
 }
 
 func cmpOr(v, def int) int {

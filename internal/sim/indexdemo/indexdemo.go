@@ -93,7 +93,9 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 
 	p("[3/6] ingesting: decode → filter → apply, one engine batch at a time\n")
 	key := indexer.PartitionKey{Model: "demo-model", Group: "default"}
-	ix := indexer.New(indexer.Options{})
+	// One tree: the demo ingests on one goroutine, and its checks count
+	// distinct blocks, which shards would count once per shard.
+	ix := indexer.New(indexer.Options{Shards: 1})
 	if err := ix.AddPartition(key, cfg.BlockSize); err != nil {
 		return err
 	}
@@ -192,7 +194,7 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	if err := json.Unmarshal(raw, &back); err != nil {
 		return err
 	}
-	restored := indexer.New(indexer.Options{})
+	restored := indexer.New(indexer.Options{Shards: 1})
 	if err := restored.Restore(key, &back); err != nil {
 		return err
 	}

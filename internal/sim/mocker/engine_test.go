@@ -81,7 +81,7 @@ func caughtUp(t *testing.T, s *stream.Subscriber, e *Engine) {
 func checkEqual(t *testing.T, ix *indexer.Index, e *Engine, rank indexer.Rank) {
 	t.Helper()
 	holds := e.Holds()
-	err := ix.Read(testKey, func(tr *indexer.Tree) {
+	err := ix.ReadRank(testKey, rank, func(tr *indexer.Tree) {
 		if got := tr.RankBlocks(rank); got != len(holds) {
 			t.Errorf("index holds %d blocks, engine %d", got, len(holds))
 		}
@@ -634,7 +634,7 @@ func checkGroups(t *testing.T, ix *indexer.Index, e *Engine, rank indexer.Rank) 
 	if m := byIdx[e.MainGroup()]; !m.Main {
 		t.Fatalf("group %d is not the index's main group: %+v", e.MainGroup(), states)
 	}
-	err = ix.Read(testKey, func(tr *indexer.Tree) {
+	err = ix.ReadRank(testKey, rank, func(tr *indexer.Tree) {
 		for g := range gemmaLike {
 			if g == e.MainGroup() {
 				continue

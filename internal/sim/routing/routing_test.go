@@ -139,7 +139,7 @@ func TestIndexMatchesEngines(t *testing.T) {
 			if st.Degraded || st.Truncated || st.Blocks != len(want) {
 				t.Errorf("%s engine %d: index %+v, engine holds %d blocks", p, e.idx, st, len(want))
 			}
-			err = s.ix.Read(k, func(tr *indexer.Tree) {
+			err = s.ix.ReadRank(k, e.rank, func(tr *indexer.Tree) {
 				for h, n := range want {
 					if c, ok := tr.Holds(e.rank, h); !ok || int(c[indexer.TierDevice]) != n {
 						t.Errorf("%s engine %d block %x: index %v %v, engine %d copies", p, e.idx, h, c, ok, n)

@@ -1,0 +1,302 @@
+package indexer
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// ranksPerShard returns how many ranks each of partition k's trees holds.
+func ranksPerShard(t *testing.T, ix *Index, k PartitionKey) []int {
+	t.Helper()
+	var out []int
+	must(t, ix.Read(k, func(tr *Tree) { out = append(out, len(tr.rankIDs)) }))
+	return out
+}
+
+// matchAll returns the overlaps of every document, each list sorted.
+func matchAll(t *testing.T, ix *Index, k PartitionKey, docs [][]uint32) [][]Overlap {
+	t.Helper()
+	var out [][]Overlap
+	for _, d := range docs {
+		o, err := ix.MatchTokens(k, d, BaseSeed, nil)
+		must(t, err)
+		slices.SortFunc(o, func(a, b Overlap) int {
+			return cmp.Or(cmp.Compare(a.Rank.WorkerID, b.Rank.WorkerID), cmp.Compare(a.Rank.DPRank, b.Rank.DPRank))
+		})
+		out = append(out, o)
+	}
+	return out
+}
+
+// TestShardedEqualsUnsharded replays one stream into indexes of 1 to 5
+// shards: every match, rank state and entry count is the one-tree
+// index's, after the stream and after ranks and a worker are removed; and
+// the ranks are spread evenly over the shards.
+func TestShardedEqualsUnsharded(t *testing.T) {
+	for _, seed := range []uint64{1, 2, 3} {
+		stream := genStream(seed, 400)
+		s := newSim(seed, 4)
+		for shards := 2; shards <= 5; shards++ {
+			one := New(Options{Shards: 1})
+			must(t, one.AddPartition(testKey, 4))
+			for _, b := range stream {
+				_, err := one.Apply(testKey, b.rank, b.seq, b.ops)
+				must(t, err)
+			}
+			ix := New(Options{Shards: shards, WriteChunk: 3})
+			must(t, ix.AddPartition(testKey, 4))
+			for _, b := range stream {
+				_, err := ix.Apply(testKey, b.rank, b.seq, b.ops)
+				must(t, err)
+			}
+			if n, _ := ix.Shards(testKey); n != shards {
+				t.Fatalf("%d shards, configured %d", n, shards)
+			}
+			per := ranksPerShard(t, ix, testKey)
+			if slices.Max(per)-slices.Min(per) > 1 {
+				t.Fatalf("%d shards: ranks per shard %v, not even", shards, per)
+			}
+			check := func(when string) {
+				t.Helper()
+				if got, want := ix.Entries(), one.Entries(); got != want {
+					t.Fatalf("seed %d, %d shards, %s: %d entries, one tree %d", seed, shards, when, got, want)
+				}
+				if got, want := matchAll(t, ix, testKey, s.docs), matchAll(t, one, testKey, s.docs); fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("seed %d, %d shards, %s: matches\n %v\none tree\n %v", seed, shards, when, got, want)
+				}
+				for _, r := range []Rank{{1, 0}, {1, 1}, {2, 0}, {3, 0}, {9, 9}} {
+					got, err := ix.Rank(testKey, r)
+					must(t, err)
+					want, err := one.Rank(testKey, r)
+					must(t, err)
+					if got != want {
+						t.Fatalf("seed %d, %d shards, %s: rank %v %+v, one tree %+v", seed, shards, when, r, got, want)
+					}
+				}
+				gn, _ := ix.RankCount(testKey)
+				wn, _ := one.RankCount(testKey)
+				if gn != wn {
+					t.Fatalf("%s: %d ranks, one tree %d", when, gn, wn)
+				}
+				var gs, ws PartitionStats
+				gs, ws = ix.Stats()[0], one.Stats()[0]
+				if gs.Entries != ws.Entries || gs.Ranks != ws.Ranks || gs.Counts != ws.Counts || gs.Redundant != ws.Redundant || gs.Shards != shards {
+					t.Fatalf("%s: stats %+v, one tree %+v", when, gs, ws)
+				}
+			}
+			check("after the stream")
+			must(t, ix.RemoveRank(testKey, Rank{1, 1}))
+			ix.RemoveWorker(2)
+			// Two new ranks fill the shards the removed ones left.
+			_, err := ix.Apply(testKey, Rank{7, 0}, 0, []Op{chainOp(4, 1, 3, 70)})
+			must(t, err)
+			_, err = ix.Apply(testKey, Rank{8, 0}, 0, []Op{chainOp(4, 1, 2, 80)})
+			must(t, err)
+			if per := ranksPerShard(t, ix, testKey); slices.Max(per)-slices.Min(per) > 1 {
+				t.Fatalf("%d shards after removals and two new ranks: ranks per shard %v", shards, per)
+			}
+			must(t, ix.RemoveRank(testKey, Rank{7, 0}))
+			must(t, ix.RemoveRank(testKey, Rank{8, 0}))
+			must(t, one.RemoveRank(testKey, Rank{1, 1}))
+			one.RemoveWorker(2)
+			check("after removals")
+			if n, _ := ix.RankCount(testKey); n != len(*ix.parts[testKey].where.Load()) {
+				t.Fatalf("%d ranks, %d assigned", n, len(*ix.parts[testKey].where.Load()))
+			}
+		}
+	}
+}
+
+// TestWriteToOneShardWhileAnotherIsLocked: a batch of a rank in one shard
+// completes while another shard's write lock is held, so writes to one
+// partition take no lock that all its writers share.
+func TestWriteToOneShardWhileAnotherIsLocked(t *testing.T) {
+	ix := New(Options{Shards: 2})
+	must(t, ix.AddPartition(testKey, 4))
+	a, b := Rank{1, 0}, Rank{2, 0}
+	_, err := ix.Apply(testKey, a, 0, []Op{chainOp(4, 1, 3, 10)})
+	must(t, err)
+	_, err = ix.Apply(testKey, b, 0, []Op{chainOp(4, 1, 3, 20)})
+	must(t, err)
+	p := ix.parts[testKey]
+	sa, sb := p.shardOf(a, false), p.shardOf(b, false)
+	if sa == sb {
+		t.Fatal("two ranks in one shard of two")
+	}
+	sa.mu.Lock() // a's shard is busy
+	done := make(chan error, 1)
+	go func() {
+		_, err := ix.Apply(testKey, b, 1, []Op{chainOp(4, 2, 40, 30)})
+		done <- err
+	}()
+	must(t, <-done) // would deadlock (and time out) if b's write needed a's lock
+	sa.mu.Unlock()
+	if st, _ := ix.Rank(testKey, b); st.Blocks != 43 || st.Watermark != 1 {
+		t.Fatalf("rank b: %+v, want 43 blocks at watermark 1", st)
+	}
+}
+
+// TestShardedSnapshotRoundTrip dumps a 3-shard partition through both
+// JSON codecs and restores it into indexes configured with fewer and more
+// shards: the restored index keeps the snapshot's shards (or more), each
+// rank where it was, scores and states as the live one, and the stream's
+// remaining batches bring both to the same state.
+func TestShardedSnapshotRoundTrip(t *testing.T) {
+	stream := genStream(7, 600)
+	s := newSim(7, 4)
+	live := New(Options{Shards: 3})
+	must(t, live.AddPartition(testKey, 4))
+	half := len(stream) / 2
+	for _, b := range stream[:half] {
+		_, err := live.Apply(testKey, b.rank, b.seq, b.ops)
+		must(t, err)
+	}
+	snap, err := live.Snapshot(testKey)
+	must(t, err)
+	shardOf := map[Rank]uint32{}
+	for _, w := range snap.Ranks {
+		shardOf[w.Rank] = w.Shard
+	}
+	if len(shardOf) != 4 || len(slices.Compact(slices.Sorted(mapValues(shardOf)))) != 3 {
+		t.Fatalf("snapshot ranks' shards %v, want 4 ranks over 3 shards", shardOf)
+	}
+	raw, err := json.Marshal(snap)
+	must(t, err)
+	var viaMarshal Snapshot
+	must(t, json.Unmarshal(raw, &viaMarshal))
+	var buf bytes.Buffer
+	must(t, snap.WriteJSON(&buf))
+	if !bytes.Equal(buf.Bytes(), raw) {
+		t.Fatal("WriteJSON and MarshalJSON differ on a sharded snapshot")
+	}
+	viaStream, err := DecodeSnapshot(json.NewDecoder(&buf), DecodeLimits{})
+	must(t, err)
+	for name, back := range map[string]*Snapshot{"marshal": &viaMarshal, "stream": viaStream} {
+		for _, shards := range []int{1, 3, 5} {
+			restored := New(Options{Shards: shards})
+			must(t, restored.Restore(testKey, back))
+			if n, _ := restored.Shards(testKey); n != max(3, shards) {
+				t.Fatalf("%s into %d: %d shards, want %d", name, shards, n, max(3, shards))
+			}
+			rp, lp := restored.parts[testKey], live.parts[testKey]
+			for r := range shardOf {
+				if (*rp.where.Load())[r] != (*lp.where.Load())[r] {
+					t.Fatalf("%s into %d: rank %v in shard %d, was in %d", name, shards, r, (*rp.where.Load())[r], (*lp.where.Load())[r])
+				}
+			}
+			if got, want := matchAll(t, restored, testKey, s.docs), matchAll(t, live, testKey, s.docs); fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Fatalf("%s into %d: restored scores differ", name, shards)
+			}
+			again, err := restored.Snapshot(testKey)
+			must(t, err)
+			if fmt.Sprint(again.Ranks) != fmt.Sprint(snap.Ranks) {
+				t.Fatalf("%s into %d: restored partition dumps ranks\n %v\nwas\n %v", name, shards, again.Ranks, snap.Ranks)
+			}
+			sameTrees(t, shardTrees(restored, testKey)[:3], shardTrees(live, testKey))
+		}
+	}
+	restored := New(Options{Shards: 1})
+	must(t, restored.Restore(testKey, &viaMarshal))
+	for _, b := range stream[half:] {
+		_, err := live.Apply(testKey, b.rank, b.seq, b.ops)
+		must(t, err)
+		_, err = restored.Apply(testKey, b.rank, b.seq, b.ops)
+		must(t, err)
+	}
+	sameTrees(t, shardTrees(restored, testKey), shardTrees(live, testKey))
+}
+
+func mapValues[K comparable, V any](m map[K]V) func(func(V) bool) {
+	return func(yield func(V) bool) {
+		for _, v := range m {
+			if !yield(v) {
+				return
+			}
+		}
+	}
+}
+
+// TestUnshardedSnapshotIntoShards: a dump of one tree (the shape dumps had
+// before shards) restores into a sharded index: its ranks stay in shard
+// 0, the other shards start empty, and new ranks go to them first.
+func TestUnshardedSnapshotIntoShards(t *testing.T) {
+	one := New(Options{Shards: 1})
+	must(t, one.AddPartition(testKey, 4))
+	for i, r := range []Rank{{1, 0}, {2, 0}} {
+		_, err := one.Apply(testKey, r, 0, []Op{chainOp(4, uint32(i), 3, uint64(10*i+1))})
+		must(t, err)
+	}
+	snap, err := one.Snapshot(testKey)
+	must(t, err)
+	raw, err := json.Marshal(snap)
+	must(t, err)
+	if strings.Contains(string(raw), `"shard"`) {
+		t.Fatalf("a one-tree dump names shards: %s", raw)
+	}
+	ix := New(Options{Shards: 3})
+	must(t, ix.Restore(testKey, snap))
+	if got := ranksPerShard(t, ix, testKey); !slices.Equal(got, []int{2, 0, 0}) {
+		t.Fatalf("ranks per shard %v, want [2 0 0]", got)
+	}
+	for _, r := range []Rank{{3, 0}, {4, 0}} {
+		_, err := ix.Apply(testKey, r, 0, []Op{chainOp(4, 5, 2, r.WorkerID*100)})
+		must(t, err)
+	}
+	if got := ranksPerShard(t, ix, testKey); !slices.Equal(got, []int{2, 1, 1}) {
+		t.Fatalf("ranks per shard %v, want [2 1 1]", got)
+	}
+}
+
+// TestRestoreCarriesCapacitiesAcrossShards: a capacity set before a
+// restore applies to the restored rank, in whichever shard it lands.
+func TestRestoreCarriesCapacitiesAcrossShards(t *testing.T) {
+	src := New(Options{Shards: 2})
+	must(t, src.AddPartition(testKey, 4))
+	for i, r := range []Rank{{1, 0}, {2, 0}} {
+		_, err := src.Apply(testKey, r, 0, []Op{chainOp(4, uint32(i), 40, uint64(1000*(i+1)))})
+		must(t, err)
+	}
+	snap, err := src.Snapshot(testKey)
+	must(t, err)
+	dst := New(Options{Shards: 2})
+	must(t, dst.AddPartition(testKey, 4))
+	must(t, dst.SetRankCapacity(testKey, Rank{2, 0}, Capacity{TierDevice: 10}))
+	must(t, dst.Restore(testKey, snap))
+	st, err := dst.Rank(testKey, Rank{2, 0})
+	must(t, err)
+	if st.Capacity != (Capacity{TierDevice: 10}) || st.Blocks > 10 || !st.Truncated {
+		t.Fatalf("rank 2 after restore: %+v, want its capacity of 10 enforced", st)
+	}
+	if st1, _ := dst.Rank(testKey, Rank{1, 0}); st1.Blocks != 40 {
+		t.Fatalf("rank 1 after restore: %+v, want 40 blocks", st1)
+	}
+	if n, _ := dst.RankCount(testKey); n != 2 {
+		t.Fatalf("%d ranks after restore, want 2", n)
+	}
+	if got, want := dst.Entries(), 40+st.Blocks; got != want {
+		t.Fatalf("%d entries counted, the ranks hold %d", got, want)
+	}
+}
+
+// TestSplitSnapshotRejects: shards out of bounds and ranks in two shards.
+func TestSplitSnapshotRejects(t *testing.T) {
+	for name, s := range map[string]*Snapshot{
+		"rank shard": {BlockSize: 4, Ranks: []RankWatermark{{Rank: Rank{1, 0}, Shard: MaxShards}}},
+		"node shard": {BlockSize: 4, Structural: []DumpNode{{Node: 1, Hashes: []uint64{1}, Shard: 1 << 20}}},
+		"two shards": {BlockSize: 4, Ranks: []RankWatermark{{Rank: Rank{1, 0}}, {Rank: Rank{1, 0}, Shard: 1}}},
+	} {
+		err := New(Options{}).Restore(testKey, s)
+		if err == nil || !strings.Contains(err.Error(), "shard") {
+			t.Errorf("%s: %v, want an error naming the shard", name, err)
+		}
+		if errors.Is(err, ErrNoPartition) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
