@@ -121,9 +121,56 @@ type partition struct {
 type shard struct {
 	mu      sync.RWMutex // guards tree and entries; held for at most Options.WriteChunk blocks of a batch at a time
 	tree    *Tree
-	entries int64    // tree.entries + tree.gentries as last added to Index.total
-	ranks   int      // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
+	entries int64 // tree.entries + tree.gentries as last added to Index.total
+	ranks   int   // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
+	// waiting counts matchers waiting for mu (rlock); a batch's writer
+	// that sees it steps aside after its current op (ApplyBatch).
+	waiting atomic.Int32
 	_       [64]byte // keeps the next shard's lock off this cache line
+}
+
+// The handoff between a shard's matchers and its writers. A matcher that
+// finds the write lock held does not park (a parked goroutine takes tens
+// of µs to wake once the lock is free, more than the write chunk it
+// waited for): it says it waits and tries again, yielding its P between
+// tries so that on a single P the writer runs. A batch's writer that sees
+// a waiting matcher ends its hold after the current op, lets the matchers
+// in, and takes the lock back the same way. Both fall back to parking
+// after spinTries tries: a writer that holds the lock longer (a removal,
+// a restore, the evictor) or a matcher that holds it a long time is not
+// worth spinning for.
+const spinTries = 512
+
+// rlock takes s.mu shared (see spinTries).
+func (s *shard) rlock() {
+	if s.mu.TryRLock() {
+		return
+	}
+	s.waiting.Add(1)
+	for i := 0; !s.mu.TryRLock(); i++ {
+		if i == spinTries {
+			s.mu.RLock()
+			break
+		}
+		runtime.Gosched()
+	}
+	s.waiting.Add(-1)
+}
+
+// handoff ends one hold of s.mu by a batch's writer and starts the next,
+// after the matchers waiting for it (see spinTries).
+func (s *shard) handoff() {
+	s.mu.Unlock()
+	for i := 0; i < spinTries && s.waiting.Load() > 0; i++ {
+		runtime.Gosched()
+	}
+	for i := 0; !s.mu.TryLock(); i++ {
+		if i == spinTries {
+			s.mu.Lock()
+			return
+		}
+		runtime.Gosched()
+	}
 }
 
 // New returns an empty index.
@@ -469,8 +516,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		}
 		res.Redundant += t.redundant - redundant
 		clock := t.clock
-		s.mu.Unlock()
-		s.mu.Lock()
+		s.handoff()
 		t.clock = clock
 		before, redundant = t.counts, t.redundant
 	}
@@ -491,7 +537,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		if err != nil {
 			res.Errs = append(res.Errs, err)
 		}
-		if budget <= 0 && i+1 < len(ops) {
+		if (budget <= 0 || s.waiting.Load() > 0) && i+1 < len(ops) {
 			yield()
 			budget = chunk
 		}
@@ -723,7 +769,7 @@ func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, er
 
 func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
 	for _, s := range *p.shards.Load() {
-		s.mu.RLock()
+		s.rlock()
 		dst = s.tree.Match(q, dst)
 		s.mu.RUnlock()
 	}

@@ -29,6 +29,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.Track, "track", o.Track, "achieved tracks offered while it is at least this fraction of it")
 	fs.IntVar(&o.IdleProbes, "idle-probes", o.IdleProbes, "scores timed at idle")
 	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: one per core, at most 8)")
+	fs.IntVar(&o.WriteChunk, "write-chunk", o.WriteChunk, "blocks a batch applies per hold of its shard's write lock (0: the index's default)")
 }
 
 func (o *benchIndexOptions) Validate() error { return o.Options.Validate() }

@@ -32,8 +32,9 @@ type Options struct {
 	Track      float64
 	IdleProbes int
 	// Shards is the index's Options.Shards (0: its default, one per core
-	// at each core count, at most 8).
-	Shards int
+	// at each core count, at most 8), WriteChunk its Options.WriteChunk
+	// (0: indexer.DefaultWriteChunk).
+	Shards, WriteChunk int
 }
 
 // NewOptions returns the defaults: the whole Mooncake trace on
@@ -64,6 +65,8 @@ func (o Options) Validate() error {
 		return errors.New("no offered load: give rates or fractions")
 	case o.Track <= 0 || o.Track > 1:
 		return fmt.Errorf("track %v: want a fraction in (0, 1]", o.Track)
+	case o.WriteChunk < 0 || o.WriteChunk > 1<<20:
+		return fmt.Errorf("write chunk %d: want 0 (the default) to %d blocks", o.WriteChunk, 1<<20)
 	case o.Shards < 0 || o.Shards > indexer.MaxShards:
 		return fmt.Errorf("shards %d: want 0 (the default) to %d", o.Shards, indexer.MaxShards)
 	case o.IdleProbes < 1:
@@ -129,7 +132,7 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		runtime.GOMAXPROCS(cpus)
 		rp := Report{CPUs: cpus}
 		appl, look := cmpOr(o.Appliers, cpus), cmpOr(o.Lookupers, cpus)
-		cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards}}
+		cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}}
 		shards := indexer.New(cfg.Index).Options().Shards
 		runtime.GC()
 		if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
@@ -139,7 +142,8 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 			return reports, err
 		}
 		rp.Capacity.Index = nil
-		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines, %d index shards\n", cpus, appl, look, shards)
+		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines, %d index shards, write chunk %d blocks\n",
+			cpus, appl, look, shards, indexer.New(cfg.Index).Options().WriteChunk)
 		p("  unpaced: %s ops/s (%s per core) in %v%s; index equal to the engines' caches\n",
 			mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond), cpuNote(rp.Capacity))
 		rates := slices.Clone(o.Rates)
