@@ -475,7 +475,9 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	if s.BlockSize != t.blockSize {
 		return t.fail(r, ReasonBlockSize, s.Hashes[0], len(s.Hashes))
 	}
-	if t.selfReferencing(s) {
+	// A piece of a larger store (pieces.go) was checked with the whole
+	// store: its hashes are part of the whole's, its parent the one before.
+	if !t.piece && t.selfReferencing(s) {
 		return t.fail(r, ReasonSelfReference, s.Hashes[0], len(s.Hashes))
 	}
 	if !known {
