@@ -53,11 +53,12 @@ bench-routing:
 
 # The index benchmark's full sweep (Dynamo's mooncake_bench shape): the
 # Mooncake trace through 64 mock engines, offered load swept at each core
-# count; `make bench-index BENCH_INDEX_FLAGS='--cpu 1,4,8'`. `make bench`
-# runs its short form (BenchmarkMooncake).
+# count; `make bench-index BENCH_INDEX_FLAGS='--cpu 1,4,8'`. The report,
+# its JSON and SVG charts go to docs/bench/index. `make bench` runs its
+# short form (BenchmarkMooncake).
 BENCH_INDEX_FLAGS ?=
 bench-index:
-	$(GO) run ./cmd/prefixd bench index $(BENCH_INDEX_FLAGS)
+	$(GO) run ./cmd/prefixd bench index $(BENCH_INDEX_FLAGS) --out docs/bench/index
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...

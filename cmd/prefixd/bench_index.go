@@ -1,6 +1,10 @@
 package main
 
 import (
+	"fmt"
+	"io"
+	"strings"
+
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -9,6 +13,7 @@ import (
 
 type benchIndexOptions struct {
 	indexbench.Options
+	out string
 }
 
 func newBenchIndexOptions() *benchIndexOptions {
@@ -29,6 +34,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.Track, "track", o.Track, "achieved tracks offered while it is at least this fraction of it")
 	fs.IntVar(&o.IdleProbes, "idle-probes", o.IdleProbes, "scores timed at idle")
 	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: one per core, at most 8)")
+	fs.StringVar(&o.out, "out", "", "also write the report (report.md, report.json) and SVG charts into this directory")
 	fs.IntVar(&o.WriteChunk, "write-chunk", o.WriteChunk, "blocks a batch applies per hold of its shard's write lock (0: the index's default)")
 }
 
@@ -51,7 +57,19 @@ func newBenchIndexCommand() *cobra.Command {
 			if err := o.Validate(); err != nil {
 				return err
 			}
-			_, err := indexbench.Run(cmd.Context(), o.Options, cmd.OutOrStdout())
+			var text strings.Builder
+			out := io.Writer(cmd.OutOrStdout())
+			if o.out != "" {
+				out = io.MultiWriter(out, &text)
+			}
+			reports, err := indexbench.Run(cmd.Context(), o.Options, out)
+			if err != nil || o.out == "" {
+				return err
+			}
+			files, err := indexbench.WriteReport(o.out, reports, text.String())
+			for _, f := range files {
+				fmt.Fprintln(cmd.OutOrStdout(), "wrote", f)
+			}
 			return err
 		},
 	}

@@ -1,8 +1,13 @@
 package main
 
 import (
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/prefixd/prefixd/internal/sim/indexbench"
 )
 
 func TestBenchIndexRejectsBadFlags(t *testing.T) {
@@ -15,6 +20,9 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 		{[]string{"--track", "2"}, "track 2"},
 		{[]string{"--fractions", "-1"}, "fraction -1"},
 		{[]string{"--requests", "-5"}, "requests -5"},
+		{[]string{"--shards", "-1"}, "shards -1"},
+		{[]string{"--shards", "257"}, "shards 257"},
+		{[]string{"--write-chunk", "-3"}, "write chunk -3"},
 	} {
 		_, err := runCommand(t, append([]string{"bench", "index"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -23,16 +31,40 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 	}
 }
 
-// TestBenchIndexRuns: a tiny sweep at one core prints its report.
+// TestBenchIndexRuns: a tiny sweep at one core and at two, on three
+// shards, prints its report and writes it, as JSON and as charts, into
+// --out.
 func TestBenchIndexRuns(t *testing.T) {
-	out, err := runCommand(t, "bench", "index", "--requests", "40", "--engines", "2", "--cpu", "1",
-		"--fractions", "1", "--idle-probes", "50")
+	dir := t.TempDir()
+	out, err := runCommand(t, "bench", "index", "--requests", "40", "--engines", "4", "--cpu", "1,2", "--shards", "3",
+		"--fractions", "0.5,1", "--idle-probes", "50", "--out", dir)
 	if err != nil {
 		t.Fatalf("bench index: %v\n%s", err, out)
 	}
-	for _, want := range []string{"GOMAXPROCS=1", "index equal to the engines' caches", "achieved tracks offered", "idle p50"} {
+	for _, want := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2", "3 index shards", "index equal to the engines' caches", "achieved tracks offered", "idle p50"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, indexbench.ReportJSON))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var reps []indexbench.Report
+	if err := json.Unmarshal(raw, &reps); err != nil {
+		t.Fatal(err)
+	}
+	if len(reps) != 2 || reps[1].CPUs != 2 || len(reps[0].Points) != 2 || reps[0].Capacity.Ops == 0 || reps[1].Latency.LoadN == 0 {
+		t.Fatalf("report.json: %s", raw)
+	}
+	text, err := os.ReadFile(filepath.Join(dir, indexbench.ReportText))
+	if err != nil || !strings.Contains(string(text), "GOMAXPROCS=2") {
+		t.Fatalf("report.md: %v\n%s", err, text)
+	}
+	for _, name := range []string{indexbench.ChartThroughput, indexbench.ChartLatency} {
+		svg, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil || !strings.Contains(string(svg), "<svg") || !strings.Contains(string(svg), "GOMAXPROCS=2") {
+			t.Errorf("%s: %v, %d bytes", name, err, len(svg))
 		}
 	}
 }

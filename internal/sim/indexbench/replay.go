@@ -47,7 +47,7 @@ type Result struct {
 	// Skipped counts event blocks the index did not apply (any reason);
 	// 0 for an uncapped index fed a consistent recording.
 	Skipped uint64
-	Index   *indexer.Index // the index after the replay
+	Index   *indexer.Index `json:"-"` // the index after the replay
 }
 
 // Replay feeds rec into a new index at cfg's offered rate and returns the
