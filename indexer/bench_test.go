@@ -286,6 +286,39 @@ func BenchmarkMemory(b *testing.B) {
 	}
 }
 
+// BenchmarkMemoryShards measures the live heap of the whole benchmark
+// workload in one Index partition of 1, 2, 4 and 8 shards: a prefix that
+// ranks in several shards hold is stored once per shard, so B/entry grows
+// with the shards.
+func BenchmarkMemoryShards(b *testing.B) {
+	w, _ := benchIndex(b)
+	k := indexer.PartitionKey{Model: "m"}
+	for _, shards := range []int{1, 2, 4, 8} {
+		b.Run(fmt.Sprintf("shards=%d", shards), func(b *testing.B) {
+			var st indexer.PartitionStats
+			var heap int64
+			for b.Loop() {
+				base := heapAfterGC()
+				ix := indexer.New(indexer.Options{Shards: shards})
+				if err := ix.AddPartition(k, w.BlockSize); err != nil {
+					b.Fatal(err)
+				}
+				for i, e := range w.Events {
+					if _, err := ix.ApplyBatch(k, e.Rank, indexer.Mark{Seq: uint64(i)}, []indexer.Op{e.Op}); err != nil {
+						b.Fatal(err)
+					}
+				}
+				heap = heapAfterGC() - base
+				st = ix.Stats()[0]
+				runtime.KeepAlive(ix)
+			}
+			b.ReportMetric(float64(heap)/float64(st.Entries), "B/entry")
+			b.ReportMetric(float64(st.Bytes)/float64(heap), "est-ratio")
+			b.ReportMetric(float64(st.Nodes), "nodes")
+		})
+	}
+}
+
 // The llm-d comparison index (the workload of docs/benchmarks.md, "Against peers"), built once per process.
 var llmd struct {
 	once sync.Once
