@@ -241,3 +241,23 @@ func BenchmarkDecodeQueryByHash8K(b *testing.B) {
 		dst = got
 	}
 }
+
+// BenchmarkScores8K is the score response alone (appendScores): the 80
+// ranks of 72 instances that match the 8,192-token prompt of benchIndex,
+// in Match's order, encoded into a reused buffer (7.2 KB).
+func BenchmarkScores8K(b *testing.B) {
+	ix, p := benchIndex(b)
+	ov, err := ix.MatchTokens(mDefault, p, indexer.BaseSeed, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%d ranks match", len(ov))
+	work := make([]indexer.Overlap, len(ov))
+	var out []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		copy(work, ov) // appendScores sorts it
+		out = appendScores(out[:0], work, nil, 16)
+	}
+	b.SetBytes(int64(len(out)))
+}
