@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -275,7 +276,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			return l.syntax(field, "expected a string key, got %q", l.data[l.pos])
 		}
 		l.member = l.pos
-		key, err := l.str(field)
+		key, err := l.key(field)
 		if err != nil {
 			return err
 		}
@@ -403,6 +404,27 @@ func (l *lexer) str(field string) (string, error) {
 	}
 	l.pos = len(l.data)
 	return "", l.syntax(field, "unterminated string")
+}
+
+// hotKeys are the keys of the hot bodies, which key returns without
+// allocating.
+var hotKeys = [...]string{"token_ids", "model_name", "block_hashes", "routing_group", "lora_name", "cache_salt"}
+
+// key reads an object key (pos at its opening quote) as str does. A key
+// whose bytes are those of a hot key (so it has no escapes) is that
+// string of hotKeys, not a copy.
+func (l *lexer) key(field string) (string, error) {
+	start := l.pos + 1
+	if n := bytes.IndexByte(l.data[start:], '"'); n >= 0 {
+		k := l.data[start : start+n]
+		for _, h := range hotKeys {
+			if string(k) == h {
+				l.pos = start + n + 1
+				return h, nil
+			}
+		}
+	}
+	return l.str(field)
 }
 
 // strEnd checks the string starting at the quote at offset q, moves past
