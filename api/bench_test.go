@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // benchIndex builds an index in which an 8,192-token prompt (512 blocks of
@@ -152,6 +153,45 @@ func BenchmarkQuery8KHandler(b *testing.B) {
 	}
 }
 
+// BenchmarkQueryByHash8KHandler is /query_by_hash's handler alone, with
+// the 512 block hashes of the 8,192-token prompt: read the body, decode,
+// match and encode the scores; metrics=on as the daemon serves it, with
+// every request's latency observed (Config.Registerer).
+func BenchmarkQueryByHash8KHandler(b *testing.B) {
+	ix, p := benchIndex(b)
+	body := byHashBody(p)
+	for _, metrics := range []bool{false, true} {
+		b.Run(map[bool]string{false: "metrics=off", true: "metrics=on"}[metrics], func(b *testing.B) {
+			cfg := Config{Index: ix}
+			if metrics {
+				cfg.Registerer = prometheus.NewRegistry()
+			}
+			h := NewHandler(cfg)
+			w := httptest.NewRecorder()
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/query_by_hash", bytes.NewReader(body))
+				w.Body.Reset()
+				h.ServeHTTP(w, req)
+				if w.Code != 200 {
+					b.Fatal(w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// byHashBody is the /query_by_hash body of prompt p: its local block
+// hashes as the signed int64 values Dynamo sends (19–20 characters each).
+func byHashBody(p []uint32) []byte {
+	var hs []string
+	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
+		hs = append(hs, strconv.FormatInt(int64(h), 10))
+	}
+	return []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
+}
+
 // BenchmarkDecodeQuery8K is the body decoding alone (decodeQuery, as
 // /query does), against encoding/json into QueryRequest (whose TokenIDs
 // reads the array with the lexer: what the cold bodies cost per token) and
@@ -225,11 +265,7 @@ func BenchmarkDecodePlan8K(b *testing.B) {
 // int64 values Dynamo sends (19–20 characters each).
 func BenchmarkDecodeQueryByHash8K(b *testing.B) {
 	_, p := benchIndex(b)
-	var hs []string
-	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
-		hs = append(hs, strconv.FormatInt(int64(h), 10))
-	}
-	body := []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
+	body := byHashBody(p)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	var dst []uint64

@@ -11,14 +11,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prefixd/prefixd/indexer"
 )
 
 // The load generator of BenchmarkQuery8KExternal runs in its own process:
@@ -30,6 +29,8 @@ const (
 	loadgenRate   = "PREFIXD_LOADGEN_RATE"
 	loadgenWindow = "PREFIXD_LOADGEN_WINDOW"
 	loadgenClient = "PREFIXD_LOADGEN_CLIENT" // "raw" (rawSender) or "http" (net/http's client)
+	// The generator's own CPU profile goes to this file, if set.
+	loadgenProfile = "PREFIXD_LOADGEN_CPUPROFILE"
 )
 
 var (
@@ -62,6 +63,18 @@ func runLoadgen(url string) int {
 	default:
 		fmt.Fprintf(os.Stderr, "loadgen: %s=%q: want raw or http\n", loadgenClient, c)
 		return 2
+	}
+	if file := os.Getenv(loadgenProfile); file != "" {
+		f, err := os.Create(file)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			return 2
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
 	}
 	r := openLoop(newSender, rate, window)
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
@@ -118,15 +131,8 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 	ix, p := benchIndex(b)
 	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
 	defer srv.Close()
-	var hashes []string
-	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
-		hashes = append(hashes, strconv.FormatInt(int64(h), 10))
-	}
 	dir := b.TempDir()
-	bodies := map[string][]byte{
-		"query":         benchBody(b, p),
-		"query_by_hash": []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hashes, ",") + `]}`),
-	}
+	bodies := map[string][]byte{"query": benchBody(b, p), "query_by_hash": byHashBody(p)}
 	for _, route := range []string{"query", "query_by_hash"} {
 		file := filepath.Join(dir, route+".json")
 		if err := os.WriteFile(file, bodies[route], 0o644); err != nil {
