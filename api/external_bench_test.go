@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -86,12 +87,12 @@ func runLoadgen(url string) int {
 
 // loadgenCmd is the load generator's process for route at rate. The
 // runtime settings of the process under test (GOGC, GOMEMLIMIT,
-// GODEBUG) are not passed on: the generator runs with the defaults
-// whatever the server is tried with.
+// GOMAXPROCS, GODEBUG) are not passed on: the generator runs with the
+// defaults whatever the server is tried with.
 func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, client string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); k != "GOGC" && k != "GOMEMLIMIT" && k != "GODEBUG" {
+		if k, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}, k) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -248,6 +249,43 @@ func TestRawSender(t *testing.T) {
 		s.close()
 		if n := conns.Load(); n != c.conns {
 			t.Errorf("%s: %d connections, want %d", c.path, n, c.conns)
+		}
+	}
+}
+
+// TestOpenLoopPacedWrites runs openLoop's paced writes (rawSender)
+// against servers that answer well, with an error, and by closing every
+// connection: the first run must send all its requests and fail none,
+// the others must fail, the last after each sender's one request.
+func TestOpenLoopPacedWrites(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/close":
+			w.Header().Set("Connection", "close")
+		case "/missing":
+			w.WriteHeader(http.StatusNotFound)
+		}
+		io.WriteString(w, long)
+	}))
+	defer srv.Close()
+	const rate, window = 1000, 200 * time.Millisecond
+	for _, c := range []struct {
+		path   string
+		ok     int  // requests that must succeed
+		failed bool // whether the run must fail
+	}{
+		{"/ok", rate * int(window/time.Millisecond) / 1000, false},
+		{"/missing", 0, true},
+		{"/close", senders, true}, // each sender retires after one: then none is left
+	} {
+		r := openLoop(func() (sender, error) { return newRawSender(srv.URL+c.path, []byte(`{}`)) }, rate, window)
+		if len(r.Latencies) != c.ok || (r.Failed > 0) != c.failed {
+			t.Errorf("%s: %d requests answered, %d failed; want %d answered, failed=%v", c.path, len(r.Latencies), r.Failed, c.ok, c.failed)
+		}
+		if c.path == "/ok" && len(r.Waits) != c.ok {
+			t.Errorf("%s: %d waits for %d requests", c.path, len(r.Waits), c.ok)
 		}
 	}
 }
