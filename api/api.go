@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/clip"
@@ -159,7 +158,7 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 			mux.Handle(path, m)
 			return
 		}
-		mux.Handle(path, promhttp.InstrumentHandlerDuration(duration.MustCurryWith(prometheus.Labels{"handler": path}), m))
+		mux.Handle(path, timed(duration.MustCurryWith(prometheus.Labels{"handler": path}), m, m))
 	}
 	route("/register", methods{http.MethodPost: h.register})
 	route("/unregister", methods{http.MethodPost: h.unregister})

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -577,4 +578,22 @@ func TestQueryPredicted(t *testing.T) {
 	now = now.Add(time.Second)
 	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
 		`{"scores":{"1":{"0":32,"1":16}},"frequencies":[],"instances":{"1":{"longest_matched":48,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":48}}}`)
+}
+
+// TestAppendUint checks appendUint against strconv at every digit count
+// and its boundaries.
+func TestAppendUint(t *testing.T) {
+	vs := []uint64{0, math.MaxUint64}
+	for p := uint64(1); p <= 1e19; p *= 10 {
+		vs = append(vs, p-1, p, p+1, 2*p-1, 5*p)
+	}
+	rng := rand.New(rand.NewPCG(5, 6))
+	for range 10000 {
+		vs = append(vs, rng.Uint64()>>rng.IntN(64))
+	}
+	for _, v := range vs {
+		if got, want := appendUint([]byte("x"), v), strconv.AppendUint([]byte("x"), v, 10); string(got) != string(want) {
+			t.Fatalf("appendUint(%d) = %s, want %s", v, got, want)
+		}
+	}
 }

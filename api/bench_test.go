@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // benchIndex builds an index in which an 8,192-token prompt (512 blocks of
@@ -70,118 +70,17 @@ func benchBody(b *testing.B, p []uint32) []byte {
 	return body
 }
 
-// latencies collects request latencies from several goroutines.
-type latencies struct {
-	mu sync.Mutex // guards all
-	d  []time.Duration
-}
-
-func (l *latencies) add(d []time.Duration) {
-	l.mu.Lock()
-	l.d = append(l.d, d...)
-	l.mu.Unlock()
-}
-
-func (l *latencies) report(b *testing.B, elapsed time.Duration) {
-	slices.Sort(l.d)
-	q := func(f float64) float64 {
-		if len(l.d) == 0 {
-			return 0
-		}
-		return float64(l.d[min(len(l.d)-1, int(f*float64(len(l.d))))].Nanoseconds()) / 1e3
-	}
-	b.ReportMetric(q(0.50), "p50-µs")
-	b.ReportMetric(q(0.99), "p99-µs")
-	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "req/s")
-	b.ReportMetric(0, "ns/op")
-}
-
-// loadResult is what an open-loop run measured.
-type loadResult struct {
-	Latencies []time.Duration
-	Elapsed   time.Duration
-	Dropped   int64
-	Failed    int64
-}
-
-func (r *loadResult) report(b *testing.B) {
-	l := latencies{d: r.Latencies}
-	l.report(b, r.Elapsed)
-	b.ReportMetric(float64(r.Dropped), "dropped")
-}
-
-// openLoop sends body to url at rate requests/s for window: a 1 ms ticker
-// hands out the requests due (rate/1000 per tick: Go's timers are no
-// finer than about 1 ms on this VM) to a pool of 64 senders. Latency runs
-// from the hand-out to the last byte of the response, so waiting for a
-// sender counts; a request that finds 1 s of backlog queued is dropped.
-func openLoop(client *http.Client, url string, body []byte, rate int, window time.Duration) loadResult {
-	var lat latencies
-	var dropped, failed atomic.Int64
-	due := make(chan time.Time, rate) // at most 1 s of backlog
-	var wg sync.WaitGroup
-	for range 64 {
-		wg.Go(func() {
-			var mine []time.Duration
-			for at := range due {
-				if err := post(client, url, body); err != nil {
-					failed.Add(1)
-					continue
-				}
-				mine = append(mine, time.Since(at))
-			}
-			lat.add(mine)
-		})
-	}
-	interval := time.Second / time.Duration(rate)
-	tick := time.NewTicker(time.Millisecond)
-	start := time.Now()
-	sent := 0
-	for range tick.C {
-		now := time.Now()
-		if now.Sub(start) >= window {
-			break
-		}
-		for ; sent < int(now.Sub(start)/interval); sent++ {
-			select {
-			case due <- now:
-			default:
-				dropped.Add(1)
-			}
-		}
-	}
-	tick.Stop()
-	close(due)
-	wg.Wait()
-	return loadResult{Latencies: lat.d, Elapsed: time.Since(start), Dropped: dropped.Load(), Failed: failed.Load()}
-}
-
-// post sends one /query and checks the answer.
-func post(c *http.Client, url string, body []byte) error {
-	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
-	if err != nil {
-		return err
-	}
-	n, _ := io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != 200 || n < 100 {
-		return fmt.Errorf("status %d, %d bytes", resp.StatusCode, n)
-	}
-	return nil
-}
-
 // BenchmarkQuery8K measures POST /query of an 8,192-token prompt (a 50 KB
 // body) over a real loopback HTTP server. Each sub-benchmark runs for a
 // fixed 2 s whatever b.N (run it with the default -benchtime):
 //
 //	go test -run '^$' -bench Query8K ./api/
 //
-// rate=N: open loop. A 1 ms ticker hands out the requests due (N/1000 per
-// tick: Go's timers are no finer than about 1 ms on this VM) to a pool of
-// 64 senders. Latency runs from the hand-out to the last byte of the
-// response, so waiting for a sender counts; "dropped" counts requests that
-// found 1 s of backlog queued, and req/s below N means the server could
-// not keep up.
+// rate=N: open loop (openLoop) through net/http's client: a request due
+// every 1/N s, its latency from then to the last byte of the response,
+// so a late hand-out or a wait for one of the 64 senders counts;
+// "dropped" counts requests that found 1 s of backlog queued, and req/s
+// below N means the server could not keep up.
 //
 // clients=N: closed loop, N clients back to back: the maximum sustained
 // rate. Client and server share the machine's cores, so every figure
@@ -198,7 +97,7 @@ func BenchmarkQuery8K(b *testing.B) {
 	const window = 2 * time.Second
 	for _, rate := range []int{1000, 2000, 5000, 7500, 10000} {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
-			r := openLoop(client, url, body, rate, window)
+			r := openLoop(func() (sender, error) { return httpSender{client, url, body}, nil }, rate, window)
 			if r.Failed > 0 {
 				b.Fatalf("%d requests failed", r.Failed)
 			}
@@ -252,6 +151,45 @@ func BenchmarkQuery8KHandler(b *testing.B) {
 			b.Fatal(w.Code, w.Body)
 		}
 	}
+}
+
+// BenchmarkQueryByHash8KHandler is /query_by_hash's handler alone, with
+// the 512 block hashes of the 8,192-token prompt: read the body, decode,
+// match and encode the scores; metrics=on as the daemon serves it, with
+// every request's latency observed (Config.Registerer).
+func BenchmarkQueryByHash8KHandler(b *testing.B) {
+	ix, p := benchIndex(b)
+	body := byHashBody(p)
+	for _, metrics := range []bool{false, true} {
+		b.Run(map[bool]string{false: "metrics=off", true: "metrics=on"}[metrics], func(b *testing.B) {
+			cfg := Config{Index: ix}
+			if metrics {
+				cfg.Registerer = prometheus.NewRegistry()
+			}
+			h := NewHandler(cfg)
+			w := httptest.NewRecorder()
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				req := httptest.NewRequest(http.MethodPost, "/query_by_hash", bytes.NewReader(body))
+				w.Body.Reset()
+				h.ServeHTTP(w, req)
+				if w.Code != 200 {
+					b.Fatal(w.Code, w.Body)
+				}
+			}
+		})
+	}
+}
+
+// byHashBody is the /query_by_hash body of prompt p: its local block
+// hashes as the signed int64 values Dynamo sends (19–20 characters each).
+func byHashBody(p []uint32) []byte {
+	var hs []string
+	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
+		hs = append(hs, strconv.FormatInt(int64(h), 10))
+	}
+	return []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
 }
 
 // BenchmarkDecodeQuery8K is the body decoding alone (decodeQuery, as
@@ -327,11 +265,7 @@ func BenchmarkDecodePlan8K(b *testing.B) {
 // int64 values Dynamo sends (19–20 characters each).
 func BenchmarkDecodeQueryByHash8K(b *testing.B) {
 	_, p := benchIndex(b)
-	var hs []string
-	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
-		hs = append(hs, strconv.FormatInt(int64(h), 10))
-	}
-	body := []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hs, ",") + `]}`)
+	body := byHashBody(p)
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	var dst []uint64
@@ -342,4 +276,24 @@ func BenchmarkDecodeQueryByHash8K(b *testing.B) {
 		}
 		dst = got
 	}
+}
+
+// BenchmarkScores8K is the score response alone (appendScores): the 80
+// ranks of 72 instances that match the 8,192-token prompt of benchIndex,
+// in Match's order, encoded into a reused buffer (7.2 KB).
+func BenchmarkScores8K(b *testing.B) {
+	ix, p := benchIndex(b)
+	ov, err := ix.MatchTokens(mDefault, p, indexer.BaseSeed, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Logf("%d ranks match", len(ov))
+	work := make([]indexer.Overlap, len(ov))
+	var out []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		copy(work, ov) // appendScores sorts it
+		out = appendScores(out[:0], work, nil, 16)
+	}
+	b.SetBytes(int64(len(out)))
 }

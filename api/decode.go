@@ -1,6 +1,8 @@
 package api
 
 import (
+	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -274,7 +276,7 @@ func (l *lexer) object(field string, depth int, f func(key string) error) error 
 			return l.syntax(field, "expected a string key, got %q", l.data[l.pos])
 		}
 		l.member = l.pos
-		key, err := l.str(field)
+		key, err := l.key(field)
 		if err != nil {
 			return err
 		}
@@ -404,6 +406,27 @@ func (l *lexer) str(field string) (string, error) {
 	return "", l.syntax(field, "unterminated string")
 }
 
+// hotKeys are the keys of the hot bodies, which key returns without
+// allocating.
+var hotKeys = [...]string{"token_ids", "model_name", "block_hashes", "routing_group", "lora_name", "cache_salt"}
+
+// key reads an object key (pos at its opening quote) as str does. A key
+// whose bytes are those of a hot key (so it has no escapes) is that
+// string of hotKeys, not a copy.
+func (l *lexer) key(field string) (string, error) {
+	start := l.pos + 1
+	if n := bytes.IndexByte(l.data[start:], '"'); n >= 0 {
+		k := l.data[start : start+n]
+		for _, h := range hotKeys {
+			if string(k) == h {
+				l.pos = start + n + 1
+				return h, nil
+			}
+		}
+	}
+	return l.str(field)
+}
+
 // strEnd checks the string starting at the quote at offset q, moves past
 // it and returns the offset after its closing quote.
 func (l *lexer) strEnd(field string, q int) (int, error) {
@@ -511,6 +534,89 @@ func parseDigits(b []byte) (v uint64, ok bool) {
 	return v, true
 }
 
+// The token and hash arrays are read a word at a time (SWAR) where at
+// least 8 bytes remain: digitRun finds where a number's digits end and
+// digitsValue converts up to 8 of them, without a branch per digit (the
+// lengths of token ids vary, and a loop exiting at a varying digit
+// mispredicts about once a number).
+const (
+	lowBytes  = 0x0101010101010101 // 0x01 in every byte
+	highBytes = 0x8080808080808080 // every byte's high bit
+)
+
+// le64 loads 8 bytes of b, the first the lowest.
+func le64(b []byte) uint64 { return binary.LittleEndian.Uint64(b) }
+
+// digitRun returns how many bytes of w, from its lowest (the first in
+// memory), are ASCII digits before the first that is not: 0–8.
+func digitRun(w uint64) int {
+	low := w &^ highBytes                 // each byte's low 7 bits: adding below never carries out of a byte
+	atLeast0 := low + (0x80-'0')*lowBytes // high bit set where low ≥ '0'
+	above9 := low + (0x80-'9'-1)*lowBytes // high bit set where low > '9'
+	digits := atLeast0 &^ above9 &^ w & highBytes
+	return bits.TrailingZeros64(^digits&highBytes) >> 3
+}
+
+// digitsValue returns the value of the ASCII digits in the first n bytes
+// (1–8) of w, the first byte the most significant digit: the digits are
+// shifted to the top, below them zero bytes counting as leading zeros,
+// then combined pairwise (2, 4, then 8 digits per lane) by three
+// multiplications.
+func digitsValue(w uint64, n int) uint64 {
+	w <<= (64 - 8*uint(n)) & 63
+	w = (w & 0x0F0F0F0F0F0F0F0F) * (10<<8 + 1) >> 8
+	w = (w & 0x00FF00FF00FF00FF) * (100<<16 + 1) >> 16
+	return (w & 0x0000FFFF0000FFFF) * (10000<<32 + 1) >> 32
+}
+
+// pow10 holds 10^n for the digit counts of one word.
+var pow10 = [9]uint64{1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000}
+
+// hashAt reads the block hash at d[i:] and the comma after it, on the
+// fast path: an optional '-' and 1–19 digits without a leading zero
+// (every int64, as Dynamo sends them, and unsigned values below 10^19),
+// a negative value no lower than -2^63, then ',', all in words of d. It
+// returns the hash and the offset after the comma; ok is false for
+// anything else, which the caller reads on the checked path
+// (lexer.hash).
+func hashAt(d []byte, i int) (v uint64, next int, ok bool) {
+	j := i
+	neg := j < len(d) && d[j] == '-'
+	if neg {
+		j++
+	}
+	first := j
+	for {
+		if len(d)-j < 8 {
+			return 0, i, false
+		}
+		w := le64(d[j:])
+		n := digitRun(w)
+		if n > 0 {
+			v = v*pow10[n] + digitsValue(w, n) // wraps only past 19 digits, refused below
+		}
+		j += n
+		if j-first > 19 {
+			return 0, i, false
+		}
+		if n < 8 {
+			if byte(w>>(8*n)) != ',' {
+				return 0, i, false
+			}
+			break
+		}
+	}
+	switch {
+	case j == first, j-first > 1 && d[first] == '0':
+		return 0, i, false
+	case neg && v > 1<<63:
+		return 0, i, false
+	case neg:
+		return -v, j + 1, true // two's complement: the int64 bit pattern of -v
+	}
+	return v, j + 1, true
+}
+
 // uint reads a non-negative integer no larger than max.
 func (l *lexer) uint(field string, max uint64) (uint64, error) {
 	if c := l.peek(); c != '-' && !isDigit(c) {
@@ -593,6 +699,12 @@ func (l *lexer) string(field string, nullOK bool) (string, error) {
 
 // tokens appends the token ids of an array to dst: integers in
 // [0, 2^32-1], at most limit of them (more is a 413).
+//
+// Most of an array is read by fastTokens, a word at a time; what it
+// leaves — an id of 8 or more digits, whitespace other than one space
+// after a comma, the last element, the room in dst exhausted, or an
+// error — takes one element on the general path here, then fastTokens
+// resumes.
 func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) {
 	if l.peek() != '[' {
 		return dst, l.unexpected(field, "an array of token ids")
@@ -604,12 +716,15 @@ func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) 
 	}
 	d, i := l.data, l.pos
 	for n := 0; ; n++ {
+		var k int
+		dst, i, k = fastTokens(d, i, dst, limit-n)
+		n += k
 		for i < len(d) && d[i] <= ' ' && isSpace(d[i]) {
 			i++
 		}
-		// Fast path: 1–10 digits, no leading zero, ≤ 2^32-1, not followed
-		// by a fraction or exponent. Anything else takes the checked path
-		// (v may have wrapped past 20 digits; the length test rejects it).
+		// 1–10 digits, no leading zero, ≤ 2^32-1, not followed by a
+		// fraction or exponent. Anything else takes the checked path (v
+		// may have wrapped past 20 digits; the length test rejects it).
 		j := i
 		var v uint64
 		for ; j < len(d); j++ {
@@ -657,6 +772,33 @@ func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) 
 	}
 }
 
+// fastTokens appends to dst, within its capacity and at most max, the
+// token ids at d[i:] that each fit a word of d with the comma after
+// them: 1–7 digits, no leading zero, then ',' (and one space after it
+// is skipped, as Python's json.dumps writes ", "). It returns dst, the
+// offset of the first byte it did not read and how many ids it read.
+func fastTokens(d []byte, i int, dst []uint32, max int) ([]uint32, int, int) {
+	spare := dst[len(dst):cap(dst)]
+	spare = spare[:min(len(spare), max)]
+	k := 0
+	for k < len(spare) && len(d)-i >= 8 {
+		w := le64(d[i:])
+		n := digitRun(w)
+		if uint(n-1) < 7 && byte(w>>(8*uint(n)&63)) == ',' && (n == 1 || byte(w) != '0') {
+			spare[k] = uint32(digitsValue(w, n))
+			k++
+			i += n + 1
+			continue
+		}
+		if n == 0 && byte(w) == ' ' && d[i-1] == ',' {
+			i++
+			continue
+		}
+		break
+	}
+	return dst[:len(dst)+k], i, k
+}
+
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
 
 // hashes appends the block hashes of an array to dst, at most limit.
@@ -664,15 +806,50 @@ func (l *lexer) hashes(field string, dst []uint64, limit int) ([]uint64, error) 
 	if l.peek() != '[' {
 		return dst, l.unexpected(field, "an array of block hashes")
 	}
-	err := l.array(field, 2, func(i int) error {
-		if i == limit {
-			return tooLarge(field, "more than %d hashes", limit)
+	l.pos++
+	if l.peek() == ']' {
+		l.pos++
+		return dst, nil
+	}
+	d, i := l.data, l.pos
+	for n := 0; ; n++ {
+		for n < limit { // the fast path
+			v, next, ok := hashAt(d, i)
+			if !ok {
+				break
+			}
+			dst = append(dst, v)
+			n++
+			i = next
 		}
-		h, err := l.hash(field, i)
-		dst = append(dst, h)
-		return err
-	})
-	return dst, err
+		for i < len(d) && d[i] <= ' ' && isSpace(d[i]) {
+			i++
+		}
+		if n == limit {
+			l.pos = i
+			return dst, tooLarge(field, "more than %d hashes", limit)
+		}
+		l.pos = i
+		v, err := l.hash(field, n)
+		if err != nil {
+			return dst, err
+		}
+		j := l.pos
+		dst = append(dst, v)
+		for j < len(d) && d[j] <= ' ' && isSpace(d[j]) {
+			j++
+		}
+		if j < len(d) && d[j] == ',' {
+			i = j + 1
+			continue
+		}
+		l.pos = j
+		if j < len(d) && d[j] == ']' {
+			l.pos++
+			return dst, nil
+		}
+		return dst, l.elemEnd(field) // the syntax error
+	}
 }
 
 // strings reads an array of at most maxItems strings (null → nil), each

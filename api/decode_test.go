@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -267,6 +268,8 @@ func FuzzLexer(f *testing.F) {
 		`{"token_ids":[1.0,-0,1e3],"model_name":"m"}`,
 		`{"token_ids":[01]}`, `[]`, `{}`, `null`, `"\ud800"`, "\"\xff\"", `{"a":{"b":[true,false,null,-1.5e-3]}}`,
 		`{"token_ids" : [ 1 , 2 ] , "model_name" : "m" , "x" : { } }`,
+		`{"token_ids":[1,22,333,4444,55555,666666,7777777,88888888,4294967295, 10, 200,01],"model_name":"mmmmmmmm"}`,
+		`{"block_hashes":[-9223372036854775808,9223372036854775807,18446744073709551615,-1, 0,-0,1.5],"model_name":"mmmmmmmm"}`,
 		`{"token_ids":[1],"model_name":"a","MODEL_NAME":"b","model_name":"c"}`,
 		`{"model_name":"m","token_ids":[1,2],"role":"decode","selection_id":"s","pinned_worker":{"worker_id":3,"dp_rank":1},` +
 			`"allowed_worker_ids":[1,18446744073709551615],"routing_constraints":{"required_taints":["a"],"preferred_taints":{"b":-0.5}},"router_temperature":0.7}`,
@@ -519,6 +522,177 @@ func TestParseDigits(t *testing.T) {
 		want, err := strconv.ParseUint(string(b), 10, 64)
 		if v, ok := parseDigits(b); ok != (err == nil) || (ok && v != want) {
 			t.Fatalf("%s: %d %v, strconv %d %v", b, v, ok, want, err)
+		}
+	}
+}
+
+// TestDigitsSWAR checks digitRun with every byte at every position of a
+// word of digits, and digitsValue against strconv.
+func TestDigitsSWAR(t *testing.T) {
+	for p := range 8 {
+		for b := range 256 {
+			w := uint64(0x3939393939393939)&^(0xFF<<(8*p)) | uint64(b)<<(8*p) // "99999999" with b at p
+			want := p
+			if b >= '0' && b <= '9' {
+				want = 8
+			}
+			if got := digitRun(w); got != want {
+				t.Fatalf("digitRun(%#016x) = %d, want %d", w, got, want)
+			}
+		}
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 100_000 {
+		var b [8]byte
+		for i := range b {
+			b[i] = byte(rng.IntN(256))
+		}
+		n := 1 + rng.IntN(8)
+		for i := range n {
+			b[i] = '0' + byte(rng.IntN(10))
+		}
+		want, _ := strconv.ParseUint(string(b[:n]), 10, 64)
+		if got := digitsValue(le64(b[:]), n); got != want {
+			t.Fatalf("digitsValue(%q, %d) = %d, want %d", b, n, got, want)
+		}
+	}
+}
+
+// refTokens and refHashes read an array an element at a time with the
+// lexer's checked readers, as tokens and hashes did before they read
+// words: TestArraysWordAtATime holds them to the same values and the same
+// errors.
+func refTokens(l *lexer, field string, limit int) ([]uint32, error) {
+	var out []uint32
+	if l.peek() != '[' {
+		return out, l.unexpected(field, "an array of token ids")
+	}
+	err := l.array(field, 2, func(i int) error {
+		v, err := l.uint(at(field, i), math.MaxUint32)
+		if err == nil && i == limit {
+			err = tooLarge(field, "more than %d tokens", limit)
+		}
+		out = append(out, uint32(v))
+		return err
+	})
+	return out, err
+}
+
+func refHashes(l *lexer, field string, limit int) ([]uint64, error) {
+	var out []uint64
+	if l.peek() != '[' {
+		return out, l.unexpected(field, "an array of block hashes")
+	}
+	err := l.array(field, 2, func(i int) error {
+		if i == limit {
+			return tooLarge(field, "more than %d hashes", limit)
+		}
+		h, err := l.hash(field, i)
+		out = append(out, h)
+		return err
+	})
+	return out, err
+}
+
+// TestArraysWordAtATime reads random token and hash arrays — every
+// length of number, the separators clients write, elements that are
+// wrong in each way, the limit, and tails of every length after the
+// array — with tokens and hashes, and with refTokens and refHashes: the
+// values read and the errors must be the same.
+func TestArraysWordAtATime(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	digits := func(n int) string {
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = '0' + byte(rng.IntN(10))
+		}
+		if n > 1 && b[0] == '0' {
+			b[0] = '1'
+		}
+		return string(b)
+	}
+	bad := []string{"01", "00", "1.5", "1.0", "1e3", "2E-1", "-", "--1", `"5"`, "null", "true", "[1]", "{}", ""}
+	badTokens := []string{"-1", "-0", "4294967296", "99999999999", strings.Repeat("9", 25)}
+	badHashes := []string{"-9223372036854775809", "18446744073709551616", "-18446744073709551615", strings.Repeat("9", 25)}
+	pick := func(s ...string) string { return s[rng.IntN(len(s))] }
+	tokenElems := func() string {
+		switch r := rng.IntN(10000); {
+		case r < 10:
+			return pick(bad...)
+		case r < 20:
+			return pick(badTokens...)
+		case r < 100:
+			return pick("4294967295", "0", "1000000000", "10000000", "9999999")
+		case r < 1000:
+			return strconv.FormatUint(uint64(rng.Uint32()), 10)
+		default:
+			return digits(1 + rng.IntN(9))
+		}
+	}
+	hashElems := func() string {
+		switch r := rng.IntN(10000); {
+		case r < 10:
+			return pick(bad...)
+		case r < 20:
+			return pick(badHashes...)
+		case r < 200:
+			return pick("-9223372036854775808", "18446744073709551615", "9999999999999999999", "-9999999999999999999", "-0", "0", "1"+digits(19))
+		case r < 5000:
+			return strconv.FormatInt(int64(rng.Uint64()), 10)
+		case r < 6000:
+			return strconv.FormatUint(rng.Uint64(), 10)
+		default:
+			return digits(1 + rng.IntN(19))
+		}
+	}
+	seps := []string{",", ",", ",", ", ", " ,", ",\n  ", "\t,\r\n", ",  "}
+	array := func(elem func() string, n int) string {
+		var b strings.Builder
+		b.WriteByte('[')
+		for i := range n {
+			if i > 0 {
+				if rng.IntN(20) == 0 {
+					b.WriteString(seps[rng.IntN(len(seps))])
+				} else {
+					b.WriteByte(',')
+				}
+				if rng.IntN(20000) == 0 {
+					b.WriteString([]string{",", "", ":", "]"}[rng.IntN(4)]) // a separator error
+				}
+			}
+			b.WriteString(elem())
+		}
+		b.WriteString([]string{"]", "]", "]", "]", " ]", "", ","}[rng.IntN(7)])
+		return b.String() + strings.Repeat(" ", rng.IntN(12))
+	}
+	var ok, failed int
+	defer func() { t.Logf("%d arrays read whole, %d with an error", ok, failed) }()
+	for range 3000 {
+		n, limit := rng.IntN(300), 1<<20
+		if rng.IntN(10) == 0 {
+			limit = rng.IntN(300)
+		}
+		data := []byte(array(tokenElems, n))
+		got, gerr := (&lexer{data: data}).tokens("token_ids", nil, limit)
+		want, werr := refTokens(&lexer{data: data}, "token_ids", limit)
+		if fmt.Sprint(gerr) != fmt.Sprint(werr) || (werr == nil && !slicesEqual(got, want)) {
+			t.Fatalf("tokens(%q, limit %d):\n%v %v\nwant %v %v", data, limit, got, gerr, want, werr)
+		}
+		if werr == nil {
+			ok++
+		} else {
+			failed++
+		}
+		data = []byte(array(hashElems, n))
+		hs, gerr := (&lexer{data: data}).hashes("block_hashes", nil, limit)
+		whs, werr := refHashes(&lexer{data: data}, "block_hashes", limit)
+		if fmt.Sprint(gerr) != fmt.Sprint(werr) || (werr == nil && !slicesEqual(hs, whs)) {
+			t.Fatalf("hashes(%q, limit %d):\n%v %v\nwant %v %v", data, limit, hs, gerr, whs, werr)
+		}
+		if werr == nil {
+			ok++
+		} else {
+			failed++
 		}
 	}
 }

@@ -2,18 +2,23 @@ package api
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
-
-	"github.com/prefixd/prefixd/indexer"
 )
 
 // The load generator of BenchmarkQuery8KExternal runs in its own process:
@@ -24,6 +29,14 @@ const (
 	loadgenBody   = "PREFIXD_LOADGEN_BODY" // a file holding the request body
 	loadgenRate   = "PREFIXD_LOADGEN_RATE"
 	loadgenWindow = "PREFIXD_LOADGEN_WINDOW"
+	loadgenClient = "PREFIXD_LOADGEN_CLIENT" // "raw" (rawSender) or "http" (net/http's client)
+	// The generator's own CPU profile goes to this file, if set.
+	loadgenProfile = "PREFIXD_LOADGEN_CPUPROFILE"
+)
+
+var (
+	externalWindow = flag.Duration("external.window", 2*time.Second, "how long each BenchmarkQuery8KExternal run sends")
+	externalClient = flag.String("external.client", "raw", "BenchmarkQuery8KExternal's client: raw (one Write per request, no allocation) or http (net/http's)")
 )
 
 func TestMain(m *testing.M) {
@@ -41,13 +54,61 @@ func runLoadgen(url string) int {
 		fmt.Fprintln(os.Stderr, "loadgen:", err, rerr, werr)
 		return 2
 	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, DisableCompression: true}}
-	r := openLoop(client, url, body, rate, window)
+	var newSender func() (sender, error)
+	switch c := os.Getenv(loadgenClient); c {
+	case "", "raw":
+		newSender = func() (sender, error) { return newRawSender(url, body) }
+	case "http":
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: senders, DisableCompression: true}}
+		newSender = func() (sender, error) { return httpSender{client, url, body}, nil }
+	default:
+		fmt.Fprintf(os.Stderr, "loadgen: %s=%q: want raw or http\n", loadgenClient, c)
+		return 2
+	}
+	if file := os.Getenv(loadgenProfile); file != "" {
+		f, err := os.Create(file)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loadgen:", err)
+			return 2
+		}
+		defer f.Close()
+		defer pprof.StopCPUProfile()
+	}
+	r := openLoop(newSender, rate, window)
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		return 1
 	}
 	return 0
+}
+
+// loadgenCmd is the load generator's process for route at rate. The
+// runtime settings of the process under test (GOGC, GOMEMLIMIT,
+// GOMAXPROCS, GODEBUG) are not passed on: the generator runs with the
+// defaults whatever the server is tried with.
+func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, client string) *exec.Cmd {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	for _, kv := range os.Environ() {
+		if k, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}, k) {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, loadgenURL+"="+srvURL+"/"+route, loadgenBody+"="+bodyFile,
+		loadgenRate+"="+strconv.Itoa(rate), loadgenWindow+"="+window.String(), loadgenClient+"="+client)
+	cmd.Stderr = os.Stderr
+	return cmd
+}
+
+// cpuTime is the CPU time, user and system, this process has used.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkQuery8KExternal is BenchmarkQuery8K's open loop with the load
@@ -56,22 +117,23 @@ func runLoadgen(url string) int {
 // with the 8,192-token prompt (50 KB of token ids), and POST
 // /query_by_hash with its 512 local block hashes (the fast path: a 10 KB
 // body and no hashing on the server). Both processes share the machine's
-// cores. Each sub-benchmark runs 2 s whatever b.N:
+// cores. Each sub-benchmark runs -external.window (2 s) whatever b.N:
 //
 //	go test -run '^$' -bench Query8KExternal ./api/
+//
+// Besides the latencies (openLoop: from the nominal millisecond each
+// request was due) it reports wait-p99-µs, the part of the latency spent
+// before the request was written (the generator's, or a core's), and
+// the CPU time each process used per request: srv-cpu-µs/req (this
+// process: the server, whose figure a CPU profile of this run breaks
+// down) and gen-cpu-µs/req (the generator). -external.client=http sends
+// with net/http's client instead of rawSender.
 func BenchmarkQuery8KExternal(b *testing.B) {
 	ix, p := benchIndex(b)
 	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
 	defer srv.Close()
-	var hashes []string
-	for _, h := range indexer.HashBlocks(nil, p, 16, indexer.BaseSeed) {
-		hashes = append(hashes, strconv.FormatInt(int64(h), 10))
-	}
 	dir := b.TempDir()
-	bodies := map[string][]byte{
-		"query":         benchBody(b, p),
-		"query_by_hash": []byte(`{"model_name":"m","block_hashes":[` + strings.Join(hashes, ",") + `]}`),
-	}
+	bodies := map[string][]byte{"query": benchBody(b, p), "query_by_hash": byHashBody(p)}
 	for _, route := range []string{"query", "query_by_hash"} {
 		file := filepath.Join(dir, route+".json")
 		if err := os.WriteFile(file, bodies[route], 0o644); err != nil {
@@ -79,11 +141,10 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 		}
 		for _, rate := range []int{2000, 5000, 7500} {
 			b.Run(fmt.Sprintf("%s/rate=%d", route, rate), func(b *testing.B) {
-				cmd := exec.Command(os.Args[0], "-test.run=^$")
-				cmd.Env = append(os.Environ(), loadgenURL+"="+srv.URL+"/"+route, loadgenBody+"="+file,
-					loadgenRate+"="+strconv.Itoa(rate), loadgenWindow+"=2s")
-				cmd.Stderr = os.Stderr
+				cmd := loadgenCmd(srv.URL, route, file, rate, *externalWindow, *externalClient)
+				cpu0 := cpuTime()
 				out, err := cmd.Output()
+				srvCPU := cpuTime() - cpu0
 				if err != nil {
 					b.Fatalf("load generator: %v", err)
 				}
@@ -95,6 +156,11 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 					b.Fatalf("%d requests failed", r.Failed)
 				}
 				r.report(b)
+				if n := len(r.Latencies); n > 0 {
+					genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+					b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")
+					b.ReportMetric(float64(genCPU.Microseconds())/float64(n), "gen-cpu-µs/req")
+				}
 			})
 		}
 	}
@@ -110,17 +176,116 @@ func TestLoadgen(t *testing.T) {
 	if err := os.WriteFile(file, []byte(`{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), loadgenURL+"="+srv.URL+"/query", loadgenBody+"="+file, loadgenRate+"=200", loadgenWindow+"=500ms")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("load generator: %v", err)
+	for _, client := range []string{"raw", "http"} {
+		t.Run(client, func(t *testing.T) {
+			out, err := loadgenCmd(srv.URL, "query", file, 200, 500*time.Millisecond, client).Output()
+			if err != nil {
+				t.Fatalf("load generator: %v", err)
+			}
+			var r loadResult
+			if err := json.Unmarshal(out, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Failed != 0 || len(r.Latencies) < 50 || len(r.Latencies) > 100 || len(r.Waits) != len(r.Latencies) {
+				t.Fatalf("load generator sent %d requests (%d failed, %d waits) in 500 ms at 200/s", len(r.Latencies), r.Failed, len(r.Waits))
+			}
+		})
 	}
-	var r loadResult
-	if err := json.Unmarshal(out, &r); err != nil {
-		t.Fatal(err)
+}
+
+// TestRawSender checks that rawSender fails what is not a 200 with a
+// Content-Length of at least 100 bytes, and dials again after the server
+// closes the connection.
+func TestRawSender(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	var conns atomic.Int64
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if _, err := io.Copy(io.Discard, r.Body); err != nil {
+			t.Error(err)
+		}
+		switch r.URL.Path {
+		case "/ok":
+			io.WriteString(w, long)
+		case "/close":
+			w.Header().Set("Connection", "close")
+			io.WriteString(w, long)
+		case "/short":
+			io.WriteString(w, "x")
+		case "/chunked":
+			io.WriteString(w, long)
+			w.(http.Flusher).Flush() // no Content-Length
+		default:
+			http.Error(w, long, http.StatusNotFound)
+		}
+	}))
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
 	}
-	if r.Failed != 0 || len(r.Latencies) < 50 || len(r.Latencies) > 100 {
-		t.Fatalf("load generator sent %d requests (%d failed) in 500 ms at 200/s", len(r.Latencies), r.Failed)
+	srv.Start()
+	defer srv.Close()
+	for _, c := range []struct {
+		path  string
+		ok    bool
+		conns int64 // connections dialled after two sends
+	}{
+		{"/ok", true, 1},
+		{"/close", true, 2},
+		{"/short", false, 2},
+		{"/chunked", false, 2},
+		{"/missing", false, 2},
+	} {
+		conns.Store(0)
+		s, err := newRawSender(srv.URL+c.path, []byte(`{"x":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range 2 {
+			if err := s.send(); (err == nil) != c.ok {
+				t.Errorf("%s: send %d: %v, want ok=%v", c.path, i, err, c.ok)
+			}
+		}
+		s.close()
+		if n := conns.Load(); n != c.conns {
+			t.Errorf("%s: %d connections, want %d", c.path, n, c.conns)
+		}
+	}
+}
+
+// TestOpenLoopPacedWrites runs openLoop's paced writes (rawSender)
+// against servers that answer well, with an error, and by closing every
+// connection: the first run must send all its requests and fail none,
+// the others must fail, the last after each sender's one request.
+func TestOpenLoopPacedWrites(t *testing.T) {
+	long := strings.Repeat("x", 100)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		switch r.URL.Path {
+		case "/close":
+			w.Header().Set("Connection", "close")
+		case "/missing":
+			w.WriteHeader(http.StatusNotFound)
+		}
+		io.WriteString(w, long)
+	}))
+	defer srv.Close()
+	const rate, window = 1000, 200 * time.Millisecond
+	for _, c := range []struct {
+		path   string
+		ok     int  // requests that must succeed
+		failed bool // whether the run must fail
+	}{
+		{"/ok", rate * int(window/time.Millisecond) / 1000, false},
+		{"/missing", 0, true},
+		{"/close", senders, true}, // each sender retires after one: then none is left
+	} {
+		r := openLoop(func() (sender, error) { return newRawSender(srv.URL+c.path, []byte(`{}`)) }, rate, window)
+		if len(r.Latencies) != c.ok || (r.Failed > 0) != c.failed {
+			t.Errorf("%s: %d requests answered, %d failed; want %d answered, failed=%v", c.path, len(r.Latencies), r.Failed, c.ok, c.failed)
+		}
+		if c.path == "/ok" && len(r.Waits) != c.ok {
+			t.Errorf("%s: %d waits for %d requests", c.path, len(r.Waits), c.ok)
+		}
 	}
 }

@@ -1,0 +1,447 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// The open-loop load generator of BenchmarkQuery8K (in process) and
+// BenchmarkQuery8KExternal (in a process of its own).
+
+// A sender sends one request and reads its whole response; openLoop
+// uses each from one goroutine at a time.
+type sender interface {
+	send() error
+	close()
+}
+
+// httpSender sends through net/http's client (shared by every sender).
+type httpSender struct {
+	client *http.Client
+	url    string
+	body   []byte
+}
+
+func (s httpSender) send() error { return post(s.client, s.url, s.body) }
+func (s httpSender) close()      {}
+
+// post sends one /query and checks the answer.
+func post(c *http.Client, url string, body []byte) error {
+	resp, err := c.Post(url, "application/json", bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	n, _ := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || n < 100 {
+		return fmt.Errorf("status %d, %d bytes", resp.StatusCode, n)
+	}
+	return nil
+}
+
+// rawSender sends over one keep-alive HTTP/1.1 connection of its own:
+// the request, headers and body prepared once, in one Write, and the
+// response read through its Content-Length, which must be there (the API
+// never chunks a query's answer) and at least 100 bytes, after a 200
+// status line. It allocates nothing per request, and as a splitSender
+// its requests are written by openLoop's pacer at their due time, where
+// net/http's client hands each request to two goroutines of the
+// connection and allocates its Request, Response and headers: on a
+// 2-core machine whatever the generator spends is taken from the server
+// it measures. Through send, a connection that fails or that the server
+// closes is dialled again by the next send; under pacedWrites such a
+// sender retires.
+type rawSender struct {
+	addr string
+	req  []byte
+	conn net.Conn // set by dial (send's goroutine), cleared by close
+	r    *bufio.Reader
+	mu   sync.Mutex // serialises close
+}
+
+// newRawSender returns a sender of POST requests of body to rawURL
+// (http://host:port/path), its connection dialled.
+func newRawSender(rawURL string, body []byte) (*rawSender, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return nil, err
+	}
+	if u.Scheme != "http" {
+		return nil, fmt.Errorf("loadgen: %s: not http://", rawURL)
+	}
+	req := fmt.Appendf(nil, "POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n",
+		u.RequestURI(), u.Host, len(body))
+	s := &rawSender{addr: u.Host, req: append(req, body...)}
+	return s, s.dial()
+}
+
+func (s *rawSender) dial() error {
+	c, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		return err
+	}
+	s.conn = c
+	if s.r == nil {
+		s.r = bufio.NewReaderSize(c, 32<<10)
+	} else {
+		s.r.Reset(c)
+	}
+	return nil
+}
+
+func (s *rawSender) send() error {
+	if s.conn == nil {
+		if err := s.dial(); err != nil {
+			return err
+		}
+	}
+	keep, err := s.exchange()
+	if err != nil || !keep {
+		s.close()
+	}
+	return err
+}
+
+var (
+	status200     = []byte("HTTP/1.1 200 ")
+	contentLength = []byte("Content-Length")
+	connection    = []byte("Connection")
+)
+
+// exchange writes the request and reads the response; keep reports
+// whether the connection may carry another.
+func (s *rawSender) exchange() (keep bool, err error) {
+	if err := s.write(); err != nil {
+		return false, err
+	}
+	return s.read()
+}
+
+// write writes the request.
+func (s *rawSender) write() error {
+	_, err := s.conn.Write(s.req)
+	return err
+}
+
+// read reads a response; keep reports whether the connection may carry
+// another.
+func (s *rawSender) read() (keep bool, err error) {
+	line, err := s.r.ReadSlice('\n')
+	if err != nil {
+		return false, err
+	}
+	if !bytes.HasPrefix(line, status200) {
+		return false, fmt.Errorf("status line %.40q", line)
+	}
+	n, keep := -1, true
+	for {
+		line, err := s.r.ReadSlice('\n')
+		if err != nil {
+			return false, err
+		}
+		line = bytes.TrimRight(line, "\r\n")
+		if len(line) == 0 {
+			break
+		}
+		k, v, _ := bytes.Cut(line, []byte{':'})
+		v = bytes.TrimSpace(v)
+		switch {
+		case bytes.EqualFold(k, contentLength):
+			n = 0
+			for _, c := range v {
+				if c < '0' || c > '9' || n > 1<<30 {
+					return false, fmt.Errorf("Content-Length %.40q", v)
+				}
+				n = n*10 + int(c-'0')
+			}
+		case bytes.EqualFold(k, connection):
+			keep = !bytes.EqualFold(v, []byte("close"))
+		}
+	}
+	if n < 100 {
+		return false, fmt.Errorf("Content-Length %d: want at least 100 bytes", n)
+	}
+	if _, err := s.r.Discard(n); err != nil {
+		return false, err
+	}
+	return keep, nil
+}
+
+func (s *rawSender) close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn != nil {
+		s.conn.Close()
+		s.conn = nil
+	}
+}
+
+// latencies collects request latencies from several goroutines.
+type latencies struct {
+	mu sync.Mutex // guards all
+	d  []time.Duration
+}
+
+func (l *latencies) add(d []time.Duration) {
+	l.mu.Lock()
+	l.d = append(l.d, d...)
+	l.mu.Unlock()
+}
+
+// quantile returns the f-quantile of d (sorting it) in µs, 0 if empty.
+func quantile(d []time.Duration, f float64) float64 {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return float64(d[min(len(d)-1, int(f*float64(len(d))))].Nanoseconds()) / 1e3
+}
+
+func (l *latencies) report(b interface{ ReportMetric(float64, string) }, elapsed time.Duration) {
+	b.ReportMetric(quantile(l.d, 0.50), "p50-µs")
+	b.ReportMetric(quantile(l.d, 0.99), "p99-µs")
+	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "req/s")
+	b.ReportMetric(0, "ns/op")
+}
+
+// loadResult is what an open-loop run measured.
+type loadResult struct {
+	Latencies []time.Duration
+	// Waits are how long each request waited, from when it was due to
+	// when its sender began writing it: a late hand-out, a busy sender
+	// pool or a generator short of CPU. They are part of Latencies.
+	Waits   []time.Duration
+	Elapsed time.Duration
+	Dropped int64
+	Failed  int64
+}
+
+func (r *loadResult) report(b interface{ ReportMetric(float64, string) }) {
+	l := latencies{d: r.Latencies}
+	l.report(b, r.Elapsed)
+	b.ReportMetric(quantile(r.Waits, 0.50), "wait-p50-µs")
+	b.ReportMetric(quantile(r.Waits, 0.99), "wait-p99-µs")
+	b.ReportMetric(float64(r.Dropped), "dropped")
+}
+
+// senders is the size of openLoop's sender pool.
+const senders = 64
+
+// openLoop sends at rate requests/s for window, each request by one of
+// a pool of 64 senders made by newSender before the first is due (a
+// rawSender dials its connection then). Request i is due at
+// start + i/rate and is handed out at that time by a goroutine on a
+// thread of its own (sleepUntil: Go's timers are no finer than 1 ms on
+// Linux). Its latency runs from that due time to the last byte of its
+// response, so that a late hand-out, a wait for a free sender or a
+// stalled generator counts against the request, as the server's own
+// delays do (no coordinated omission). A request more than 1 s late is
+// dropped.
+//
+// The pacer writes a splitSender's request itself (pacedWrites) while
+// the sender's goroutine waits for the response; any other sender is
+// handed its requests through a queue (queued).
+func openLoop(newSender func() (sender, error), rate int, window time.Duration) loadResult {
+	pool := make([]sender, senders)
+	for i := range pool {
+		s, err := newSender()
+		if err != nil {
+			for _, s := range pool[:i] {
+				s.close()
+			}
+			return loadResult{Failed: 1}
+		}
+		pool[i] = s
+	}
+	interval := time.Second / time.Duration(rate)
+	n := int(window / interval)
+	if n*int(interval) < int(window) {
+		n++
+	}
+	lg := &loadgen{interval: interval, n: n}
+	lg.lat.d = make([]time.Duration, 0, n)
+	lg.waits.d = make([]time.Duration, 0, n)
+	split := make([]splitSender, 0, len(pool))
+	for _, s := range pool {
+		if ss, ok := s.(splitSender); ok {
+			split = append(split, ss)
+		}
+	}
+	lg.start = time.Now()
+	if len(split) == len(pool) {
+		lg.pacedWrites(split)
+	} else {
+		lg.queued(pool)
+	}
+	for _, s := range pool {
+		s.close()
+	}
+	return loadResult{Latencies: lg.lat.d, Waits: lg.waits.d, Elapsed: time.Since(lg.start), Dropped: lg.dropped.Load(), Failed: lg.failed.Load()}
+}
+
+// A splitSender writes a request and reads its response apart.
+type splitSender interface {
+	sender
+	write() error
+	read() (keep bool, err error)
+}
+
+// loadgen is one run of openLoop.
+type loadgen struct {
+	start    time.Time
+	interval time.Duration
+	n        int // requests due
+	lat      latencies
+	waits    latencies
+	dropped  atomic.Int64
+	failed   atomic.Int64
+}
+
+// pace calls f with each request's due time, at that time, on a thread
+// of its own, until the n requests are due or stop reports true. A
+// request more than 1 s late is dropped instead.
+func (lg *loadgen) pace(f func(at time.Time), stop func() bool) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		runtime.LockOSThread() // never unlocked: the thread, its timer slack changed, exits with the goroutine
+		preciseTimers()
+		for i := range lg.n {
+			if stop() {
+				return
+			}
+			at := lg.start.Add(time.Duration(i) * lg.interval)
+			sleepUntil(at)
+			if time.Since(at) > time.Second {
+				lg.dropped.Add(1)
+				continue
+			}
+			f(at)
+		}
+	}()
+	<-done
+}
+
+// pacedWrites runs the load over senders whose requests the pacer
+// writes itself, at their due time: no hand-off to another goroutine
+// delays them (about 50 µs on the benchmark VM, a thread woken on the
+// other core). Each sender's goroutine meanwhile waits for the response
+// in read — not for a request, so that its only wake-up is the
+// response's — and takes its due time from dues, where the pacer put it
+// before writing. A failure stops the run: the benchmark fails on any.
+func (lg *loadgen) pacedWrites(pool []splitSender) {
+	free := make(chan int, len(pool)) // senders with nothing outstanding; -1 for one that retired
+	dues := make([]chan time.Time, len(pool))
+	var abort atomic.Bool
+	fail := func() { lg.failed.Add(1); abort.Store(true) }
+	var closing atomic.Bool
+	var wg sync.WaitGroup
+	for k, s := range pool {
+		dues[k] = make(chan time.Time, 1)
+		free <- k
+		wg.Go(func() {
+			mine := make([]time.Duration, 0, 2*lg.n/len(pool))
+			defer func() { lg.lat.add(mine) }()
+			for {
+				keep, err := s.read() // until a response, or the connection ends
+				if closing.Load() {
+					return
+				}
+				var at time.Time
+				select {
+				case at = <-dues[k]:
+				default: // nothing outstanding: the connection ended while idle
+					fail()
+					return
+				}
+				if err != nil {
+					fail()
+					free <- -1
+					return
+				}
+				mine = append(mine, time.Since(at))
+				if !keep {
+					s.close()
+					free <- -1
+					return
+				}
+				free <- k
+			}
+		})
+	}
+	retired := 0
+	lg.pace(func(at time.Time) {
+		for {
+			k := <-free
+			if k >= 0 {
+				dues[k] <- at
+				lg.waits.d = append(lg.waits.d, time.Since(at))
+				if pool[k].write() != nil {
+					fail() // and the sender's read fails too
+				}
+				return
+			}
+			if retired++; retired == len(pool) {
+				fail()
+				return
+			}
+		}
+	}, abort.Load)
+	// Let what is outstanding finish, then end the readers.
+	drain := time.After(5 * time.Second)
+	for got := retired; got < len(pool) && !abort.Load(); got++ {
+		select {
+		case <-free:
+		case <-drain:
+			fail()
+		}
+	}
+	closing.Store(true)
+	for _, s := range pool {
+		s.close() // the readers' reads return
+	}
+	wg.Wait()
+}
+
+// queued runs the load over senders that each send a whole request,
+// handed to the first free one through a queue of at most 1 s of
+// requests.
+func (lg *loadgen) queued(pool []sender) {
+	due := make(chan time.Time, int(time.Second/lg.interval))
+	var wg sync.WaitGroup
+	for _, s := range pool {
+		wg.Go(func() {
+			mine := make([]time.Duration, 0, 2*lg.n/len(pool))
+			waited := make([]time.Duration, 0, cap(mine))
+			for at := range due {
+				waited = append(waited, time.Since(at))
+				if err := s.send(); err != nil {
+					lg.failed.Add(1)
+					continue
+				}
+				mine = append(mine, time.Since(at))
+			}
+			lg.lat.add(mine)
+			lg.waits.add(waited)
+		})
+	}
+	lg.pace(func(at time.Time) {
+		select {
+		case due <- at:
+		default:
+			lg.dropped.Add(1)
+		}
+	}, func() bool { return false })
+	close(due)
+	wg.Wait()
+}
