@@ -50,7 +50,7 @@ type Config struct {
 	// indexer.MemoryPerEntry each); negative means no cap.
 	MaxEntries int
 	// IndexShards is the index's shards per partition (indexer.Options.Shards;
-	// 0: one per core, at most 8).
+	// 0: indexer.DefaultShards).
 	IndexShards int
 	// Index, when set, is the index to fill (MaxEntries is then ignored);
 	// the demo reads it in-process to check it against the engines.

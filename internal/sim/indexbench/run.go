@@ -31,8 +31,8 @@ type Options struct {
 	// Track: achieved tracks offered while achieved ≥ Track × offered.
 	Track      float64
 	IdleProbes int
-	// Shards is the index's Options.Shards (0: its default, one per core
-	// at each core count, at most 8), WriteChunk its Options.WriteChunk
+	// Shards is the index's Options.Shards (0: its default at each core
+	// count, indexer.DefaultShards), WriteChunk its Options.WriteChunk
 	// (0: indexer.DefaultWriteChunk).
 	Shards, WriteChunk int
 }
