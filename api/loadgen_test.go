@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -240,9 +239,8 @@ const senders = 64
 // openLoop sends at rate requests/s for window, each request by one of
 // a pool of 64 senders made by newSender before the first is due (a
 // rawSender dials its connection then). Request i is due at
-// start + i/rate and is handed out at that time by a goroutine on a
-// thread of its own (sleepUntil: Go's timers are no finer than 1 ms on
-// Linux). Its latency runs from that due time to the last byte of its
+// start + i/rate and is handed out at that time (a waker's: Go's timers
+// are no finer than 1 ms on Linux). Its latency runs from that due time to the last byte of its
 // response, so that a late hand-out, a wait for a free sender or a
 // stalled generator counts against the request, as the server's own
 // delays do (no coordinated omission). A request more than 1 s late is
@@ -307,35 +305,37 @@ type loadgen struct {
 	failed   atomic.Int64
 }
 
-// pace calls f with each request's due time, at that time, on a thread
-// of its own, until the n requests are due or stop reports true. A
-// request more than 1 s late is dropped instead.
+// pace calls f with each request's due time, at that time (a waker's),
+// until the n requests are due or stop reports true. A request more than
+// 1 s late is dropped instead.
 func (lg *loadgen) pace(f func(at time.Time), stop func() bool) {
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		runtime.LockOSThread() // never unlocked: the thread, its timer slack changed, exits with the goroutine
-		preciseTimers()
-		for i := range lg.n {
-			if stop() {
-				return
-			}
-			at := lg.start.Add(time.Duration(i) * lg.interval)
-			sleepUntil(at)
-			if time.Since(at) > time.Second {
-				lg.dropped.Add(1)
-				continue
-			}
-			f(at)
+	w, err := newWaker()
+	if err != nil {
+		lg.failed.Add(1)
+		return
+	}
+	defer w.close()
+	for i := range lg.n {
+		if stop() {
+			return
 		}
-	}()
-	<-done
+		at := lg.start.Add(time.Duration(i) * lg.interval)
+		if err := w.sleepUntil(at); err != nil {
+			lg.failed.Add(1)
+			return
+		}
+		if time.Since(at) > time.Second {
+			lg.dropped.Add(1)
+			continue
+		}
+		f(at)
+	}
 }
 
 // pacedWrites runs the load over senders whose requests the pacer
 // writes itself, at their due time: no hand-off to another goroutine
-// delays them (about 50 µs on the benchmark VM, a thread woken on the
-// other core). Each sender's goroutine meanwhile waits for the response
+// delays them (about 50 µs at the median on the benchmark VM, a thread
+// woken on the other core). Each sender's goroutine meanwhile waits for the response
 // in read — not for a request, so that its only wake-up is the
 // response's — and takes its due time from dues, where the pacer put it
 // before writing. A failure stops the run: the benchmark fails on any.

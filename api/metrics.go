@@ -103,12 +103,13 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return w.ResponseWriter.Write(b)
 }
 
-// Flush flushes the response, if the writer underneath can.
+// Flush flushes the response, if the writer underneath can; as
+// http.Flusher's, it has no error to report.
 func (w *statusWriter) Flush() {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
-	http.NewResponseController(w.ResponseWriter).Flush() //nolint:errcheck // as http.Flusher: nothing to report
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Unwrap is for http.ResponseController.

@@ -4,6 +4,14 @@ package api
 
 import "time"
 
-func sleepUntil(t time.Time) { time.Sleep(time.Until(t)) }
+// A waker sleeps with time.Sleep (on Linux, with a timerfd).
+type waker struct{}
 
-func preciseTimers() {}
+func newWaker() (*waker, error) { return &waker{}, nil }
+
+func (*waker) sleepUntil(t time.Time) error {
+	time.Sleep(time.Until(t))
+	return nil
+}
+
+func (*waker) close() {}
