@@ -306,7 +306,7 @@ func (t *Tree) Stats() TreeStats {
 		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32 + int64(cap(n.gb))*8
 	}
 	for i := range t.ranks {
-		b += int64(cap(t.ranks[i].lookup.ctrl))*8 + int64(cap(t.ranks[i].lookup.refs))*8 // rank lookups: 9-byte slots
+		b += t.ranks[i].lookup.bytes() // rank lookups: 9-byte slots, directories
 	}
 	b += int64(t.nnodes) * 40   // children map: 24-byte slots
 	b += int64(t.gentries) * 30 // group sets: 16-byte slots
