@@ -641,3 +641,73 @@ func (t *Tree) refExt(rid uint32, r ref) (int, bool) {
 	}
 	return int(pos)*len(n.hold) + h, true
 }
+
+// repeatsMaxProbe is the longest probe repeats makes before it gives up.
+// Linear probing in a set at most a quarter full, with slots that no
+// input can aim at, makes runs of about 15 slots at the longest for 4,096
+// hashes (ln m / (α − 1 − ln α) for m slots at load α); 64 happens by bad
+// luck only, and bounds the work any hashes cause at 64 probes a hash. A
+// variable so that a test can make Tree.selfReferencing give up and sort.
+var repeatsMaxProbe = 64
+
+// repeats reports whether hs repeats a hash, or holds parent if
+// hasParent (dup); ok is false if it gave up, having made a probe longer
+// than maxProbe, and the caller must decide another way.
+//
+// The hashes go into an open-addressing set, linear probing, in
+// t.sortBuf (reused): a power of two of at least four times as many slots
+// as hashes (a quarter full at most, a probe's first slot is mostly free,
+// which the processor then predicts: 1.6 times as fast as half full). A
+// hash's slot is the top bits of it mixed with a seed drawn at random for
+// every call (whoever sends the hashes cannot know the seed, so crafted
+// hashes collide no more than random ones do; a bare multiply-shift would
+// leave arithmetic progressions in runs that linear probing handles
+// badly). 0 marks an empty slot, so the hash 0 is tracked apart. The
+// parent is looked up once all the hashes are in.
+func (t *Tree) repeats(hs []uint64, parent uint64, hasParent bool, maxProbe int) (dup, ok bool) {
+	if len(hs) == 0 {
+		return false, true
+	}
+	k := bits.Len(uint(4*len(hs) - 1)) // 1<<k ≥ 4·len(hs)
+	size := 1 << k
+	set := slices.Grow(t.sortBuf[:0], size)[:size]
+	clear(set)
+	t.sortBuf = set
+	seed := rand.Uint64()
+	zero := false
+	for _, x := range hs {
+		if x == 0 {
+			if zero {
+				return true, true
+			}
+			zero = true
+			continue
+		}
+		j := int(mix(x, seed) >> (64 - k))
+		for p := 0; set[j] != 0; p++ {
+			if set[j] == x {
+				return true, true
+			}
+			if p == maxProbe {
+				return false, false
+			}
+			j = (j + 1) & (size - 1)
+		}
+		set[j] = x
+	}
+	if !hasParent {
+		return false, true
+	}
+	if parent == 0 {
+		return zero, true
+	}
+	for j, p := int(mix(parent, seed)>>(64-k)), 0; set[j] != 0; j, p = (j+1)&(size-1), p+1 {
+		if set[j] == parent {
+			return true, true
+		}
+		if p == maxProbe {
+			return false, false
+		}
+	}
+	return false, true
+}

@@ -617,6 +617,10 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 	return loc{t.allocNode(cur.node, []uint64{lh}), 0}
 }
 
+// selfReferencing reports whether s repeats one of its hashes or holds
+// its parent among them. A short event is compared pairwise; a longer one
+// goes through a hash set (Tree.repeats: O(n)), or, if the set gives up
+// on a long probe, is sorted.
 func (t *Tree) selfReferencing(s Stored) bool {
 	hs := s.Hashes
 	if len(hs) <= 16 {
@@ -631,6 +635,9 @@ func (t *Tree) selfReferencing(s Stored) bool {
 			}
 		}
 		return false
+	}
+	if dup, ok := t.repeats(hs, s.Parent, s.HasParent, repeatsMaxProbe); ok {
+		return dup
 	}
 	t.sortBuf = append(t.sortBuf[:0], hs...)
 	slices.Sort(t.sortBuf)
