@@ -3,20 +3,24 @@ package indexer
 import (
 	"math/bits"
 	"math/rand/v2"
+	"slices"
+	"sync"
+	"unsafe"
 )
 
-// lookup is one rank's table from engine hash to block (its ref): an
-// open-addressing hash table in groups of 8 slots, as Go's own maps
-// (SwissTable), specialised so that a slot costs 9 bytes instead of 16 + 1
-// (and Go's 7/8-full-then-double sizing).
+// lookup is one rank's table from engine hash to block (its ref): open
+// addressing in groups of 8 slots with 7-bit fingerprints matched a word
+// at a time, as Go's own maps (SwissTable), specialised so that a slot
+// costs 9 bytes instead of 16 + 1 (and Go's 7/8-full-then-double sizing).
 //
 // A slot holds only the block's ref, not the key: the engine hash is
 // already in the tree (the holder's ext slot of the block). get reads it
-// through the ref to confirm a slot whose 7-bit fingerprint matches, and
-// a rebuild re-reads every key from the nodes the entries name. insert
-// (of an absent key), set and del name the entry by key and current ref
-// and compare only control bytes and refs, so they work while the tree is
-// being rearranged (split and merge rewrite refs through set). The rules:
+// through the ref to confirm a slot whose fingerprint matches, and a
+// rebuild re-reads the keys of the entries it moves from the tree.
+// insert (of an absent key), set and del name the entry by key and
+// current ref and compare only control bytes and refs, so they work while
+// the tree is being rearranged (split and merge rewrite refs through set).
+// The rules:
 //
 //   - get needs the entries it confirms to resolve to their keys for rank
 //     rid (Tree.refKey), and insert (which may rebuild) needs the tree to
@@ -25,26 +29,77 @@ import (
 //     between the tree's own operations;
 //   - set and del need only the entry's key and its current ref.
 //
-// ctrl holds one control byte per slot, a group's 8 in one word: ctrlEmpty,
-// ctrlDeleted (a tombstone), or the fingerprint (7 bits of the hash). A
-// key's home group is hash·groups>>64, so the table can have any number of
-// groups; probes go on group by group and end at a group with an empty
-// slot. The hash is a seeded mix of the key, the seed random per table and
-// renewed by every rebuild, so crafted engine hashes cannot pile up. A
-// table holds at most 7/8 of its slots in entries and tombstones; past
-// that it is rebuilt with the same size if the entries fill less than
-// 15/16 of that (the rest tombstones), else larger: twice as large up to
-// 32 groups, then a quarter larger (lookupGrow). It shrinks only when
-// reset.
+// Layout. The entries live in sub-tables (table) of at most
+// lookupMaxGroups groups each, so that the rebuild an insert may run
+// (inside the partition's write lock) costs at most one sub-table's
+// entries, however many the rank holds: extendible hashing, as Go's maps
+// since Go 1.24. A small lookup is one sub-table, held in the lookup
+// itself, with no directory; it may grow to lookupOneRatio times that
+// size (its rebuild is cheaper per entry, see collect), and then splits
+// at once into as many sub-tables (a power of two) as leave each about
+// half full. A sub-table of the largest size that fills splits in two by
+// one more bit of the hash. dir, a directory of 1<<depth entries indexed
+// by the hash's top depth bits, names the sub-table of every hash prefix:
+// a sub-table of local depth d is named by the 1<<(depth-d) consecutive
+// entries that share its d-bit prefix. Each entry holds a copy of its
+// sub-table's slices (slots), so that a probe reads the directory and
+// then the groups, not a table header in between. Splits never merge
+// back; the lookup shrinks only when reset.
+//
+// The hash is a seeded mix of the key (a bijection, so distinct keys have
+// distinct hashes), the seed random per lookup, so crafted engine hashes
+// cannot pile up in one sub-table or one group: the directory reads the
+// hash's top bits, a sub-table of local depth d the bits after those d for
+// the home group (hash<<d · groups >> 64, so a sub-table can have any
+// number of groups) and the low 7 bits for the fingerprint. While the
+// lookup is one sub-table, every rebuild renews the seed; once it has a
+// directory the seed stays until reset (the directory is laid out by it).
+//
+// Groups. A group is one control word, its 8 slots' control bytes
+// (ctrlEmpty, ctrlDeleted — a tombstone — or the fingerprint), and 8 refs.
+// Probes go on group by group from the home group and end at a group with
+// an empty slot. A sub-table holds at most 7/8 of its slots in entries and
+// tombstones; past that it is rebuilt with the same size if the entries
+// fill less than 15/16 of that (the rest tombstones), else larger — twice
+// as large up to 32 groups, then a quarter larger (lookupGrow), up to its
+// most groups — and at that size it splits instead, each part sized for
+// its entries at 70 % of the slots. A sub-table that fills while the
+// lookup is below its peak (churn) grows by a sixteenth only (makeRoom).
 //
 // lookup is not safe for concurrent use; get may run concurrently with
 // other gets.
 type lookup struct {
-	ctrl []uint64 // one word per group: its 8 slots' control bytes
-	refs []ref    // 8 per group
-	n    int      // entries
-	left int      // empty slots that inserts may still fill before a rebuild
-	seed uint64
+	one   table      // the only sub-table while dir is nil
+	dir   []dirEntry // nil, or 1<<depth entries by the hash's top depth bits
+	depth uint8      // the directory's depth (≥ 1 when dir is not nil)
+	// limit, if not 0, replaces lookupMaxGroups for this lookup: tests
+	// set it low to drive many splits with few entries.
+	limit int32
+	n     int // entries, over all sub-tables
+	peak  int // the most entries the lookup has held since it was reset
+	seed  uint64
+}
+
+// slots is what a probe of a sub-table reads: its groups.
+type slots struct {
+	ctrl  []uint64 // one word per group: its 8 slots' control bytes
+	refs  []ref    // 8 per group
+	depth uint8    // local depth: the sub-table holds the hashes of one depth-bit prefix
+}
+
+// table is one sub-table of a lookup.
+type table struct {
+	slots
+	n    int // entries
+	left int // empty slots that inserts may still fill before a rebuild
+}
+
+// dirEntry names the sub-table of one hash prefix: tb, and a copy of tb's
+// slots (the same slices), which every change of tb's slices copies
+// again (lookup.name).
+type dirEntry struct {
+	slots
+	tb *table
 }
 
 const (
@@ -52,13 +107,34 @@ const (
 	ctrlDeleted = 0xfe
 	lsbs        = 0x0101010101010101
 	msbs        = 0x8080808080808080
+
+	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 256
+	// slots and 1,792 entries, which a rebuild re-reads from the tree ref
+	// by ref (collect) in 0.1–1 ms (BenchmarkLookupGrowth;
+	// docs/benchmarks.md). 256 groups' refs (16 KiB) are one of the
+	// allocator's size classes.
+	lookupMaxGroups = 256
+	// lookupOneRatio: the only sub-table of a lookup without a directory
+	// may have lookupOneRatio × lookupMaxGroups groups. Its rebuild scans
+	// the nodes its entries name (collect), 3–4 times cheaper per entry
+	// than resolving refs one by one, so about as long; and the ranks of
+	// up to 6,700 entries pay for no directory at all.
+	lookupOneRatio = 4
 )
+
+// capacity returns the most entries and tombstones a sub-table of groups
+// groups holds: 7/8 of its slots.
+func capacity(groups int) int { return groups * 7 }
 
 // len returns the number of entries.
 func (lk *lookup) len() int { return lk.n }
 
-func (lk *lookup) hash(x uint64) uint64 {
-	x ^= lk.seed
+func (lk *lookup) hash(x uint64) uint64 { return mix(x, lk.seed) }
+
+// mix returns x mixed with seed: SplitMix64's finalizer on x^seed, a
+// bijection of x whose every output bit depends on every input bit.
+func mix(x, seed uint64) uint64 {
+	x ^= seed
 	x ^= x >> 30
 	x *= 0xbf58476d1ce4e5b9
 	x ^= x >> 27
@@ -66,14 +142,31 @@ func (lk *lookup) hash(x uint64) uint64 {
 	return x ^ x>>31
 }
 
-// start returns x's home group and fingerprint.
-func (lk *lookup) start(x uint64) (int, uint64) {
-	h := lk.hash(x)
-	g, _ := bits.Mul64(h, uint64(len(lk.ctrl)))
+// find returns the slots of hash h's sub-table and the sub-table.
+func (lk *lookup) find(h uint64) (*slots, *table) {
+	if lk.dir == nil {
+		return &lk.one.slots, &lk.one
+	}
+	e := &lk.dir[h>>(64-lk.depth)]
+	return &e.slots, e.tb
+}
+
+// maxGroups returns the most groups a sub-table of the directory has
+// before it splits (the only sub-table, lookupOneRatio times as many).
+func (lk *lookup) maxGroups() int {
+	if lk.limit > 0 {
+		return int(lk.limit)
+	}
+	return lookupMaxGroups
+}
+
+// start returns hash h's home group and fingerprint in s.
+func (s *slots) start(h uint64) (int, uint64) {
+	g, _ := bits.Mul64(h<<s.depth, uint64(len(s.ctrl)))
 	return int(g), h & 0x7f
 }
 
-// matchFP returns a bit 7 set in each byte of c that may equal fp (a byte
+// matchFP returns bit 7 set in each byte of c that may equal fp (a byte
 // just above an equal one may match falsely: callers check the slot).
 func matchFP(c, fp uint64) uint64 {
 	v := c ^ (lsbs * fp)
@@ -89,41 +182,43 @@ func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
 	if lk.n == 0 {
 		return ref{}, false
 	}
-	g, fp := lk.start(x)
+	h := lk.hash(x) // a sub-table of a lookup with entries has groups
+	s, _ := lk.find(h)
+	g, fp := s.start(h)
 	for {
-		c := lk.ctrl[g]
+		c := s.ctrl[g]
 		for m := matchFP(c, fp); m != 0; m &= m - 1 {
 			i := g*8 + bits.TrailingZeros64(m)>>3
-			if k, ok := t.refKey(rid, lk.refs[i]); ok && k == x {
-				return lk.refs[i], true
+			if k, ok := t.refKey(rid, s.refs[i]); ok && k == x {
+				return s.refs[i], true
 			}
 		}
 		if matchEmpty(c) != 0 {
 			return ref{}, false
 		}
-		if g++; g == len(lk.ctrl) {
+		if g++; g == len(s.ctrl) {
 			g = 0
 		}
 	}
 }
 
-// slot returns the index of the entry with key x and ref r, or -1.
-func (lk *lookup) slot(x uint64, r ref) int {
-	if lk.n == 0 {
+// slot returns the index in s of the entry with hash h and ref r, or -1.
+func (s *slots) slot(h uint64, r ref) int {
+	if len(s.ctrl) == 0 {
 		return -1
 	}
-	g, fp := lk.start(x)
+	g, fp := s.start(h)
 	for {
-		c := lk.ctrl[g]
+		c := s.ctrl[g]
 		for m := matchFP(c, fp); m != 0; m &= m - 1 {
-			if i := g*8 + bits.TrailingZeros64(m)>>3; lk.refs[i] == r {
+			if i := g*8 + bits.TrailingZeros64(m)>>3; s.refs[i] == r {
 				return i
 			}
 		}
 		if matchEmpty(c) != 0 {
 			return -1
 		}
-		if g++; g == len(lk.ctrl) {
+		if g++; g == len(s.ctrl) {
 			g = 0
 		}
 	}
@@ -132,11 +227,13 @@ func (lk *lookup) slot(x uint64, r ref) int {
 // set changes the ref of the entry with key x and ref old to r, and
 // reports whether it was there.
 func (lk *lookup) set(x uint64, old, r ref) bool {
-	i := lk.slot(x, old)
+	h := lk.hash(x)
+	s, _ := lk.find(h)
+	i := s.slot(h, old)
 	if i < 0 {
 		return false
 	}
-	lk.refs[i] = r
+	s.refs[i] = r
 	return true
 }
 
@@ -144,36 +241,65 @@ func (lk *lookup) set(x uint64, old, r ref) bool {
 // there. Its slot becomes empty if its group has an empty slot (no probe
 // then passes the group), else a tombstone.
 func (lk *lookup) del(x uint64, r ref) bool {
-	i := lk.slot(x, r)
+	h := lk.hash(x)
+	s, tb := lk.find(h)
+	i := s.slot(h, r)
 	if i < 0 {
 		return false
 	}
 	g, shift := i/8, uint(i%8)*8
 	b := uint64(ctrlDeleted)
-	if matchEmpty(lk.ctrl[g]) != 0 {
+	if matchEmpty(s.ctrl[g]) != 0 {
 		b = ctrlEmpty
-		lk.left++
+		tb.left++
 	}
-	lk.ctrl[g] = lk.ctrl[g]&^(0xff<<shift) | b<<shift
-	lk.refs[i] = ref{}
+	s.ctrl[g] = s.ctrl[g]&^(0xff<<shift) | b<<shift
+	s.refs[i] = ref{}
+	tb.n--
 	lk.n--
 	return true
 }
 
 // insert adds x → r; x must be absent, and the tree must already hold it
 // at r (see lookup: a rebuild reads the rank's entries from the tree).
+// If x's sub-table is full, it is rebuilt or split first (makeRoom), which
+// costs at most one sub-table's entries.
 func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
-	if lk.left == 0 {
-		size := len(lk.ctrl)
-		if lk.n >= size*8*7/8*15/16 { // too few tombstones to make room: grow
-			size = lookupGrow(size)
-		}
-		lk.rebuild(t, rid, size, r)
+	h := lk.hash(x)
+	_, tb := lk.find(h)
+	for tb.left == 0 {
+		lk.makeRoom(t, rid, tb, h, r)
+		// The seed may have changed, and a split moves x's hash prefix
+		// to a new sub-table (one that may be full in turn).
+		h = lk.hash(x)
+		_, tb = lk.find(h)
 	}
-	if !lk.place(x, r) {
-		lk.left--
+	if !tb.place(h, r) {
+		tb.left--
 	}
+	tb.n++
 	lk.n++
+	lk.peak = max(lk.peak, lk.n)
+}
+
+// place puts the entry with hash h and ref r into the first free slot of
+// its probe and reports whether that slot was a tombstone (else it was
+// empty). s must have a free slot.
+func (s *slots) place(h uint64, r ref) (tomb bool) {
+	g, fp := s.start(h)
+	for {
+		c := s.ctrl[g]
+		if m := c & msbs; m != 0 { // empty or deleted
+			k := bits.TrailingZeros64(m) - 7 // the slot's byte starts at bit k
+			tomb = (c>>k)&0xff == ctrlDeleted
+			s.ctrl[g] = c&^(0xff<<k) | fp<<k
+			s.refs[g*8+k>>3] = r
+			return tomb
+		}
+		if g++; g == len(s.ctrl) {
+			g = 0
+		}
+	}
 }
 
 // lookupGrow returns the group count after groups: double up to 32
@@ -186,38 +312,125 @@ func lookupGrow(groups int) int {
 	return groups + groups/4
 }
 
-// place puts x → r into the first free slot of its probe and reports
-// whether that slot was a tombstone (else it was empty).
-func (lk *lookup) place(x uint64, r ref) (tomb bool) {
-	g, fp := lk.start(x)
-	for {
-		c := lk.ctrl[g]
-		if m := c & msbs; m != 0 { // empty or deleted
-			k := bits.TrailingZeros64(m) - 7 // the slot's byte starts at bit k
-			tomb = (c>>k)&0xff == ctrlDeleted
-			lk.ctrl[g] = c&^(0xff<<k) | fp<<k
-			lk.refs[g*8+k>>3] = r
-			return tomb
+// grownTo returns the group count a full sub-table of groups groups (<
+// limit) grows to: lookupGrow's, but limit if that is within an eighth of
+// limit (rather than a rebuild for a few more groups).
+func grownTo(groups, limit int) int {
+	if g := lookupGrow(groups); g < limit-limit/8 {
+		return g
+	}
+	return limit
+}
+
+// groupsFor returns the size of a sub-table made for n entries: the
+// fewest groups that hold them in 70 % of their slots (a full table's
+// entries after a quarter's growth), or 80 % if tight, or limit if that
+// is fewer but still has room for one more.
+func groupsFor(n, limit int, tight bool) int {
+	g := max((n*5+27)/28, 1) // ⌈n / (0.7 × 8)⌉
+	if tight {
+		g = max((n*5+31)/32, 1) // ⌈n / (0.8 × 8)⌉
+	}
+	if g > limit && n < capacity(limit) {
+		g = limit
+	}
+	return g
+}
+
+// hashRef is an entry as makeRoom moves it: its hash and ref.
+type hashRef struct {
+	h uint64
+	r ref
+}
+
+// hashRefPool holds makeRoom's scratch lists of entries (*[]hashRef, at
+// most a sub-table's worth). Trees of different partitions rebuild
+// concurrently, so the scratch is not the tree's.
+var hashRefPool = sync.Pool{New: func() any { return new([]hashRef) }}
+
+// makeRoom rebuilds tb, the full sub-table of hash h, so that it (or,
+// after a split, the part that h falls in) may have room for an insert:
+// with the same size if tombstones fill enough of it, else larger, or
+// split once it has its most groups (lookupMaxGroups, or lookupOneRatio
+// times that for the only sub-table, which splits into as many parts as
+// leave each part half full at lookupMaxGroups). skip is the block being
+// inserted (in the tree already, not in the table).
+func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
+	if lk.dir == nil {
+		lk.seed = rand.Uint64() // every entry is rehashed: renew the seed
+	}
+	buf := hashRefPool.Get().(*[]hashRef)
+	defer hashRefPool.Put(buf)
+	ents := lk.collect(t, rid, tb, skip, (*buf)[:0])
+	*buf = ents[:0]
+	groups, limit, splitBits := len(tb.ctrl), lk.maxGroups(), 1
+	if lk.dir == nil {
+		limit *= lookupOneRatio
+		for len(ents)>>splitBits > capacity(lk.maxGroups())/2 && splitBits < maxSplitBits {
+			splitBits++
 		}
-		if g++; g == len(lk.ctrl) {
-			g = 0
-		}
+	}
+	// drift: the lookup holds fewer entries than it once did, so tb
+	// fills by churn, its share of the entries fluctuating, not by the
+	// rank's growth (the sub-tables never shrink: they have held this
+	// many before). Churn at a steady size fills such sub-tables again
+	// and again; growing each by a quarter (or splitting it into halves at
+	// 70 %) every time would leave the lookup ever larger. It grows by a
+	// sixteenth instead (its halves are sized for 80 %).
+	drift := lk.dir != nil && lk.n < lk.peak
+	switch {
+	case len(ents) < capacity(groups)*15/16: // tombstones made the room
+	case groups < limit && drift:
+		groups = min(groups+max(groups/16, 1), limit)
+	case groups < limit:
+		groups = grownTo(groups, limit)
+	case lk.canSplit(tb):
+		lk.split(tb, h, ents, splitBits, drift)
+		return
+	default: // see canSplit
+		groups = lookupGrow(groups)
+	}
+	lk.n += len(ents) - tb.n
+	tb.fill(groups, limit, ents)
+	if lk.dir != nil {
+		lk.name(h, tb)
 	}
 }
 
-// rebuild makes the table groups groups of 8 slots with a new seed and
-// puts the entries back. It reads them from the tree: every block rank
-// rid holds in a node that an entry names, which is every entry; skip's
-// block (in the tree already, not yet in the table) is left out for
-// insert to place. Scanning those nodes' ext columns costs far less than
-// resolving every ref on its own.
-func (lk *lookup) rebuild(t *Tree, rid uint32, groups int, skip ref) {
-	nodes := t.lookupNodes(lk)
-	*lk = lookup{ctrl: make([]uint64, groups), refs: make([]ref, groups*8), seed: rand.Uint64(), left: groups * 8 * 7 / 8}
-	for i := range lk.ctrl {
-		lk.ctrl[i] = lsbs * ctrlEmpty
+// collect appends tb's entries to ents, their keys read from the tree
+// and hashed with lk's seed. skip (in the tree, not in tb) is left out.
+//
+// The only sub-table holds every block the rank holds in the nodes its
+// entries name, and scanning those nodes' ext columns costs less than
+// resolving every ref on its own. A sub-table of a directory holds only
+// the blocks whose hash it covers: the nodes hold the other sub-tables'
+// blocks too (as many as the rank's, for long edges), so each of its
+// refs is resolved on its own (Tree.refExt), at a cost bounded by the
+// sub-table's entries, not the rank's. An entry whose ref does not
+// resolve is dropped (the tree is not consistent: a bug).
+func (lk *lookup) collect(t *Tree, rid uint32, tb *table, skip ref, ents []hashRef) []hashRef {
+	if lk.dir != nil {
+		// In two passes: the first finds each key's place in its node's
+		// ext column, the second reads the keys. The second pass's loads
+		// (most of them cache misses) do not wait on one another, so
+		// the processor overlaps them; in one pass each waited behind the
+		// holder search of its own ref.
+		start := len(ents)
+		for g, c := range tb.ctrl {
+			for m := ^c & msbs; m != 0; m &= m - 1 {
+				r := tb.refs[g*8+bits.TrailingZeros64(m)>>3]
+				if i, ok := t.refExt(rid, r); ok {
+					ents = append(ents, hashRef{uint64(i), r})
+				}
+			}
+		}
+		for i := start; i < len(ents); i++ {
+			e := &ents[i]
+			e.h = lk.hash(t.nodes[e.r.node].ext[e.h])
+		}
+		return ents
 	}
-	for _, id := range nodes {
+	for _, id := range t.lookupNodes(lk) {
 		n := &t.nodes[id]
 		h := t.holderIndex(id, rid)
 		if h < 0 {
@@ -225,12 +438,103 @@ func (lk *lookup) rebuild(t *Tree, rid uint32, groups int, skip ref) {
 		}
 		H := len(n.hold)
 		for j := 0; j < int(n.hold[h].cut); j++ {
-			if r := (ref{id, n.depth + uint32(j)}); r != skip && lk.left > 0 {
-				lk.place(n.ext[j*H+h], r)
-				lk.left--
-				lk.n++
+			if r := (ref{id, n.depth + uint32(j)}); r != skip {
+				ents = append(ents, hashRef{lk.hash(n.ext[j*H+h]), r})
 			}
 		}
+	}
+	return ents
+}
+
+// fill makes tb a sub-table of about groups groups (with its depth)
+// holding ents, which must fit in capacity(groups).
+// The directory entries naming tb, if any, are the caller's to update.
+//
+// The allocator rounds the refs up to its size class; the table uses the
+// rounding as more groups (the memory is taken either way, and Stats
+// counts it), unless that would take it past limit.
+func (tb *table) fill(groups, limit int, ents []hashRef) {
+	refs := slices.Grow([]ref(nil), groups*8)
+	if g := cap(refs) / 8; g <= max(groups, limit) {
+		groups = g
+	}
+	*tb = table{slots: slots{ctrl: make([]uint64, groups), refs: refs[:groups*8], depth: tb.depth},
+		n: len(ents), left: capacity(groups) - len(ents)}
+	for i := range tb.ctrl {
+		tb.ctrl[i] = lsbs * ctrlEmpty
+	}
+	for _, e := range ents {
+		tb.place(e.h, e.r)
+	}
+}
+
+// canSplit reports whether tb may split. A split of a sub-table as deep
+// as the directory doubles the directory. The keys' hashes are distinct,
+// and random to anyone without the seed, so a split halves the entries;
+// but keys crafted against a known seed could share a long prefix, and
+// then the directory would double again and again. It doubles only while
+// it has fewer entries than the lookup; past that tb grows beyond
+// lookupMaxGroups instead (a larger rebuild, as a single table has, rather
+// than unbounded memory).
+func (lk *lookup) canSplit(tb *table) bool {
+	return lk.dir == nil || tb.depth < lk.depth || len(lk.dir) < lk.n && lk.depth < 63
+}
+
+// maxSplitBits bounds the bits one split divides a sub-table by.
+const maxSplitBits = 4
+
+// split replaces tb, the full sub-table of hash h, by 1<<k sub-tables k
+// levels deeper (k ≤ maxSplitBits), holding ents (tb's entries) by the
+// next k bits of their hashes, doubling the directory first as often as
+// the parts' depth needs. tight sizes the parts for 80 % of their slots
+// (see groupsFor).
+func (lk *lookup) split(tb *table, h uint64, ents []hashRef, k int, tight bool) {
+	if lk.dir == nil {
+		// The only sub-table becomes a directory of depth 0 naming it,
+		// doubled at once. tb is &lk.one, cleared below: no pointer to it
+		// outlives the split.
+		lk.dir = []dirEntry{{tb.slots, tb}}
+	}
+	d := int(tb.depth)
+	for int(lk.depth) < d+k {
+		dir := make([]dirEntry, 2*len(lk.dir))
+		for i, e := range lk.dir {
+			dir[2*i], dir[2*i+1] = e, e
+		}
+		lk.dir, lk.depth = dir, lk.depth+1
+	}
+	part := func(x uint64) int { return int(x << d >> (64 - k)) } // the k bits after tb's prefix
+	var counts [1 << maxSplitBits]int
+	for _, e := range ents {
+		counts[part(e.h)]++
+	}
+	lk.n += len(ents) - tb.n
+	limit := lk.maxGroups()
+	var parts [1 << maxSplitBits]*table
+	prefix := h &^ (^uint64(0) >> d) // h's top d bits name tb (any h, when d is 0)
+	for p := range 1 << k {
+		parts[p] = &table{slots: slots{depth: uint8(d + k)}}
+		parts[p].fill(groupsFor(counts[p], limit, tight), limit, nil)
+		lk.name(prefix|uint64(p)<<(64-d-k), parts[p]) // its slices are set: entries fill them in place
+	}
+	for _, e := range ents {
+		s := parts[part(e.h)]
+		s.place(e.h, e.r)
+		s.n++
+		s.left--
+	}
+	if tb == &lk.one {
+		lk.one = table{}
+	}
+}
+
+// name points the directory entries of tb's hash prefix — h's top
+// tb.depth bits — at tb, with copies of its slots.
+func (lk *lookup) name(h uint64, tb *table) {
+	span := 1 << (lk.depth - tb.depth)
+	lo := int(h>>(64-lk.depth)) &^ (span - 1)
+	for i := lo; i < lo+span; i++ {
+		lk.dir[i] = dirEntry{tb.slots, tb}
 	}
 }
 
@@ -257,17 +561,43 @@ func (t *Tree) lookupNodes(lk *lookup) []uint32 {
 	return buf
 }
 
-// reset empties the table and frees its slots.
-func (lk *lookup) reset() { *lk = lookup{} }
+// reset empties the lookup and frees its slots.
+func (lk *lookup) reset() { *lk = lookup{limit: lk.limit} }
 
-// each calls fn with every entry's ref, in slot order. fn must not change
-// the table.
-func (lk *lookup) each(fn func(r ref)) {
-	for g, c := range lk.ctrl {
-		for m := ^c & msbs; m != 0; m &= m - 1 {
-			fn(lk.refs[g*8+bits.TrailingZeros64(m)>>3])
-		}
+// eachTable calls fn with every sub-table once, in directory order.
+func (lk *lookup) eachTable(fn func(tb *table)) {
+	if lk.dir == nil {
+		fn(&lk.one)
+		return
 	}
+	for i := 0; i < len(lk.dir); i += 1 << (lk.depth - lk.dir[i].depth) {
+		fn(lk.dir[i].tb)
+	}
+}
+
+// each calls fn with every entry's ref, sub-table by sub-table in slot
+// order. fn must not change the lookup.
+func (lk *lookup) each(fn func(r ref)) {
+	lk.eachTable(func(tb *table) {
+		for g, c := range tb.ctrl {
+			for m := ^c & msbs; m != 0; m &= m - 1 {
+				fn(tb.refs[g*8+bits.TrailingZeros64(m)>>3])
+			}
+		}
+	})
+}
+
+// bytes returns the heap bytes lk holds: 9 per slot, and with a
+// directory its entries and the sub-tables' headers.
+func (lk *lookup) bytes() int64 {
+	var b int64
+	lk.eachTable(func(tb *table) {
+		b += int64(cap(tb.ctrl))*8 + int64(cap(tb.refs))*8
+		if tb != &lk.one {
+			b += int64(unsafe.Sizeof(*tb))
+		}
+	})
+	return b + int64(cap(lk.dir))*int64(unsafe.Sizeof(dirEntry{}))
 }
 
 // eachEntry calls fn with the engine hash and ref of every block rank rid
@@ -294,4 +624,90 @@ func (t *Tree) refKey(rid uint32, r ref) (uint64, bool) {
 		return 0, false
 	}
 	return n.ext[int(pos)*len(n.hold)+h], true
+}
+
+// refExt returns the index in its node's ext of rank rid's block r, or
+// false if r does not name a block rid holds: refKey without reading the
+// key (get's hot path keeps refKey in one piece).
+func (t *Tree) refExt(rid uint32, r ref) (int, bool) {
+	if int(r.node) >= len(t.nodes) {
+		return 0, false
+	}
+	n := &t.nodes[r.node]
+	pos := r.depth - n.depth
+	h := t.holderIndex(r.node, rid)
+	if h < 0 || pos >= n.hold[h].cut {
+		return 0, false
+	}
+	return int(pos)*len(n.hold) + h, true
+}
+
+// repeatsMaxProbe is the longest probe repeats makes before it gives up.
+// Linear probing in a set at most a quarter full, with slots that no
+// input can aim at, makes runs of about 15 slots at the longest for 4,096
+// hashes (ln m / (α − 1 − ln α) for m slots at load α); 64 happens by bad
+// luck only, and bounds the work any hashes cause at 64 probes a hash. A
+// variable so that a test can make Tree.selfReferencing give up and sort.
+var repeatsMaxProbe = 64
+
+// repeats reports whether hs repeats a hash, or holds parent if
+// hasParent (dup); ok is false if it gave up, having made a probe longer
+// than maxProbe, and the caller must decide another way.
+//
+// The hashes go into an open-addressing set, linear probing, in
+// t.sortBuf (reused): a power of two of at least four times as many slots
+// as hashes (a quarter full at most, a probe's first slot is mostly free,
+// which the processor then predicts: 1.6 times as fast as half full). A
+// hash's slot is the top bits of it mixed with a seed drawn at random for
+// every call (whoever sends the hashes cannot know the seed, so crafted
+// hashes collide no more than random ones do; a bare multiply-shift would
+// leave arithmetic progressions in runs that linear probing handles
+// badly). 0 marks an empty slot, so the hash 0 is tracked apart. The
+// parent is looked up once all the hashes are in.
+func (t *Tree) repeats(hs []uint64, parent uint64, hasParent bool, maxProbe int) (dup, ok bool) {
+	if len(hs) == 0 {
+		return false, true
+	}
+	k := bits.Len(uint(4*len(hs) - 1)) // 1<<k ≥ 4·len(hs)
+	size := 1 << k
+	set := slices.Grow(t.sortBuf[:0], size)[:size]
+	clear(set)
+	t.sortBuf = set
+	seed := rand.Uint64()
+	zero := false
+	for _, x := range hs {
+		if x == 0 {
+			if zero {
+				return true, true
+			}
+			zero = true
+			continue
+		}
+		j := int(mix(x, seed) >> (64 - k))
+		for p := 0; set[j] != 0; p++ {
+			if set[j] == x {
+				return true, true
+			}
+			if p == maxProbe {
+				return false, false
+			}
+			j = (j + 1) & (size - 1)
+		}
+		set[j] = x
+	}
+	if !hasParent {
+		return false, true
+	}
+	if parent == 0 {
+		return zero, true
+	}
+	for j, p := int(mix(parent, seed)>>(64-k)), 0; set[j] != 0; j, p = (j+1)&(size-1), p+1 {
+		if set[j] == parent {
+			return true, true
+		}
+		if p == maxProbe {
+			return false, false
+		}
+	}
+	return false, true
 }

@@ -3,6 +3,7 @@ package indexer
 import (
 	"encoding/binary"
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
@@ -14,10 +15,15 @@ type lookupHarness struct {
 	t     *Tree
 	lk    lookup
 	model map[uint64]ref
+	// unbounded: sub-tables may have more groups than the limit (keys
+	// crafted against the seed; see lookup.canSplit).
+	unbounded bool
 }
 
-func newLookupHarness() *lookupHarness {
-	return &lookupHarness{t: NewTree(16), model: map[uint64]ref{}}
+// newLookupHarness returns a harness whose lookup's sub-tables have at
+// most limit groups (0: lookupMaxGroups).
+func newLookupHarness(limit int32) *lookupHarness {
+	return &lookupHarness{t: NewTree(16), lk: lookup{limit: limit}, model: map[uint64]ref{}}
 }
 
 func (h *lookupHarness) node(x uint64) ref {
@@ -88,28 +94,113 @@ func (h *lookupHarness) checkAll(tb testing.TB) {
 	for x := range h.model {
 		h.check(tb, x)
 	}
-	if used := 0; len(h.lk.ctrl) > 0 {
-		for _, c := range h.lk.ctrl {
-			for i := 0; i < 8; i++ {
-				if b := (c >> (8 * i)) & 0xff; b != ctrlEmpty {
+	h.checkLayout(tb)
+}
+
+// checkLayout checks the directory and the sub-tables: the directory has
+// 1<<depth entries, names each sub-table in one aligned run as long as its
+// depth gives, and holds its slots; every entry is in the sub-table its
+// hash selects, with its fingerprint; each sub-table's counts match its
+// control bytes, and, unless h.unbounded (crafted keys may make tables
+// grow past the limit), no sub-table has more groups than the limit.
+func (h *lookupHarness) checkLayout(tb testing.TB) {
+	tb.Helper()
+	lk := &h.lk
+	if lk.dir != nil {
+		if len(lk.dir) != 1<<lk.depth || lk.depth == 0 {
+			tb.Fatalf("directory of %d entries at depth %d", len(lk.dir), lk.depth)
+		}
+		if lk.one.ctrl != nil || lk.one.n != 0 {
+			tb.Fatalf("a directory, and %d entries in the lookup's own table", lk.one.n)
+		}
+		seen := map[*table]bool{}
+		for i := 0; i < len(lk.dir); {
+			s := lk.dir[i].tb
+			if s.depth > lk.depth || s.depth == 0 || seen[s] {
+				tb.Fatalf("directory entry %d: sub-table of depth %d (directory %d), seen before %v", i, s.depth, lk.depth, seen[s])
+			}
+			seen[s] = true
+			span := 1 << (lk.depth - s.depth)
+			if i%span != 0 {
+				tb.Fatalf("directory entry %d: sub-table of depth %d starts a run unaligned to %d", i, s.depth, span)
+			}
+			for j := i; j < i+span; j++ {
+				e := &lk.dir[j]
+				if e.tb != s || e.depth != s.depth || len(e.ctrl) != len(s.ctrl) || &e.ctrl[0] != &s.ctrl[0] ||
+					len(e.refs) != len(s.refs) || &e.refs[0] != &s.refs[0] {
+					tb.Fatalf("directory entries %d and %d: one run of depth %d, not the same sub-table and slots", i, j, s.depth)
+				}
+			}
+			i += span
+		}
+	}
+	n := 0
+	lk.eachTable(func(s *table) {
+		used, full := 0, 0
+		if len(s.refs) != 8*len(s.ctrl) {
+			tb.Fatalf("sub-table of %d groups and %d refs", len(s.ctrl), len(s.refs))
+		}
+		for g, c := range s.ctrl {
+			for i := range 8 {
+				b := (c >> (8 * i)) & 0xff
+				if b != ctrlEmpty {
 					used++
+				}
+				if b == ctrlEmpty || b == ctrlDeleted {
+					if s.refs[g*8+i] != (ref{}) {
+						tb.Fatalf("group %d slot %d: free (%#x), ref %v", g, i, b, s.refs[g*8+i])
+					}
+					continue
+				}
+				if b&0x80 != 0 {
+					tb.Fatalf("group %d slot %d: control byte %#x", g, i, b)
+				}
+				full++
+				x := h.t.nodes[s.refs[g*8+i].node].ext[0]
+				hx := lk.hash(x)
+				if _, got := lk.find(hx); got != s {
+					tb.Fatalf("key %#x in a sub-table of depth %d, its hash selects another", x, s.depth)
+				}
+				if _, fp := s.start(hx); b != fp {
+					tb.Fatalf("key %#x: fingerprint %#x, control byte %#x", x, fp, b)
 				}
 			}
 		}
-		if used+h.lk.left != len(h.lk.ctrl)*8*7/8 {
-			tb.Fatalf("%d slots used and %d left of %d", used, h.lk.left, len(h.lk.ctrl)*8)
+		if full != s.n || used+s.left != capacity(len(s.ctrl)) {
+			tb.Fatalf("sub-table of %d groups: %d entries counted %d; %d slots used and %d left", len(s.ctrl), full, s.n, used, s.left)
 		}
+		limit := lk.maxGroups()
+		if lk.dir == nil {
+			limit *= lookupOneRatio
+		}
+		if !h.unbounded && len(s.ctrl) > limit {
+			tb.Fatalf("sub-table of %d groups, more than the limit %d", len(s.ctrl), limit)
+		}
+		n += s.n
+	})
+	if n != lk.len() {
+		tb.Fatalf("sub-tables hold %d entries, the lookup counts %d", n, lk.len())
 	}
+}
+
+// slots returns the lookup's slots, over all sub-tables.
+func (h *lookupHarness) slots() int {
+	n := 0
+	h.lk.eachTable(func(s *table) { n += len(s.refs) })
+	return n
 }
 
 // TestLookupMatchesMap runs random inserts, deletes, moves and gets on a
 // lookup and a Go map, over key spaces small enough that keys come back
-// after deletion, and compares them after every operation.
+// after deletion, and compares them after every operation. Sub-tables are
+// limited to 1–16 groups in most runs, so that they split many times.
 func TestLookupMatchesMap(t *testing.T) {
 	for seed := uint64(1); seed <= 40; seed++ {
 		rng := rand.New(rand.NewPCG(seed, seed*7))
 		space := []uint64{4, 64, 1 << 10, 1 << 62}[seed%4]
-		h := newLookupHarness()
+		limit := []int32{0, 1, 2, 4, 16}[seed%5]
+		h := newLookupHarness(limit)
+		h.unbounded = limit == 1 || limit == 2 // the directory reaches one pointer per entry: see canSplit
 		key := func() uint64 {
 			k := rng.Uint64N(space)
 			if seed%8 == 0 {
@@ -136,42 +227,240 @@ func TestLookupMatchesMap(t *testing.T) {
 			}
 		}
 		h.checkAll(t)
+		if limit == 4 && space > 64 && h.lk.depth < 4 {
+			t.Fatalf("seed %d: %d entries in sub-tables of 4 groups, directory depth only %d", seed, h.lk.len(), h.lk.depth)
+		}
 	}
 }
 
-// TestLookupChurnStaysCompact keeps 5,000 entries in a lookup while
-// 200,000 keys come and go: tombstones are recycled, and the table stays
-// within the size growth would give it.
-func TestLookupChurnStaysCompact(t *testing.T) {
-	h := newLookupHarness()
-	rng := rand.New(rand.NewPCG(3, 4))
+// TestLookupLarge grows a lookup with the default sub-table size to
+// 200,000 entries, deleting and moving some on the way, and compares it
+// with a Go map: the directory splits many times, every sub-table stays
+// within the limit, and the slots per entry stay those of a single
+// table's growth.
+func TestLookupLarge(t *testing.T) {
+	h := newLookupHarness(0)
+	rng := rand.New(rand.NewPCG(5, 6))
 	var live []uint64
-	for len(live) < 5000 {
+	for len(h.model) < 200_000 {
 		x := rng.Uint64()
 		h.insert(x)
 		live = append(live, x)
-	}
-	peak := len(h.lk.refs)
-	for range 200_000 {
-		i := rng.IntN(len(live))
-		h.del(t, live[i])
-		live[i] = rng.Uint64()
-		h.insert(live[i])
+		switch p := rng.IntN(10); {
+		case p == 0:
+			i := rng.IntN(len(live))
+			h.del(t, live[i])
+			live[i] = live[len(live)-1]
+			live = live[:len(live)-1]
+		case p == 1:
+			h.move(t, live[rng.IntN(len(live))])
+		}
+		h.check(t, x)
+		h.check(t, rng.Uint64())
+		if len(h.model)%50_000 == 0 {
+			h.checkAll(t)
+		}
 	}
 	h.checkAll(t)
-	if got := len(h.lk.refs); got > peak*5/4 || float64(len(live))/float64(got) < 0.6 {
-		t.Fatalf("%d slots for %d entries after churn (%d after the fill)", got, len(live), peak)
+	tables := 0
+	h.lk.eachTable(func(*table) { tables++ })
+	perEntry := float64(h.slots()) / float64(h.lk.len())
+	t.Logf("%d entries: %d sub-tables, directory of %d, %.3f slots per entry, %.2f B per entry",
+		h.lk.len(), tables, len(h.lk.dir), perEntry, float64(h.lk.bytes())/float64(h.lk.len()))
+	if tables < 100 || h.lk.depth < 7 {
+		t.Fatalf("%d entries in %d sub-tables, directory depth %d: it did not split", h.lk.len(), tables, h.lk.depth)
 	}
-	t.Logf("%d entries: %d slots after the fill, %d after churn", len(live), peak, len(h.lk.refs))
+	if perEntry > 1.45 {
+		t.Fatalf("%.3f slots per entry", perEntry)
+	}
+}
+
+// TestLookupSmallHasNoDirectory checks that a lookup stays one sub-table,
+// in the lookup itself, until that sub-table reaches its limit
+// (lookupOneRatio × lookupMaxGroups groups, 7,168 entries and
+// tombstones): 6,000 entries take no directory (and 9 bytes a slot: its
+// ref and control byte); 7,500 take a directory, into which the table
+// split in 8 parts at once (each about half a full sub-table).
+func TestLookupSmallHasNoDirectory(t *testing.T) {
+	h := newLookupHarness(0)
+	rng := rand.New(rand.NewPCG(8, 8))
+	for range 6000 {
+		h.insert(rng.Uint64())
+	}
+	h.checkAll(t)
+	if h.lk.dir != nil || h.lk.bytes() != int64(h.slots())*9 {
+		t.Fatalf("6,000 entries: a directory of %d, %d bytes for %d slots", len(h.lk.dir), h.lk.bytes(), h.slots())
+	}
+	for range 1500 {
+		h.insert(rng.Uint64())
+	}
+	h.checkAll(t)
+	if h.lk.dir == nil || h.lk.depth != 3 {
+		t.Fatalf("7,500 entries: a directory of %d entries", len(h.lk.dir))
+	}
+	h.lk.reset()
+	h.model = map[uint64]ref{}
+	h.checkAll(t)
+	if h.lk.dir != nil || h.lk.bytes() != 0 {
+		t.Fatalf("after reset: a directory of %d, %d bytes", len(h.lk.dir), h.lk.bytes())
+	}
+}
+
+// unhash returns the key whose lk.hash is y (the mix is a bijection; this
+// is its inverse).
+func unhash(lk *lookup, y uint64) uint64 {
+	y ^= y>>31 ^ y>>62
+	y *= inverse(0x94d049bb133111eb)
+	y ^= y>>27 ^ y>>54
+	y *= inverse(0xbf58476d1ce4e5b9)
+	y ^= y>>30 ^ y>>60
+	return y ^ lk.seed
+}
+
+// inverse returns the multiplicative inverse of odd c modulo 2⁶⁴ (Newton:
+// each step doubles the correct low bits).
+func inverse(c uint64) uint64 {
+	v := c // correct to 3 bits for odd c
+	for range 5 {
+		v *= 2 - c*v
+	}
+	return v
+}
+
+// probeGroups returns the most groups a get of a key of h's model visits.
+func (h *lookupHarness) probeGroups() int {
+	worst := 0
+	for x, r := range h.model {
+		hx := h.lk.hash(x)
+		s, _ := h.lk.find(hx)
+		g, _ := s.start(hx)
+		for k := 1; ; k++ {
+			if slices.Contains(s.refs[g*8:g*8+8], r) {
+				worst = max(worst, k)
+				break
+			}
+			g = (g + 1) % len(s.ctrl)
+		}
+	}
+	return worst
+}
+
+// TestLookupAdversarialKeys inserts key sets crafted against the hash:
+// keys that a fixed (unseeded) mix would send to one sub-table and one
+// group, keys that differ only in a few high or low bits. The seeded hash
+// spreads them: sub-tables stay within the limit, probes short and the
+// slots per entry those of random keys.
+func TestLookupAdversarialKeys(t *testing.T) {
+	unseeded := &lookup{}
+	for _, c := range []struct {
+		name string
+		key  func(i uint64) uint64
+	}{
+		{"unseeded-collisions", func(i uint64) uint64 { return unhash(unseeded, i) }}, // hash 0, 1, 2, … without a seed
+		{"high-bits", func(i uint64) uint64 { return i << 44 }},
+		{"low-bits", func(i uint64) uint64 { return i }},
+		{"stride", func(i uint64) uint64 { return i * 1 << 32 }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			h := newLookupHarness(16)
+			for i := range uint64(100_000) {
+				h.insert(c.key(i))
+			}
+			h.checkAll(t)
+			perEntry := float64(h.slots()) / float64(h.lk.len())
+			probe := h.probeGroups()
+			t.Logf("%d entries, directory of %d, %.3f slots per entry, probes ≤ %d groups", h.lk.len(), len(h.lk.dir), perEntry, probe)
+			if perEntry > 1.5 || probe > 16 || len(h.lk.dir) > h.lk.len()/16 {
+				t.Fatalf("%.3f slots per entry, probes up to %d groups, a directory of %d for %d entries", perEntry, probe, len(h.lk.dir), h.lk.len())
+			}
+		})
+	}
+	if got := unhash(unseeded, 12345); unseeded.hash(got) != 12345 {
+		t.Fatalf("unhash is not the hash's inverse: hash(unhash(12345)) = %d", unseeded.hash(got))
+	}
+}
+
+// TestLookupKeysCraftedAgainstSeed inserts keys crafted with the lookup's
+// own seed (which an attacker does not know) to share the top 40 bits of
+// their hash: splits cannot separate them, and the directory stops
+// doubling at one pointer per entry while their sub-table grows past the
+// limit. The lookup still matches the map.
+func TestLookupKeysCraftedAgainstSeed(t *testing.T) {
+	h := newLookupHarness(4)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for h.lk.dir == nil {
+		h.insert(rng.Uint64())
+	}
+	h.unbounded = true
+	prefix := rng.Uint64() &^ (1<<24 - 1)
+	for i := range uint64(20_000) {
+		h.insert(unhash(&h.lk, prefix|i))
+		if i%1000 == 0 {
+			h.insert(rng.Uint64()) // and some ordinary keys
+		}
+	}
+	h.checkAll(t)
+	t.Logf("%d entries, directory of %d (depth %d)", h.lk.len(), len(h.lk.dir), h.lk.depth)
+	if len(h.lk.dir) > 2*h.lk.len() {
+		t.Fatalf("a directory of %d for %d entries", len(h.lk.dir), h.lk.len())
+	}
+	for x := range h.model {
+		if rng.IntN(2) == 0 {
+			h.del(t, x)
+		}
+	}
+	h.checkAll(t)
+}
+
+// TestLookupChurnStaysCompact keeps 5,000 (one sub-table), then 50,000
+// (a directory of them) entries in a
+// lookup while 200,000 keys come and go: tombstones are recycled, and
+// the sub-tables stay within the size growth would give them.
+func TestLookupChurnStaysCompact(t *testing.T) {
+	for _, size := range []int{5000, 50_000} {
+		h := newLookupHarness(0)
+		rng := rand.New(rand.NewPCG(3, uint64(size)))
+		var live []uint64
+		for len(live) < size {
+			x := rng.Uint64()
+			h.insert(x)
+			live = append(live, x)
+		}
+		peak := h.slots()
+		for range 200_000 {
+			i := rng.IntN(len(live))
+			h.del(t, live[i])
+			live[i] = rng.Uint64()
+			h.insert(live[i])
+		}
+		h.checkAll(t)
+		if got := h.slots(); got > peak*5/4 || float64(len(live))/float64(got) < 0.6 {
+			t.Fatalf("%d slots for %d entries after churn (%d after the fill)", got, len(live), peak)
+		}
+		t.Logf("%d entries: %d slots after the fill, %d after churn", len(live), peak, h.slots())
+	}
 }
 
 // FuzzLookup interprets the input as operations on a lookup and a Go map
-// and compares them.
+// and compares them. The first byte picks the sub-table limit: 1–3
+// groups (splits every few inserts) or the default.
 func FuzzLookup(f *testing.F) {
 	f.Add([]byte{0, 1, 0, 2, 1, 1, 2, 2})
 	f.Add(make([]byte, 300))
+	seed := make([]byte, 3000)
+	for i := range seed {
+		seed[i] = byte(i * 7)
+	}
+	seed[0] = 2
+	f.Add(seed)
 	f.Fuzz(func(t *testing.T, data []byte) {
-		h := newLookupHarness()
+		if len(data) == 0 {
+			return
+		}
+		limit := int32(data[0] % 4)
+		h := newLookupHarness(limit)
+		h.unbounded = limit > 0 && limit < 3 // see TestLookupMatchesMap
+		data = data[1:]
 		for len(data) >= 3 {
 			op, k := data[0]%4, binary.LittleEndian.Uint16(data[1:3])
 			data = data[3:]

@@ -306,7 +306,7 @@ func (t *Tree) Stats() TreeStats {
 		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32 + int64(cap(n.gb))*8
 	}
 	for i := range t.ranks {
-		b += int64(cap(t.ranks[i].lookup.ctrl))*8 + int64(cap(t.ranks[i].lookup.refs))*8 // rank lookups: 9-byte slots
+		b += t.ranks[i].lookup.bytes() // rank lookups: 9-byte slots, directories
 	}
 	b += int64(t.nnodes) * 40   // children map: 24-byte slots
 	b += int64(t.gentries) * 30 // group sets: 16-byte slots
@@ -619,6 +619,10 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 	return loc{t.allocNode(cur.node, []uint64{lh}), 0}
 }
 
+// selfReferencing reports whether s repeats one of its hashes or holds
+// its parent among them. A short event is compared pairwise; a longer one
+// goes through a hash set (Tree.repeats: O(n)), or, if the set gives up
+// on a long probe, is sorted.
 func (t *Tree) selfReferencing(s Stored) bool {
 	hs := s.Hashes
 	if len(hs) <= 16 {
@@ -633,6 +637,9 @@ func (t *Tree) selfReferencing(s Stored) bool {
 			}
 		}
 		return false
+	}
+	if dup, ok := t.repeats(hs, s.Parent, s.HasParent, repeatsMaxProbe); ok {
+		return dup
 	}
 	t.sortBuf = append(t.sortBuf[:0], hs...)
 	slices.Sort(t.sortBuf)
