@@ -108,17 +108,20 @@ const (
 	lsbs        = 0x0101010101010101
 	msbs        = 0x8080808080808080
 
-	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 256
-	// slots and 1,792 entries, which a rebuild re-reads from the tree ref
-	// by ref (collect) in 0.1–1 ms (BenchmarkLookupGrowth;
-	// docs/benchmarks.md). 256 groups' refs (16 KiB) are one of the
+	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 64
+	// slots and 448 entries, which a rebuild re-reads from the tree ref by
+	// ref (collect), 6–8 µs on average on the Mooncake replay. A query
+	// waits for it when it lands in a write (the rebuild runs inside one
+	// insert): at 256 groups the rebuilds took ~30 µs and set the query
+	// p99 under ingest; the smaller sub-tables cost ~1 B per entry more
+	// (docs/benchmarks.md). 64 groups' refs (4 KiB) are one of the
 	// allocator's size classes.
-	lookupMaxGroups = 256
+	lookupMaxGroups = 64
 	// lookupOneRatio: the only sub-table of a lookup without a directory
 	// may have lookupOneRatio × lookupMaxGroups groups. Its rebuild scans
 	// the nodes its entries name (collect), 3–4 times cheaper per entry
 	// than resolving refs one by one, so about as long; and the ranks of
-	// up to 6,700 entries pay for no directory at all.
+	// up to ~1,700 entries pay for no directory at all.
 	lookupOneRatio = 4
 )
 

@@ -277,26 +277,27 @@ func TestLookupLarge(t *testing.T) {
 
 // TestLookupSmallHasNoDirectory checks that a lookup stays one sub-table,
 // in the lookup itself, until that sub-table reaches its limit
-// (lookupOneRatio × lookupMaxGroups groups, 7,168 entries and
-// tombstones): 6,000 entries take no directory (and 9 bytes a slot: its
-// ref and control byte); 7,500 take a directory, into which the table
-// split in 8 parts at once (each about half a full sub-table).
+// (lookupOneRatio × lookupMaxGroups groups: 1,792 entries and tombstones):
+// 84 % of that takes no directory (and 9 bytes a slot: its ref and control
+// byte); 105 % takes a directory, into which the table split in 8 parts at
+// once (each about half a full sub-table).
 func TestLookupSmallHasNoDirectory(t *testing.T) {
 	h := newLookupHarness(0)
 	rng := rand.New(rand.NewPCG(8, 8))
-	for range 6000 {
+	one := capacity(lookupOneRatio * lookupMaxGroups)
+	for range one * 84 / 100 {
 		h.insert(rng.Uint64())
 	}
 	h.checkAll(t)
 	if h.lk.dir != nil || h.lk.bytes() != int64(h.slots())*9 {
-		t.Fatalf("6,000 entries: a directory of %d, %d bytes for %d slots", len(h.lk.dir), h.lk.bytes(), h.slots())
+		t.Fatalf("%d entries: a directory of %d, %d bytes for %d slots", h.lk.len(), len(h.lk.dir), h.lk.bytes(), h.slots())
 	}
-	for range 1500 {
+	for range one * 21 / 100 {
 		h.insert(rng.Uint64())
 	}
 	h.checkAll(t)
 	if h.lk.dir == nil || h.lk.depth != 3 {
-		t.Fatalf("7,500 entries: a directory of %d entries", len(h.lk.dir))
+		t.Fatalf("%d entries: a directory of %d entries", h.lk.len(), len(h.lk.dir))
 	}
 	h.lk.reset()
 	h.model = map[uint64]ref{}
