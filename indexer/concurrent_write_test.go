@@ -99,7 +99,7 @@ func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 						got += n
 					}
 					if got != want {
-						errs <- fmt.Errorf("rank %v batch %d: result skipped %d blocks, want %d", r, seq, got, want)
+						errs <- fmt.Errorf("rank %v batch %d: result skipped %d blocks, want %d (errors: %v)", r, seq, got, want, res.Errs)
 						return
 					}
 				}

@@ -1,6 +1,9 @@
 package indexer
 
-import "fmt"
+import (
+	"fmt"
+	"sync/atomic"
+)
 
 // CheckGroupBits checks node.gb against the groups' sets: for every
 // holder's block, the bits of the tracked groups of its rank that hold it,
@@ -58,10 +61,12 @@ func CheckGroupBits(t *Tree) error {
 }
 
 // ApplyInPieces applies op for r as Index.ApplyBatch would with a write
-// chunk of chunk blocks, calling yield between pieces.
-func ApplyInPieces(t *Tree, r Rank, op Op, chunk int, yield func()) error {
-	if t.pieces(r, &op, chunk) > 1 {
-		return t.applyPieces(r, &op, chunk, yield)
+// chunk of chunk blocks, calling yield between pieces. stop is what the
+// pieces read before each block after their first (nil: never stop
+// early; see Tree.stop): yield may change it.
+func ApplyInPieces(t *Tree, r Rank, op Op, chunk int, stop *atomic.Int32, yield func()) error {
+	if t.pieces(r, &op, chunk) > 0 {
+		return t.applyPieces(r, &op, chunk, stop, yield)
 	}
 	return t.Apply(r, op)
 }

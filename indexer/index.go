@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	mbits "math/bits"
 	"runtime"
 	"slices"
 	"sync"
@@ -135,7 +136,9 @@ type shard struct {
 	// waiting counts matchers waiting for mu (rlock); a batch's writer
 	// that sees it steps aside after its current op (ApplyBatch).
 	waiting atomic.Int32
-	_       [64]byte // keeps the next shard's lock off this cache line
+	// handoffs counts the writers' handoffs (under mu held exclusively).
+	handoffs uint64
+	_        [64]byte // keeps the next shard's lock off this cache line
 }
 
 // The handoff between a shard's matchers and its writers. A matcher that
@@ -156,6 +159,12 @@ func (s *shard) rlock() {
 		return
 	}
 	s.waiting.Add(1)
+	s.rlockCounted()
+}
+
+// rlockCounted takes s.mu shared for a matcher already counted in
+// s.waiting, and uncounts it.
+func (s *shard) rlockCounted() {
 	for i := 0; !s.mu.TryRLock(); i++ {
 		if i == spinTries {
 			s.mu.RLock()
@@ -169,6 +178,7 @@ func (s *shard) rlock() {
 // handoff ends one hold of s.mu by a batch's writer and starts the next,
 // after the matchers waiting for it (see spinTries).
 func (s *shard) handoff() {
+	s.handoffs++
 	s.mu.Unlock()
 	for i := 0; i < spinTries && s.waiting.Load() > 0; i++ {
 		runtime.Gosched()
@@ -537,8 +547,11 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 			if budget < chunk {
 				yield()
 			}
-			err = t.applyPieces(r, op, chunk, yield)
+			err = t.applyPieces(r, op, chunk, &s.waiting, yield)
 			budget = chunk - (opBlocks(op) - (n-1)*chunk)
+		} else if n == 1 {
+			err = t.applyPieces(r, op, chunk, &s.waiting, yield)
+			budget -= opBlocks(op)
 		} else {
 			err = t.Apply(r, *op)
 			budget -= max(1, opBlocks(op))
@@ -776,11 +789,36 @@ func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, er
 	return p.match(q, dst), nil
 }
 
+// match matches q in every shard. A shard whose write lock is held is
+// passed over at first, with the matcher counted in its waiting (so that
+// its writer steps aside after the op in progress), and matched after
+// the others: the wait for one writer overlaps the match in the other
+// shards, and with as many writers as cores at most one wait per writer
+// is left.
 func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
-	for _, s := range *p.shards.Load() {
-		s.rlock()
+	ss := *p.shards.Load()
+	var later [MaxShards / 64]uint64 // shards passed over
+	var any bool
+	for i, s := range ss {
+		if !s.mu.TryRLock() {
+			s.waiting.Add(1)
+			later[i/64] |= 1 << (i % 64)
+			any = true
+			continue
+		}
 		dst = s.tree.Match(q, dst)
 		s.mu.RUnlock()
+	}
+	if !any {
+		return dst
+	}
+	for w, bits := range later {
+		for ; bits != 0; bits &= bits - 1 {
+			s := ss[w*64+mbits.TrailingZeros64(bits)]
+			s.rlockCounted()
+			dst = s.tree.Match(q, dst)
+			s.mu.RUnlock()
+		}
 	}
 	return dst
 }

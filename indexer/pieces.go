@@ -1,66 +1,73 @@
 package indexer
 
+import "sync/atomic"
+
 // Pieces: Index.ApplyBatch holds a partition's write lock for at most
 // Options.WriteChunk blocks at a time, so that a query waits for at most that
 // much work, not for a whole engine batch (an engine step stores up to a
 // chunked prefill's 512 blocks and evicts as many). Between chunks other
-// writers' chunks and queries run. A large op is applied in pieces of at
-// most that many blocks, with exactly the effect and the counts of the
-// whole op: the pieces of a store continue its chain (piece j's parent is
+// writers' chunks and queries run. An op of more than one block is
+// applied in pieces of at most that many blocks, and a piece ends early,
+// before any block after its first, when a matcher waits for the tree
+// (Tree.stop), so that a query waits for about one block's work. The
+// pieces have exactly the effect and the counts of the whole op: the pieces of a store continue its chain (piece j's parent is
 // the last hash of piece j−1), a piece that fails ends the op with the
 // blocks left counted under its reason, redundancy is decided over the
 // whole op, and the pieces' errors are one OpError.
 
 // DefaultWriteChunk is Options.WriteChunk's default: the most blocks
-// Index.ApplyBatch applies under one hold of a partition's write lock (an
-// op of fewer blocks is not split, so a hold may cover up to
-// DefaultWriteChunk−1 more). 32 blocks take about 10 µs to apply.
+// Index.ApplyBatch applies under one hold of a partition's write lock when
+// no matcher waits (a hold may cover up to DefaultWriteChunk−1 more in
+// one-block ops). 32 blocks take about 10 µs to apply.
 const DefaultWriteChunk = 32
 
-// pieces reports how many pieces op is applied in for rank r: 1 unless
-// it is a main-group store or remove of more than chunk blocks for a rank
-// without other KV-cache groups, in a tree without hybrid ranks, and
-// (for a store) passes the checks made on the whole op.
+// pieces reports how many pieces of at most chunk blocks op is applied
+// in for rank r, or 0 if it is applied whole: 0 unless it is a main-group
+// store or remove of at least two blocks for a rank without other
+// KV-cache groups, in a tree without hybrid ranks, and (for a store)
+// passes the checks made on the whole op. A piece may end early, when
+// matchers wait (Tree.stop), so an op of one piece may take more.
 func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 	if t.hybrid > 0 || op.Group != (Group{}) || chunk <= 0 {
-		return 1
+		return 0
 	}
 	var n int
 	switch op.Kind {
 	case OpStore:
 		s := &op.Store
 		n = len(s.Hashes)
-		if n <= chunk {
-			return 1
+		if n < 2 {
+			return 0
 		}
 		if len(s.Tokens) > 0 || s.Tier == TierDevice { // not an offload
 			if s.BlockSize != t.blockSize || len(s.Tokens)/t.blockSize == 0 || t.selfReferencing(*s) {
-				return 1 // fails at once, whole
+				return 0 // fails at once, whole
 			}
 		}
 	case OpRemove:
 		n = len(op.Remove.Hashes)
-		if n <= chunk {
-			return 1
+		if n < 2 {
+			return 0
 		}
 	default:
-		return 1
+		return 0
 	}
 	if rid, ok := t.rankIDs[r]; ok {
 		rs := &t.ranks[rid]
 		if rs.groups != nil || (rs.hasMain && rs.main.idx != 0) {
-			return 1
+			return 0
 		}
 	}
 	return (n + chunk - 1) / chunk
 }
 
-// applyPieces applies op for r in pieces of chunk blocks (pieces must
-// have said more than 1), calling yield between pieces. yield may let
-// other writers change the tree.
-func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
+// applyPieces applies op for r in pieces of at most chunk blocks (pieces
+// must have said at least 1), calling yield between pieces. yield may let
+// other writers change the tree. If stop is not nil, a piece ends before
+// any block after its first once *stop is positive (see Tree.stop).
+func (t *Tree) applyPieces(r Rank, op *Op, chunk int, stop *atomic.Int32, yield func()) error {
 	if op.Kind == OpRemove {
-		return t.removePieces(r, op.Remove, chunk, yield)
+		return t.removePieces(r, op.Remove, chunk, stop, yield)
 	}
 	s := op.Store
 	n := len(s.Hashes)
@@ -71,15 +78,16 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
 	}
 	var merged *OpError
 	var red uint64
+	var resume bool
 	t.piece = true
 	defer func() { t.piece = false }()
-	for from := 0; from < usable; from += chunk {
+	for from, to := 0, 0; from < usable; from = to {
 		if from > 0 {
 			t.piece = false
 			yield()
 			t.piece = true
 		}
-		to := min(from+chunk, usable)
+		to = min(from+chunk, usable)
 		p := s
 		p.Hashes = s.Hashes[from:to]
 		if from > 0 {
@@ -88,9 +96,19 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
 		if !offload {
 			p.Tokens = s.Tokens[from*t.blockSize : to*t.blockSize]
 		}
-		t.pieceRed = 0
+		// stop and resume are this op's only while it holds the tree:
+		// the writers that yield lets in apply their ops whole.
+		t.pieceRed, t.done, t.stop, t.resume = 0, 0, stop, resume
 		err := t.Apply(r, Op{Kind: OpStore, Store: p})
+		t.stop, t.resume = nil, false
+		done := t.done
+		t.done = 0
 		red += t.pieceRed
+		// A piece that stopped early is continued by the next, in the
+		// same clock tick.
+		if resume = done > 0; resume {
+			to = from + done
+		}
 		if err == nil {
 			continue
 		}
@@ -129,15 +147,22 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
 
 // removePieces applies a main-group remove in pieces; a remove skips each
 // block it cannot apply and goes on, so the pieces' errors are summed.
-func (t *Tree) removePieces(r Rank, rm Removed, chunk int, yield func()) error {
+func (t *Tree) removePieces(r Rank, rm Removed, chunk int, stop *atomic.Int32, yield func()) error {
 	var merged *OpError
-	for from := 0; from < len(rm.Hashes); from += chunk {
+	for from, to := 0, 0; from < len(rm.Hashes); from = to {
 		if from > 0 {
 			yield()
 		}
+		to = min(from+chunk, len(rm.Hashes))
 		p := rm
-		p.Hashes = rm.Hashes[from:min(from+chunk, len(rm.Hashes))]
+		p.Hashes = rm.Hashes[from:to]
+		t.done, t.stop = 0, stop
 		err := t.Apply(r, Op{Kind: OpRemove, Remove: p})
+		t.stop = nil
+		if t.done > 0 {
+			to = from + t.done
+			t.done = 0
+		}
 		if err == nil {
 			continue
 		}

@@ -142,6 +142,52 @@ func TestWriteToOneShardWhileAnotherIsLocked(t *testing.T) {
 	}
 }
 
+// TestWriterStepsAsideAtEveryBlockWhileMatchesWait: while a match waits
+// for the shard, a batch's writer ends its hold before every block of a
+// store and of a remove but their first, and between the ops; with none
+// waiting, only between the store's 32-block pieces. The index ends the
+// same either way.
+func TestWriterStepsAsideAtEveryBlockWhileMatchesWait(t *testing.T) {
+	r := Rank{1, 0}
+	run := func(waiting int32) (*Index, uint64) {
+		ix := New(Options{Shards: 1})
+		must(t, ix.AddPartition(testKey, 4))
+		_, err := ix.Apply(testKey, r, 0, []Op{chainOp(4, 1, 1, 10)})
+		must(t, err)
+		s := ix.parts[testKey].shardOf(r, false)
+		s.waiting.Store(waiting) // a match counted as waiting, forever
+		store := chainOp(4, 2, 40, 100)
+		store.Store.Parent, store.Store.HasParent = 10, true
+		rm := Removed{Tier: TierDevice}
+		for h := uint64(139); h >= 110; h-- { // the last 30, tail first
+			rm.Hashes = append(rm.Hashes, h)
+		}
+		_, err = ix.Apply(testKey, r, 1, []Op{store, {Kind: OpRemove, Remove: rm}})
+		must(t, err)
+		s.waiting.Store(0)
+		return ix, s.handoffs
+	}
+	busy, n := run(1)
+	if want := uint64(39 + 1 + 29); n != want {
+		t.Errorf("with a match waiting: %d handoffs, want %d (one before each block but the first of each op, one between them)", n, want)
+	}
+	idle, m := run(0)
+	if m != 1 {
+		t.Errorf("with no match waiting: %d handoffs, want 1 (between the store's two pieces)", m)
+	}
+	for _, ix := range []*Index{busy, idle} {
+		if st, _ := ix.Rank(testKey, r); st.Blocks != 11 || st.Watermark != 1 {
+			t.Fatalf("rank: %+v, want 11 blocks at watermark 1", st)
+		}
+	}
+	q := HashBlocks(nil, chainOp(4, 1, 41, 0).Store.Tokens, 4, BaseSeed)
+	a, _ := busy.Match(testKey, q, nil)
+	b, _ := idle.Match(testKey, q, nil)
+	if len(a) != 1 || a[0].Device != 11 || !slices.Equal(a, b) {
+		t.Fatalf("matches %+v and %+v, want one rank with 11 blocks in both", a, b)
+	}
+}
+
 // TestShardedSnapshotRoundTrip dumps a 3-shard partition through both
 // JSON codecs and restores it into indexes configured with fewer and more
 // shards: the restored index keeps the snapshot's shards (or more), each

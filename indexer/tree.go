@@ -225,6 +225,15 @@ type Tree struct {
 	// holds the tree.
 	piece    bool
 	pieceRed uint64
+	// stop, set only while applyPieces or removePieces applies a piece,
+	// is read before each block after the piece's first: once it is
+	// positive (matchers wait for the tree, see Index.ApplyBatch) the
+	// piece ends there, done says how many of its blocks it applied, and
+	// the op goes on with the rest after the yield. resume: the piece goes
+	// on with a store that stopped early, in the same clock tick.
+	stop     *atomic.Int32
+	done     int
+	resume   bool
 	localBuf []uint64
 	touched  []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
@@ -468,7 +477,11 @@ func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, Group{}, s
 // slot if known (the caller looked it up); an unknown rank gets one only
 // once the store is valid.
 func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
-	t.clock += 2 // odd ticks are for matches (see now)
+	if t.resume {
+		t.resume = false
+	} else {
+		t.clock += 2 // odd ticks are for matches (see now)
+	}
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
 		return t.offload(r, rid, known, s)
 	}
@@ -501,7 +514,12 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	// on the device, as the next block of its chain (see Redundant).
 	red := s.Tier == TierDevice && usable == len(s.Hashes)
 	var err error
+	stopped := 0 // blocks applied before the piece stopped early (Tree.stop)
 	for i := 0; i < usable; i++ {
+		if i > 0 && t.stop != nil && t.stop.Load() > 0 {
+			stopped, t.done = i, i
+			break
+		}
 		x := s.Hashes[i]
 		if xr, ok := lk.get(t, rid, x); ok {
 			// A copy of a block the rank holds: it must be the next block.
@@ -555,6 +573,9 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	}
 	if red && err == nil {
 		n := uint64(len(s.Hashes))
+		if stopped > 0 {
+			n = uint64(stopped)
+		}
 		if t.piece {
 			t.pieceRed += n // the whole op decides (applyPieces)
 		} else {
@@ -562,7 +583,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			t.ranks[rid].redundant += n
 		}
 	}
-	if err == nil && usable < len(s.Hashes) {
+	if err == nil && usable < len(s.Hashes) && stopped == 0 {
 		err = t.fail(r, ReasonShortTokens, s.Hashes[usable], len(s.Hashes)-usable)
 	}
 	return err
@@ -699,7 +720,11 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 	}
 	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
-	for _, x := range rm.Hashes {
+	for i, x := range rm.Hashes {
+		if i > 0 && t.stop != nil && t.stop.Load() > 0 {
+			t.done = i
+			break
+		}
 		xr, ok := lk.get(t, rid, x)
 		h := -1
 		var l loc

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -98,6 +99,11 @@ type propRun struct {
 	// chunk > 0: stores and removes go through indexer.ApplyInPieces
 	// with this write chunk, as Index.ApplyBatch applies large ops.
 	chunk int
+	// stop, if set, is what the pieces read before each block (see
+	// indexer.ApplyInPieces): each yield draws it anew, so that pieces
+	// run whole or end after their first block, as they do when
+	// matchers wait.
+	stop *atomic.Int32
 	// record, if set, is told every store and remove applied.
 	record func(r indexer.Rank, op indexer.Op)
 }
@@ -107,7 +113,11 @@ func (p *propRun) apply(r indexer.Rank, op indexer.Op) error {
 		p.record(r, op)
 	}
 	if p.chunk > 0 {
-		return indexer.ApplyInPieces(p.tr, r, op, p.chunk, func() {})
+		return indexer.ApplyInPieces(p.tr, r, op, p.chunk, p.stop, func() {
+			if p.stop != nil {
+				p.stop.Store(int32(rapid.IntRange(0, 1).Draw(p.t, "stop")))
+			}
+		})
 	}
 	return p.tr.Apply(r, op)
 }
@@ -378,19 +388,29 @@ func (p *propRun) check(what string) {
 // same random events and compares every observable after every action.
 // Every run ends by emptying the tree, through remove events or through
 // RemoveRank/RemoveWorker, and checks nothing is left behind.
-func TestTreeMatchesModel(t *testing.T) { rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, 0) }) }
+func TestTreeMatchesModel(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, 0, nil) })
+}
 
 // TestTreeMatchesModelInPieces is TestTreeMatchesModel with every store
 // and remove applied in pieces of 1 to 5 blocks, as Index.ApplyBatch
-// applies ops larger than WriteChunk: the same tree, counts and errors.
+// applies ops of more than one block: the same tree, counts and errors.
+// In half the runs pieces also end early, after their first block, as
+// they do when a matcher waits for the tree.
 func TestTreeMatchesModelInPieces(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, rapid.IntRange(1, 5).Draw(t, "chunk")) })
+	rapid.Check(t, func(t *rapid.T) {
+		var stop *atomic.Int32
+		if rapid.Bool().Draw(t, "stops") {
+			stop = new(atomic.Int32)
+		}
+		treeMatchesModel(t, rapid.IntRange(1, 5).Draw(t, "chunk"), stop)
+	})
 }
 
-func treeMatchesModel(t *rapid.T, chunk int) {
+func treeMatchesModel(t *rapid.T, chunk int, stop *atomic.Int32) {
 	{
 		w := drawWorld(t)
-		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs), chunk: chunk}
+		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs), chunk: chunk, stop: stop}
 		p.check("start")
 		ops := rapid.IntRange(50, 200).Draw(t, "ops")
 		for i := 0; i < ops; i++ {
