@@ -63,10 +63,11 @@ func CheckGroupBits(t *Tree) error {
 // ApplyInPieces applies op for r as Index.ApplyBatch would with a write
 // chunk of chunk blocks, calling yield between pieces. stop is what the
 // pieces read before each block after their first (nil: never stop
-// early; see Tree.stop): yield may change it.
+// early; see Tree.stop): yield may change it. Lookup rebuilds run before
+// the block whose insert needs them, as ApplyBatch runs them.
 func ApplyInPieces(t *Tree, r Rank, op Op, chunk int, stop *atomic.Int32, yield func()) error {
 	if t.pieces(r, &op, chunk) > 0 {
-		return t.applyPieces(r, &op, chunk, stop, yield)
+		return t.applyPieces(r, &op, chunk, &holdCtl{stop: stop, quantum: 1, win: new(window)}, yield)
 	}
 	return t.Apply(r, op)
 }

@@ -138,7 +138,9 @@ type shard struct {
 	waiting atomic.Int32
 	// handoffs counts the writers' handoffs (under mu held exclusively).
 	handoffs uint64
-	_        [64]byte // keeps the next shard's lock off this cache line
+	// win lets matchers read the tree while its writer rebuilds a lookup.
+	win window
+	_   [64]byte // keeps the next shard's lock off this cache line
 }
 
 // The handoff between a shard's matchers and its writers. A matcher that
@@ -153,19 +155,19 @@ type shard struct {
 // worth spinning for.
 const spinTries = 512
 
-// rlock takes s.mu shared (see spinTries).
-func (s *shard) rlock() {
-	if s.mu.TryRLock() {
-		return
-	}
-	s.waiting.Add(1)
-	s.rlockCounted()
-}
-
-// rlockCounted takes s.mu shared for a matcher already counted in
-// s.waiting, and uncounts it.
-func (s *shard) rlockCounted() {
-	for i := 0; !s.mu.TryRLock(); i++ {
+// readCounted lets a matcher already counted in s.waiting read s's tree
+// (see spinTries), and uncounts it: it takes s.mu shared, or enters the
+// writer's open window, which it reports (the matcher then calls
+// s.win.leave, else s.mu.RUnlock).
+func (s *shard) readCounted() (inWindow bool) {
+	for i := 0; ; i++ {
+		if s.mu.TryRLock() {
+			break
+		}
+		if s.win.enter() {
+			inWindow = true
+			break
+		}
 		if i == spinTries {
 			s.mu.RLock()
 			break
@@ -173,6 +175,7 @@ func (s *shard) rlockCounted() {
 		runtime.Gosched()
 	}
 	s.waiting.Add(-1)
+	return inWindow
 }
 
 // handoff ends one hold of s.mu by a batch's writer and starts the next,
@@ -539,6 +542,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		t.clock = clock
 		before, redundant = t.counts, t.redundant
 	}
+	ctl := holdCtl{stop: &s.waiting, quantum: holdQuantum, win: &s.win}
 	budget := chunk
 	for i := range ops {
 		op := &ops[i]
@@ -547,10 +551,10 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 			if budget < chunk {
 				yield()
 			}
-			err = t.applyPieces(r, op, chunk, &s.waiting, yield)
+			err = t.applyPieces(r, op, chunk, &ctl, yield)
 			budget = chunk - (opBlocks(op) - (n-1)*chunk)
 		} else if n == 1 {
-			err = t.applyPieces(r, op, chunk, &s.waiting, yield)
+			err = t.applyPieces(r, op, chunk, &ctl, yield)
 			budget -= opBlocks(op)
 		} else {
 			err = t.Apply(r, *op)
@@ -800,14 +804,18 @@ func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
 	var later [MaxShards / 64]uint64 // shards passed over
 	var any bool
 	for i, s := range ss {
-		if !s.mu.TryRLock() {
+		switch {
+		case s.mu.TryRLock():
+			dst = s.tree.Match(q, dst)
+			s.mu.RUnlock()
+		case s.win.enter():
+			dst = s.tree.Match(q, dst)
+			s.win.leave()
+		default:
 			s.waiting.Add(1)
 			later[i/64] |= 1 << (i % 64)
 			any = true
-			continue
 		}
-		dst = s.tree.Match(q, dst)
-		s.mu.RUnlock()
 	}
 	if !any {
 		return dst
@@ -815,9 +823,13 @@ func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
 	for w, bits := range later {
 		for ; bits != 0; bits &= bits - 1 {
 			s := ss[w*64+mbits.TrailingZeros64(bits)]
-			s.rlockCounted()
+			win := s.readCounted()
 			dst = s.tree.Match(q, dst)
-			s.mu.RUnlock()
+			if win {
+				s.win.leave()
+			} else {
+				s.mu.RUnlock()
+			}
 		}
 	}
 	return dst

@@ -111,11 +111,13 @@ const (
 	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 64
 	// slots and 448 entries, which a rebuild re-reads from the tree ref by
 	// ref (collect), 6–8 µs on average on the Mooncake replay. A query
-	// waits for it when it lands in a write (the rebuild runs inside one
-	// insert): at 256 groups the rebuilds took ~30 µs and set the query
-	// p99 under ingest; the smaller sub-tables cost ~1 B per entry more
-	// (docs/benchmarks.md). 64 groups' refs (4 KiB) are one of the
-	// allocator's size classes.
+	// waited for it when it landed in a write (the rebuild runs inside
+	// one insert): at 256 groups the rebuilds took ~30 µs and set the
+	// query p99 under ingest. Index.ApplyBatch now runs them with the
+	// shard's window open (Tree.win), but other writers do not, and a
+	// bounded rebuild bounds the hold; the smaller sub-tables cost ~1 B
+	// per entry more (docs/benchmarks.md). 64 groups' refs (4 KiB) are
+	// one of the allocator's size classes.
 	lookupMaxGroups = 64
 	// lookupOneRatio: the only sub-table of a lookup without a directory
 	// may have lookupOneRatio × lookupMaxGroups groups. Its rebuild scans
@@ -182,22 +184,29 @@ func matchEmpty(c uint64) uint64 { return c &^ (c << 6) & msbs }
 // get returns x's ref. Slots whose fingerprint matches are checked
 // against the tree's engine hash for rank rid.
 func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
+	r, ok, _ := lk.getIn(t, rid, x)
+	return r, ok
+}
+
+// getIn is get that also returns, when x is absent, the sub-table an
+// insert of x goes to (nil if the lookup is empty).
+func (lk *lookup) getIn(t *Tree, rid uint32, x uint64) (ref, bool, *table) {
 	if lk.n == 0 {
-		return ref{}, false
+		return ref{}, false, nil
 	}
 	h := lk.hash(x) // a sub-table of a lookup with entries has groups
-	s, _ := lk.find(h)
+	s, tb := lk.find(h)
 	g, fp := s.start(h)
 	for {
 		c := s.ctrl[g]
 		for m := matchFP(c, fp); m != 0; m &= m - 1 {
 			i := g*8 + bits.TrailingZeros64(m)>>3
 			if k, ok := t.refKey(rid, s.refs[i]); ok && k == x {
-				return s.refs[i], true
+				return s.refs[i], true, nil
 			}
 		}
 		if matchEmpty(c) != 0 {
-			return ref{}, false
+			return ref{}, false, tb
 		}
 		if g++; g == len(s.ctrl) {
 			g = 0
@@ -271,7 +280,7 @@ func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
 	h := lk.hash(x)
 	_, tb := lk.find(h)
 	for tb.left == 0 {
-		lk.makeRoom(t, rid, tb, h, r)
+		lk.makeRoom(t, rid, tb, h, r, 1)
 		// The seed may have changed, and a split moves x's hash prefix
 		// to a new sub-table (one that may be full in turn).
 		h = lk.hash(x)
@@ -357,8 +366,11 @@ var hashRefPool = sync.Pool{New: func() any { return new([]hashRef) }}
 // split once it has its most groups (lookupMaxGroups, or lookupOneRatio
 // times that for the only sub-table, which splits into as many parts as
 // leave each part half full at lookupMaxGroups). skip is the block being
-// inserted (in the tree already, not in the table).
-func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
+// inserted (in the tree already, not in the table; ref{}, which names no
+// block, for none); need is how many inserts the room is for (a rebuild
+// at the same size must leave that many free slots, and the 1/16 of its
+// slots it leaves at the least).
+func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref, need int) {
 	if lk.dir == nil {
 		lk.seed = rand.Uint64() // every entry is rehashed: renew the seed
 	}
@@ -382,7 +394,7 @@ func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
 	// sixteenth instead (its halves are sized for 80 %).
 	drift := lk.dir != nil && lk.n < lk.peak
 	switch {
-	case len(ents) < capacity(groups)*15/16: // tombstones made the room
+	case len(ents)+need <= capacity(groups)*15/16: // tombstones made the room
 	case groups < limit && drift:
 		groups = min(groups+max(groups/16, 1), limit)
 	case groups < limit:

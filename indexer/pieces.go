@@ -8,8 +8,8 @@ import "sync/atomic"
 // chunked prefill's 512 blocks and evicts as many). Between chunks other
 // writers' chunks and queries run. An op of more than one block is
 // applied in pieces of at most that many blocks, and a piece ends early,
-// before any block after its first, when a matcher waits for the tree
-// (Tree.stop), so that a query waits for about one block's work. The
+// after its first holdQuantum blocks, when a matcher waits for the tree
+// (Tree.stop), so that a query waits for a few blocks' work. The
 // pieces have exactly the effect and the counts of the whole op: the pieces of a store continue its chain (piece j's parent is
 // the last hash of piece j−1), a piece that fails ends the op with the
 // blocks left counted under its reason, redundancy is decided over the
@@ -21,12 +21,31 @@ import "sync/atomic"
 // one-block ops). 32 blocks take about 10 µs to apply.
 const DefaultWriteChunk = 32
 
+// holdQuantum is the fewest blocks a piece of Index.ApplyBatch applies
+// before it ends early for a waiting matcher (Tree.stop): the writer's
+// progress per hold while matchers come back to back, and about 2 µs of
+// wait for a matcher.
+const holdQuantum = 8
+
+// holdCtl is what a batch's writer gives the pieces it applies: the
+// shard's count of waiting matchers, read before each block after the
+// first quantum of a piece (a piece ends there when it is positive), and
+// the window a rebuild of the rank's lookup runs with (see Tree.stop and
+// Tree.win). A nil *holdCtl: pieces never end early, and rebuild inside
+// the insert.
+type holdCtl struct {
+	stop    *atomic.Int32
+	quantum int
+	win     *window
+}
+
 // pieces reports how many pieces of at most chunk blocks op is applied
 // in for rank r, or 0 if it is applied whole: 0 unless it is a main-group
-// store or remove of at least two blocks for a rank without other
-// KV-cache groups, in a tree without hybrid ranks, and (for a store)
-// passes the checks made on the whole op. A piece may end early, when
-// matchers wait (Tree.stop), so an op of one piece may take more.
+// store or remove of more blocks than chunk or holdQuantum (fewer can
+// neither be split nor end early) for a rank without other KV-cache
+// groups, in a tree without hybrid ranks, and (for a store) passes the
+// checks made on the whole op. A piece may end early, when matchers wait
+// (Tree.stop), so an op of one piece may take more.
 func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 	if t.hybrid > 0 || op.Group != (Group{}) || chunk <= 0 {
 		return 0
@@ -36,7 +55,7 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 	case OpStore:
 		s := &op.Store
 		n = len(s.Hashes)
-		if n < 2 {
+		if n <= min(chunk, holdQuantum) {
 			return 0
 		}
 		if len(s.Tokens) > 0 || s.Tier == TierDevice { // not an offload
@@ -46,7 +65,7 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 		}
 	case OpRemove:
 		n = len(op.Remove.Hashes)
-		if n < 2 {
+		if n <= min(chunk, holdQuantum) {
 			return 0
 		}
 	default:
@@ -63,11 +82,14 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 
 // applyPieces applies op for r in pieces of at most chunk blocks (pieces
 // must have said at least 1), calling yield between pieces. yield may let
-// other writers change the tree. If stop is not nil, a piece ends before
-// any block after its first once *stop is positive (see Tree.stop).
-func (t *Tree) applyPieces(r Rank, op *Op, chunk int, stop *atomic.Int32, yield func()) error {
+// other writers change the tree. ctl, if not nil, lets pieces end early
+// for waiting matchers and rebuild the lookup with a window (holdCtl).
+func (t *Tree) applyPieces(r Rank, op *Op, chunk int, ctl *holdCtl, yield func()) error {
+	if ctl == nil {
+		ctl = &holdCtl{}
+	}
 	if op.Kind == OpRemove {
-		return t.removePieces(r, op.Remove, chunk, stop, yield)
+		return t.removePieces(r, op.Remove, chunk, ctl, yield)
 	}
 	s := op.Store
 	n := len(s.Hashes)
@@ -98,9 +120,10 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, stop *atomic.Int32, yield 
 		}
 		// stop and resume are this op's only while it holds the tree:
 		// the writers that yield lets in apply their ops whole.
-		t.pieceRed, t.done, t.stop, t.resume = 0, 0, stop, resume
+		t.pieceRed, t.done, t.resume = 0, 0, resume
+		t.stop, t.quantum, t.win = ctl.stop, ctl.quantum, ctl.win
 		err := t.Apply(r, Op{Kind: OpStore, Store: p})
-		t.stop, t.resume = nil, false
+		t.stop, t.win, t.resume = nil, nil, false
 		done := t.done
 		t.done = 0
 		red += t.pieceRed
@@ -147,7 +170,7 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, stop *atomic.Int32, yield 
 
 // removePieces applies a main-group remove in pieces; a remove skips each
 // block it cannot apply and goes on, so the pieces' errors are summed.
-func (t *Tree) removePieces(r Rank, rm Removed, chunk int, stop *atomic.Int32, yield func()) error {
+func (t *Tree) removePieces(r Rank, rm Removed, chunk int, ctl *holdCtl, yield func()) error {
 	var merged *OpError
 	for from, to := 0, 0; from < len(rm.Hashes); from = to {
 		if from > 0 {
@@ -156,7 +179,7 @@ func (t *Tree) removePieces(r Rank, rm Removed, chunk int, stop *atomic.Int32, y
 		to = min(from+chunk, len(rm.Hashes))
 		p := rm
 		p.Hashes = rm.Hashes[from:to]
-		t.done, t.stop = 0, stop
+		t.done, t.stop, t.quantum = 0, ctl.stop, ctl.quantum
 		err := t.Apply(r, Op{Kind: OpRemove, Remove: p})
 		t.stop = nil
 		if t.done > 0 {

@@ -6,8 +6,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 )
 
@@ -142,12 +145,12 @@ func TestWriteToOneShardWhileAnotherIsLocked(t *testing.T) {
 	}
 }
 
-// TestWriterStepsAsideAtEveryBlockWhileMatchesWait: while a match waits
-// for the shard, a batch's writer ends its hold before every block of a
-// store and of a remove but their first, and between the ops; with none
-// waiting, only between the store's 32-block pieces. The index ends the
-// same either way.
-func TestWriterStepsAsideAtEveryBlockWhileMatchesWait(t *testing.T) {
+// TestWriterStepsAsideWhileMatchesWait: while a match waits for the
+// shard, a batch's writer ends its hold after every holdQuantum blocks of
+// a store and of a remove, and between the ops; with none waiting, only
+// between the store's 32-block pieces. The index ends the same either
+// way.
+func TestWriterStepsAsideWhileMatchesWait(t *testing.T) {
 	r := Rank{1, 0}
 	run := func(waiting int32) (*Index, uint64) {
 		ix := New(Options{Shards: 1})
@@ -168,8 +171,11 @@ func TestWriterStepsAsideAtEveryBlockWhileMatchesWait(t *testing.T) {
 		return ix, s.handoffs
 	}
 	busy, n := run(1)
-	if want := uint64(39 + 1 + 29); n != want {
-		t.Errorf("with a match waiting: %d handoffs, want %d (one before each block but the first of each op, one between them)", n, want)
+	// One after every holdQuantum blocks of each op (but at its end), one
+	// between the ops.
+	pieces := func(blocks int) uint64 { return uint64((blocks + holdQuantum - 1) / holdQuantum) }
+	if want := pieces(40) - 1 + 1 + pieces(30) - 1; n != want {
+		t.Errorf("with a match waiting: %d handoffs, want %d (one after every %d blocks of an op, one between the ops)", n, want, holdQuantum)
 	}
 	idle, m := run(0)
 	if m != 1 {
@@ -185,6 +191,75 @@ func TestWriterStepsAsideAtEveryBlockWhileMatchesWait(t *testing.T) {
 	b, _ := idle.Match(testKey, q, nil)
 	if len(a) != 1 || a[0].Device != 11 || !slices.Equal(a, b) {
 		t.Fatalf("matches %+v and %+v, want one rank with 11 blocks in both", a, b)
+	}
+}
+
+// TestMatchesReadThroughTheRebuildWindow: one rank's stores grow its
+// lookup through many sub-table rebuilds, each run with the shard's
+// window open, while a matcher scores the chains stored so far. Under
+// -race the matchers' reads during the windows are checked against the
+// writer's; the index ends as a serial tree of the same stores.
+func TestMatchesReadThroughTheRebuildWindow(t *testing.T) {
+	const chains, blocks = 60, 40 // 2,400 entries: a one-table lookup's rebuilds, then a directory
+	ix := New(Options{Shards: 1})
+	must(t, ix.AddPartition(testKey, 4))
+	r := Rank{1, 0}
+	ops := make([]Op, chains)
+	queries := make([][]uint64, chains)
+	for i := range ops {
+		ops[i] = chainOp(4, uint32(i*blocks+1), blocks, uint64(1000+i*blocks))
+		queries[i] = HashBlocks(nil, ops[i].Store.Tokens, 4, BaseSeed)
+	}
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var stored atomic.Int32
+	for m := range 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var dst []Overlap
+			for i := m; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				n := int(stored.Load())
+				if n == 0 {
+					runtime.Gosched()
+					continue
+				}
+				var err error
+				dst, err = ix.Match(testKey, queries[i%n], dst[:0])
+				if err != nil || len(dst) != 1 || dst[0].Device != blocks {
+					t.Errorf("chain %d of %d stored: %+v, %v; want one rank with %d blocks", i%n, n, dst, err, blocks)
+					return
+				}
+			}
+		}()
+	}
+	for i, op := range ops {
+		_, err := ix.Apply(testKey, r, uint64(i), []Op{op})
+		must(t, err)
+		stored.Store(int32(i + 1))
+	}
+	close(stop)
+	wg.Wait()
+	if s := ix.parts[testKey].shardOf(r, false); s.win.opened == 0 {
+		t.Fatal("no lookup rebuild ran with the window open")
+	}
+	serial := NewTree(4)
+	for _, op := range ops {
+		must(t, serial.Apply(r, op))
+	}
+	for i, q := range queries {
+		got, _ := ix.Match(testKey, q, nil)
+		if want := serial.Match(q, nil); !slices.Equal(got, want) {
+			t.Fatalf("chain %d: %+v, the serial tree %+v", i, got, want)
+		}
+	}
+	if st, _ := ix.Rank(testKey, r); st.Blocks != chains*blocks {
+		t.Fatalf("rank: %d blocks, want %d", st.Blocks, chains*blocks)
 	}
 }
 

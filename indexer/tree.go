@@ -226,14 +226,21 @@ type Tree struct {
 	piece    bool
 	pieceRed uint64
 	// stop, set only while applyPieces or removePieces applies a piece,
-	// is read before each block after the piece's first: once it is
+	// is read before each block after the piece's first quantum: once it is
 	// positive (matchers wait for the tree, see Index.ApplyBatch) the
 	// piece ends there, done says how many of its blocks it applied, and
 	// the op goes on with the rest after the yield. resume: the piece goes
 	// on with a store that stopped early, in the same clock tick.
-	stop     *atomic.Int32
-	done     int
-	resume   bool
+	stop    *atomic.Int32
+	quantum int
+	done    int
+	resume  bool
+	// win, set only while applyPieces applies a store's piece: a block
+	// whose insert would rebuild its lookup sub-table rebuilds it before
+	// the block changes the tree, with win open (the rebuild reads the
+	// tree and writes only the lookup), so matchers read the tree
+	// meanwhile instead of waiting for it.
+	win      *window
 	localBuf []uint64
 	touched  []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
@@ -516,12 +523,13 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	var err error
 	stopped := 0 // blocks applied before the piece stopped early (Tree.stop)
 	for i := 0; i < usable; i++ {
-		if i > 0 && t.stop != nil && t.stop.Load() > 0 {
+		if i >= t.quantum && i > 0 && t.stop != nil && t.stop.Load() > 0 {
 			stopped, t.done = i, i
 			break
 		}
 		x := s.Hashes[i]
-		if xr, ok := lk.get(t, rid, x); ok {
+		xr, ok, tb := lk.getIn(t, rid, x)
+		if ok {
 			// A copy of a block the rank holds: it must be the next block.
 			l := t.locOf(xr)
 			if !t.isNext(cur, l, local[i]) {
@@ -535,6 +543,12 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			t.afterCount(l, h)
 			cur, prevExt, hasPrev = l, x, true
 			continue
+		}
+		if tb != nil && tb.left == 0 && t.win != nil {
+			// x's insert below would rebuild its full sub-table; do it
+			// now, before the block changes the tree (which then holds
+			// exactly the lookup's entries), with the window open.
+			t.win.run(func() { lk.makeRoom(t, rid, tb, lk.hash(x), ref{}, 1) })
 		}
 		red = false
 		tgt := t.descend(cur, local[i], rid)
@@ -721,7 +735,7 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for i, x := range rm.Hashes {
-		if i > 0 && t.stop != nil && t.stop.Load() > 0 {
+		if i >= t.quantum && i > 0 && t.stop != nil && t.stop.Load() > 0 {
 			t.done = i
 			break
 		}
