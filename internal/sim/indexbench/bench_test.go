@@ -38,7 +38,7 @@ func shortRecording(b *testing.B) *Recording {
 // sticky appliers and as many lookup goroutines, and reports ops/s (event
 // blocks applied + lookup blocks matched) and ops/s per core; then the
 // score latency at idle and under ingest (GOMAXPROCS − 1 appliers, at
-// least one).
+// least one) and the ingest rate while the prober runs.
 func BenchmarkMooncake(b *testing.B) {
 	rec := shortRecording(b)
 	cpus := runtime.GOMAXPROCS(0)
@@ -64,6 +64,9 @@ func BenchmarkMooncake(b *testing.B) {
 	b.ReportMetric(float64(l.IdleP99.Nanoseconds()), "idle-p99-ns")
 	b.ReportMetric(float64(l.LoadP50.Nanoseconds()), "load-p50-ns")
 	b.ReportMetric(float64(l.LoadP99.Nanoseconds()), "load-p99-ns")
+	// What the ingest keeps while a query runs back to back: the price of
+	// the writer stepping aside for it.
+	b.ReportMetric(l.IngestRate, "load-ingest-blocks/s")
 	// The index's estimate of its heap (Stats().Bytes, about 95 % of the
 	// measured heap) per entry after the replay: the churned lookups.
 	b.ReportMetric(float64(st.Bytes)/float64(st.Entries), "est-B/entry")
