@@ -133,8 +133,9 @@ type shard struct {
 	tree    *Tree
 	entries int64 // tree.entries + tree.gentries as last added to Index.total
 	ranks   int   // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
-	// waiting counts matchers waiting for mu (rlock); a batch's writer
-	// that sees it steps aside after its current op (ApplyBatch).
+	// waiting counts matchers waiting for mu (partition.match); a batch's
+	// writer that sees it steps aside within holdQuantum blocks
+	// (ApplyBatch, Tree.stop).
 	waiting atomic.Int32
 	// handoffs counts the writers' handoffs (under mu held exclusively).
 	handoffs uint64
@@ -794,8 +795,9 @@ func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, er
 }
 
 // match matches q in every shard. A shard whose write lock is held is
-// passed over at first, with the matcher counted in its waiting (so that
-// its writer steps aside after the op in progress), and matched after
+// read through its writer's window if that is open, else passed over at
+// first, with the matcher counted in its waiting (so that its writer
+// steps aside within holdQuantum blocks), and matched after
 // the others: the wait for one writer overlaps the match in the other
 // shards, and with as many writers as cores at most one wait per writer
 // is left.

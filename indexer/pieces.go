@@ -6,11 +6,12 @@ import "sync/atomic"
 // Options.WriteChunk blocks at a time, so that a query waits for at most that
 // much work, not for a whole engine batch (an engine step stores up to a
 // chunked prefill's 512 blocks and evicts as many). Between chunks other
-// writers' chunks and queries run. An op of more than one block is
-// applied in pieces of at most that many blocks, and a piece ends early,
-// after its first holdQuantum blocks, when a matcher waits for the tree
-// (Tree.stop), so that a query waits for a few blocks' work. The
-// pieces have exactly the effect and the counts of the whole op: the pieces of a store continue its chain (piece j's parent is
+// writers' chunks and queries run. An op of more blocks than the chunk or
+// holdQuantum is applied in pieces of at most chunk blocks, and a piece
+// ends early, after its first holdQuantum blocks, when a matcher waits
+// for the tree (Tree.stop), so that a query waits for a few blocks' work.
+// The pieces have exactly the effect and the counts of the whole op: the
+// pieces of a store continue its chain (piece j's parent is
 // the last hash of piece j−1), a piece that fails ends the op with the
 // blocks left counted under its reason, redundancy is decided over the
 // whole op, and the pieces' errors are one OpError.
@@ -31,8 +32,7 @@ const holdQuantum = 8
 // shard's count of waiting matchers, read before each block after the
 // first quantum of a piece (a piece ends there when it is positive), and
 // the window a rebuild of the rank's lookup runs with (see Tree.stop and
-// Tree.win). A nil *holdCtl: pieces never end early, and rebuild inside
-// the insert.
+// Tree.win).
 type holdCtl struct {
 	stop    *atomic.Int32
 	quantum int
@@ -82,12 +82,9 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 
 // applyPieces applies op for r in pieces of at most chunk blocks (pieces
 // must have said at least 1), calling yield between pieces. yield may let
-// other writers change the tree. ctl, if not nil, lets pieces end early
-// for waiting matchers and rebuild the lookup with a window (holdCtl).
+// other writers change the tree. ctl lets pieces end early for waiting
+// matchers and rebuild the lookup with a window (holdCtl).
 func (t *Tree) applyPieces(r Rank, op *Op, chunk int, ctl *holdCtl, yield func()) error {
-	if ctl == nil {
-		ctl = &holdCtl{}
-	}
 	if op.Kind == OpRemove {
 		return t.removePieces(r, op.Remove, chunk, ctl, yield)
 	}

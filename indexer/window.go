@@ -7,8 +7,8 @@ import (
 
 // window lets matchers read a shard's tree while the writer that holds
 // its write lock only reads the tree: while it rebuilds one of its rank's
-// lookup tables (lookup.reserve), which matchers never read, it opens the
-// window, and a matcher that finds the write lock held reads through the
+// lookup sub-tables (lookup.makeRoom, run by storeMain before the block
+// whose insert needs it), which matchers never read, it opens the window, and a matcher that finds the write lock held reads through the
 // window instead of waiting for the rebuild.
 //
 // A matcher enters by counting itself in readers and then seeing open;
