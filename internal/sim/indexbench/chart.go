@@ -155,6 +155,8 @@ func latencyChart(reports []Report) (*plot.Plot, error) {
 		{"idle p99", func(l LatencyResult) time.Duration { return l.IdleP99 }, true},
 		{"under ingest p50", func(l LatencyResult) time.Duration { return l.LoadP50 }, false},
 		{"under ingest p99", func(l LatencyResult) time.Duration { return l.LoadP99 }, false},
+		{"ingest elsewhere p50", func(l LatencyResult) time.Duration { return l.OtherP50 }, true},
+		{"ingest elsewhere p99", func(l LatencyResult) time.Duration { return l.OtherP99 }, true},
 	}
 	names := make([]string, len(reports))
 	lo, hi := 1e18, 0.0

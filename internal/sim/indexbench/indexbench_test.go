@@ -6,7 +6,9 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/trace"
@@ -202,7 +204,10 @@ func TestReplayCancelled(t *testing.T) {
 	}
 }
 
-// TestLatency: both phases are timed, in order of size.
+// TestLatency: the three phases are timed, in order of size, and the
+// ingests went where they belong: the scored partition ends equal to the
+// engines' caches, the control partition holds the first half of the
+// recording.
 func TestLatency(t *testing.T) {
 	rec := smallRecording(t)
 	l, err := Latency(context.Background(), rec, LatencyConfig{Appliers: 2, IdleProbes: 200})
@@ -210,8 +215,56 @@ func TestLatency(t *testing.T) {
 		t.Fatal(err)
 	}
 	if l.IdleN != 200 || l.LoadN < 1 || l.IdleP50 <= 0 || l.IdleP50 > l.IdleP99 || l.IdleP99 > l.IdleMax ||
-		l.LoadP50 > l.LoadP99 || l.LoadP99 > l.LoadMax || l.IngestRate <= 0 {
+		l.LoadP50 > l.LoadP99 || l.LoadP99 > l.LoadMax || l.IngestRate <= 0 ||
+		l.OtherN < 1 || l.OtherP50 > l.OtherP99 || l.OtherP99 > l.OtherMax || l.OtherIngestRate <= 0 ||
+		l.Pauses < 0 || l.PauseShare < 0 || l.PauseShare >= 1 {
 		t.Fatalf("latency %+v", l)
+	}
+	if err := Verify(rec, l.Index); err != nil {
+		t.Fatal(err)
+	}
+	half := indexer.New(indexer.Options{})
+	if err := half.AddPartition(Partition, rec.Config.BlockSize); err != nil {
+		t.Fatal(err)
+	}
+	for e, bs := range rec.Batches {
+		for _, b := range bs[:len(bs)/2] {
+			if _, err := half.ApplyBatch(Partition, rec.Ranks[e], indexer.Mark{Seq: b.Seq}, b.Ops); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	entries := func(ix *indexer.Index, k indexer.PartitionKey) int {
+		for _, st := range ix.Stats() {
+			if st.Key == k {
+				return st.Entries
+			}
+		}
+		t.Fatalf("no partition %v", k)
+		return 0
+	}
+	if got, want := entries(l.Index, Control), entries(half, Partition); got != want || want == 0 {
+		t.Fatalf("control partition: %d entries, want %d (the first half's)", got, want)
+	}
+}
+
+// TestPausesCountsTheCoreTakenAway: on one P, a goroutine that spins
+// takes the core from pauses for a scheduler slice (10 ms) at a time;
+// pauses must count those jumps and their share of the time.
+func TestPausesCountsTheCoreTakenAway(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var stop atomic.Bool
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for !stop.Load() {
+		}
+	}()
+	n, share := pauses(100 * time.Millisecond)
+	stop.Store(true)
+	<-done
+	if n < 1 || share < 0.1 || share > 1 {
+		t.Fatalf("pauses: %.0f per second, %.2f of the time; want some, and at least a tenth of the time", n, share)
 	}
 }
 

@@ -26,7 +26,8 @@ type LatencyConfig struct {
 
 // LatencyResult is score latency (hash + match of a PromptTokens-token
 // prompt through Index.MatchTokens, one at a time) at idle and under
-// saturating ingest, over the same index half filled.
+// saturating ingest, over the same index half filled; and, as a control,
+// while the same ingest goes to another partition of the index.
 type LatencyResult struct {
 	IdleP50, IdleP99, IdleMax time.Duration
 	LoadP50, LoadP99, LoadMax time.Duration
@@ -34,12 +35,37 @@ type LatencyResult struct {
 	// IngestRate is the event blocks per second applied while the prober
 	// ran.
 	IngestRate float64
+	// OtherP50, OtherP99 and OtherMax are the latencies while the appliers
+	// write another partition (its own shards and locks), which shares
+	// nothing with the scores but the machine: the cores' caches, memory
+	// bandwidth and the runtime. What the scores lose there the index
+	// cannot win back; what they lose beyond it under ingest into their
+	// own partition is the index's (waits for its write locks, and reads
+	// of what the writers just changed).
+	OtherP50, OtherP99, OtherMax time.Duration
+	OtherN                       int
+	OtherIngestRate              float64
+	// Pauses is how often per second, and PauseShare for what share of
+	// the time, a goroutine reading the clock back to back at idle saw
+	// it jump by pauseMin or more: the machine taking the core away (a
+	// virtual machine's exits and ticks, interrupts). A writer that
+	// pauses while it holds a shard's write lock makes the scores that
+	// need the shard wait as long.
+	Pauses, PauseShare float64
+	// Index is the index after the ingest: Partition holds the whole
+	// recording, Control its first half.
+	Index *indexer.Index `json:"-"`
 }
 
+// Control is the partition Latency's control ingest writes.
+var Control = indexer.PartitionKey{Model: "mooncake-control"}
+
 // Latency applies the first half of each engine's batches, times
-// cfg.IdleProbes scores with nothing else running, then applies the
-// second half with cfg.Appliers goroutines, unpaced, while one prober
-// goroutine times scores back to back until the appliers are done.
+// cfg.IdleProbes scores with nothing else running, then applies that
+// first half again into another partition (Control) with cfg.Appliers
+// goroutines, unpaced, while one prober goroutine times scores back to
+// back until the appliers are done; then the second half into the
+// scored partition, the same way.
 func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyResult, error) {
 	var res LatencyResult
 	if cfg.Appliers < 1 || cfg.IdleProbes < 1 {
@@ -49,21 +75,18 @@ func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyRes
 		return res, fmt.Errorf("no prompt of %d tokens in the trace to score", PromptTokens)
 	}
 	ix := indexer.New(cfg.Index)
-	if err := ix.AddPartition(Partition, rec.Config.BlockSize); err != nil {
-		return res, err
-	}
-	apply := func(e, from, to int) error {
-		for j := from; j < to; j++ {
-			b := &rec.Batches[e][j]
-			if _, err := ix.ApplyBatch(Partition, rec.Ranks[e], indexer.Mark{Seq: b.Seq}, b.Ops); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for e, bs := range rec.Batches {
-		if err := apply(e, 0, len(bs)/2); err != nil {
+	for _, k := range []indexer.PartitionKey{Partition, Control} {
+		if err := ix.AddPartition(k, rec.Config.BlockSize); err != nil {
 			return res, err
+		}
+	}
+	firstHalf := func(bs []Batch) []Batch { return bs[:len(bs)/2] }
+	secondHalf := func(bs []Batch) []Batch { return bs[len(bs)/2:] }
+	for e, bs := range rec.Batches {
+		for _, b := range firstHalf(bs) {
+			if _, err := ix.ApplyBatch(Partition, rec.Ranks[e], indexer.Mark{Seq: b.Seq}, b.Ops); err != nil {
+				return res, err
+			}
 		}
 	}
 	var dst []indexer.Overlap
@@ -81,6 +104,30 @@ func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyRes
 		}
 		idle[i] = d
 	}
+	res.Pauses, res.PauseShare = pauses(pauseWatch)
+	other, otherRate, err := underIngest(ctx, ix, Control, rec, cfg.Appliers, probe, firstHalf)
+	if err != nil {
+		return res, err
+	}
+	load, loadRate, err := underIngest(ctx, ix, Partition, rec, cfg.Appliers, probe, secondHalf)
+	if err != nil {
+		return res, err
+	}
+	res.IngestRate, res.OtherIngestRate = loadRate, otherRate
+	res.IdleP50, res.IdleP99, res.IdleMax, res.IdleN = quantiles(idle)
+	res.LoadP50, res.LoadP99, res.LoadMax, res.LoadN = quantiles(load)
+	res.OtherP50, res.OtherP99, res.OtherMax, res.OtherN = quantiles(other)
+	res.Index = ix
+	return res, nil
+}
+
+// underIngest runs appliers goroutines applying, unpaced, part(bs) of
+// each engine's batches bs into partition k (engine e through applier e %
+// appliers, in order), while this goroutine times probe back to back
+// until they are done. It returns the probes' latencies and the event
+// blocks per second applied.
+func underIngest(ctx context.Context, ix *indexer.Index, k indexer.PartitionKey, rec *Recording, appliers int,
+	probe func(int) (time.Duration, error), part func([]Batch) []Batch) ([]time.Duration, float64, error) {
 	var (
 		wg       sync.WaitGroup
 		done     atomic.Bool
@@ -90,21 +137,20 @@ func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyRes
 	)
 	fail := func(err error) { once.Do(func() { firstErr = err }) }
 	start := time.Now()
-	for a := range cfg.Appliers {
+	for a := range appliers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for e := a; e < len(rec.Batches); e += cfg.Appliers {
+			for e := a; e < len(rec.Batches); e += appliers {
 				if ctx.Err() != nil {
 					fail(ctx.Err())
 					return
 				}
-				bs := rec.Batches[e]
-				if err := apply(e, len(bs)/2, len(bs)); err != nil {
-					fail(err)
-					return
-				}
-				for _, b := range bs[len(bs)/2:] {
+				for _, b := range part(rec.Batches[e]) {
+					if _, err := ix.ApplyBatch(k, rec.Ranks[e], indexer.Mark{Seq: b.Seq}, b.Ops); err != nil {
+						fail(err)
+						return
+					}
 					blocks.Add(int64(b.Blocks))
 				}
 			}
@@ -113,22 +159,45 @@ func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyRes
 	// done is set when the last applier returns (this goroutine ends
 	// then too; waitErr below waits for the same group).
 	go func() { wg.Wait(); done.Store(true) }()
-	var load []time.Duration
+	var lat []time.Duration
 	for i := 0; !done.Load(); i++ {
 		d, err := probe(i)
 		if err != nil {
-			return res, errors.Join(err, waitErr(&wg, &firstErr))
+			return nil, 0, errors.Join(err, waitErr(&wg, &firstErr))
 		}
-		load = append(load, d)
+		lat = append(lat, d)
 	}
 	elapsed := time.Since(start)
 	if err := waitErr(&wg, &firstErr); err != nil {
-		return res, err
+		return nil, 0, err
 	}
-	res.IngestRate = float64(blocks.Load()) / elapsed.Seconds()
-	res.IdleP50, res.IdleP99, res.IdleMax, res.IdleN = quantiles(idle)
-	res.LoadP50, res.LoadP99, res.LoadMax, res.LoadN = quantiles(load)
-	return res, nil
+	return lat, float64(blocks.Load()) / elapsed.Seconds(), nil
+}
+
+// pauseMin is the clock jump that pauses counts, and pauseWatch how long
+// it watches.
+const (
+	pauseMin   = 10 * time.Microsecond
+	pauseWatch = 200 * time.Millisecond
+)
+
+// pauses reads the clock back to back for d and returns how many times
+// per second it jumped by pauseMin or more, and the share of d those
+// jumps took.
+func pauses(d time.Duration) (perSecond, share float64) {
+	var n int
+	var lost time.Duration
+	start := time.Now()
+	for last := start; last.Sub(start) < d; {
+		now := time.Now()
+		if gap := now.Sub(last); gap >= pauseMin {
+			n++
+			lost += gap
+		}
+		last = now
+	}
+	secs := time.Since(start).Seconds()
+	return float64(n) / secs, lost.Seconds() / secs
 }
 
 func waitErr(wg *sync.WaitGroup, err *error) error {

@@ -175,9 +175,14 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		if err != nil {
 			return reports, err
 		}
+		rp.Latency.Index = nil
 		l := rp.Latency
-		p("  score (%d tokens, hash + match): idle p50 %v p99 %v; under ingest (%d appliers, %s blocks/s) p50 %v p99 %v (%.1f× idle p99)\n\n",
+		p("  score (%d tokens, hash + match): idle p50 %v p99 %v; under ingest (%d appliers, %s blocks/s) p50 %v p99 %v (%.1f× idle p99)\n",
 			PromptTokens, l.IdleP50, l.IdleP99, max(1, cpus-1), mops(l.IngestRate), l.LoadP50, l.LoadP99, float64(l.LoadP99)/float64(l.IdleP99))
+		p("  control, the same ingest into another partition (%s blocks/s): p50 %v p99 %v (%.1f× idle p99)\n",
+			mops(l.OtherIngestRate), l.OtherP50, l.OtherP99, float64(l.OtherP99)/float64(l.IdleP99))
+		p("  the machine's pauses of %v or more, seen at idle: %.0f per second, %.1f %% of the time\n\n",
+			pauseMin, l.Pauses, 100*l.PauseShare)
 		reports = append(reports, rp)
 	}
 	return reports, nil
