@@ -263,6 +263,83 @@ func TestMatchesReadThroughTheRebuildWindow(t *testing.T) {
 	}
 }
 
+// TestMatchesReadThroughLeafGrowth: eight ranks hold one edge of 128
+// blocks (1,024 entries in its arrays), and one of them extends it by 600
+// blocks in one store, so the leaf's full arrays are copied larger again
+// and again (growLeafAside) while a matcher scores, under -race. Every
+// match sees the seven other ranks at 128 blocks and the growing one at
+// no fewer than it had; the copies ran; the index ends equal to a serial
+// tree.
+func TestMatchesReadThroughLeafGrowth(t *testing.T) {
+	const holders, shared, extra = 8, 128, 600
+	ix := New(Options{Shards: 1})
+	must(t, ix.AddPartition(testKey, 4))
+	serial := NewTree(4)
+	for w := range holders {
+		op := chainOp(4, 1, shared, 1000)
+		_, err := ix.Apply(testKey, Rank{uint64(w + 1), 0}, 0, []Op{op})
+		must(t, err)
+		must(t, serial.Apply(Rank{uint64(w + 1), 0}, op))
+	}
+	grow := Rank{1, 0}
+	ext := chainOp(4, 1+shared, extra, 1000+shared)
+	ext.Store.Parent, ext.Store.HasParent = 1000+shared-1, true
+	q := chainQuery(4, 1, shared+extra)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var matches atomic.Int64
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		var dst []Overlap
+		last := uint32(shared)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			var err error
+			dst, err = ix.Match(testKey, q, dst[:0])
+			if err != nil || len(dst) != holders {
+				t.Errorf("match: %+v, %v; want %d ranks", dst, err, holders)
+				return
+			}
+			for _, o := range dst {
+				switch {
+				case o.Rank == grow && (o.Device < last || o.Device > shared+extra):
+					t.Errorf("growing rank: %d blocks after %d, want %d–%d", o.Device, last, last, shared+extra)
+					return
+				case o.Rank == grow:
+					last = o.Device
+				case o.Device != shared:
+					t.Errorf("rank %v: %d blocks, want %d", o.Rank, o.Device, shared)
+					return
+				}
+			}
+			matches.Add(1)
+		}
+	}()
+	for matches.Load() == 0 { // the matcher runs before the store starts
+		runtime.Gosched()
+	}
+	_, err := ix.Apply(testKey, grow, 1, []Op{ext})
+	must(t, err)
+	close(stop)
+	wg.Wait()
+	must(t, serial.Apply(grow, ext))
+	var grown uint64
+	must(t, ix.Read(testKey, func(tr *Tree) { grown = tr.grownAside }))
+	if grown == 0 {
+		t.Fatal("no leaf's arrays were grown with the window open")
+	}
+	got, _ := ix.Match(testKey, q, nil)
+	if want := serial.Match(q, nil); !slices.Equal(got, want) {
+		t.Fatalf("after the store: %+v, the serial tree %+v", got, want)
+	}
+	t.Logf("%d copies aside, %d matches during the store", grown, matches.Load())
+}
+
 // TestShardedSnapshotRoundTrip dumps a 3-shard partition through both
 // JSON codecs and restores it into indexes configured with fewer and more
 // shards: the restored index keeps the snapshot's shards (or more), each

@@ -240,9 +240,11 @@ type Tree struct {
 	// the block changes the tree, with win open (the rebuild reads the
 	// tree and writes only the lookup), so matchers read the tree
 	// meanwhile instead of waiting for it.
-	win      *window
-	localBuf []uint64
-	touched  []uint32
+	win *window
+	// grownAside counts growLeafAside's copies (tests read it).
+	grownAside uint64
+	localBuf   []uint64
+	touched    []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
 	markEpoch uint32
 	lookupBuf []uint32
@@ -551,6 +553,9 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			t.win.run(func() { lk.makeRoom(t, rid, tb, lk.hash(x), ref{}, 1) })
 		}
 		red = false
+		if t.win != nil {
+			t.growLeafAside(cur)
+		}
 		tgt := t.descend(cur, local[i], rid)
 		h := t.holderIndex(tgt.node, rid)
 		if h < 0 && tgt.pos == 0 {
@@ -652,6 +657,48 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 		return loc{cur.node, L}
 	}
 	return loc{t.allocNode(cur.node, []uint64{lh}), 0}
+}
+
+// growLeafAside makes room for one more block in the arrays of the leaf
+// that cur ends, when the next block extends it (descend) and they are
+// full and large: with the window open (Tree.win), it copies them into
+// arrays a quarter larger (appendGrow's growth), so that the copy, which
+// for a long edge of many holders takes tens of µs, runs while matchers
+// read the tree; it swaps them in once the window is closed, and the
+// block's extension then only appends.
+func (t *Tree) growLeafAside(cur loc) {
+	n := &t.nodes[cur.node]
+	H := len(n.hold)
+	if cur.node == 0 || n.nchild != 0 || int(cur.pos)+1 != len(n.hashes) ||
+		len(n.ext)+H <= cap(n.ext) || len(n.ext) < growAsideMin {
+		return
+	}
+	var hashes, ext, gb []uint64
+	var cnt []uint32
+	t.win.run(func() {
+		hashes, ext, cnt = roomFor(n.hashes, 1), roomFor(n.ext, H), roomFor(n.cnt, H)
+		if n.gb != nil {
+			gb = roomFor(n.gb, H)
+		}
+	})
+	n.hashes, n.ext, n.cnt, n.gb = hashes, ext, cnt, gb
+	t.grownAside++
+}
+
+// growAsideMin: growLeafAside copies arrays of at least this many entries
+// (a copy of 8 KiB and more: smaller ones take less than the window costs).
+const growAsideMin = 1024
+
+// roomFor returns s if it has room for k more elements, else a copy of s
+// with a capacity a quarter larger (appendGrow's), or k more if that is
+// more.
+func roomFor[T any](s []T, k int) []T {
+	if len(s)+k <= cap(s) {
+		return s
+	}
+	ns := make([]T, len(s), max(len(s)+len(s)/4+4, len(s)+k))
+	copy(ns, s)
+	return ns
 }
 
 // selfReferencing reports whether s repeats one of its hashes or holds
