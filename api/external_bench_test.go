@@ -19,6 +19,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/sim/pauses"
 )
 
 // The load generator of BenchmarkQuery8KExternal runs in its own process:
@@ -126,8 +128,11 @@ func cpuTime() time.Duration {
 // before the request was written (the generator's, or a core's), and
 // the CPU time each process used per request: srv-cpu-µs/req (this
 // process: the server, whose figure a CPU profile of this run breaks
-// down) and gen-cpu-µs/req (the generator). -external.client=http sends
-// with net/http's client instead of rawSender.
+// down) and gen-cpu-µs/req (the generator); and the machine's own pauses
+// in 300 ms before the run, with the server idle (pauses.Watch): those
+// of 250 µs or more per second (pauses-250µs/s) and the share of the
+// time the core was away (paused-%). -external.client=http sends with
+// net/http's client instead of rawSender.
 func BenchmarkQuery8KExternal(b *testing.B) {
 	ix, p := benchIndex(b)
 	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
@@ -141,6 +146,10 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 		}
 		for _, rate := range []int{2000, 5000, 7500} {
 			b.Run(fmt.Sprintf("%s/rate=%d", route, rate), func(b *testing.B) {
+				// The machine's own pauses just before, with the server
+				// idle: a pause of 250 µs or more takes a quarter of
+				// the p99 goal from every request it catches.
+				w := pauses.Watch(300 * time.Millisecond)
 				cmd := loadgenCmd(srv.URL, route, file, rate, *externalWindow, *externalClient)
 				cpu0 := cpuTime()
 				out, err := cmd.Output()
@@ -156,6 +165,8 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 					b.Fatalf("%d requests failed", r.Failed)
 				}
 				r.report(b)
+				b.ReportMetric(w.Rate(250*time.Microsecond), "pauses-250µs/s")
+				b.ReportMetric(w.Share(pauses.MinGap)*100, "paused-%")
 				if n := len(r.Latencies); n > 0 {
 					genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
 					b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/sim/pauses"
 )
 
 // LatencyConfig configures Latency.
@@ -46,8 +47,8 @@ type LatencyResult struct {
 	OtherN                       int
 	OtherIngestRate              float64
 	// Pauses is how often per second, and PauseShare for what share of
-	// the time, a goroutine reading the clock back to back at idle saw
-	// it jump by pauseMin or more: the machine taking the core away (a
+	// the time, the clock watched at idle for pauseWatch jumped by
+	// pauses.MinGap or more: the machine taking the core away (a
 	// virtual machine's exits and ticks, interrupts). A writer that
 	// pauses while it holds a shard's write lock makes the scores that
 	// need the shard wait as long.
@@ -104,7 +105,8 @@ func Latency(ctx context.Context, rec *Recording, cfg LatencyConfig) (LatencyRes
 		}
 		idle[i] = d
 	}
-	res.Pauses, res.PauseShare = pauses(pauseWatch)
+	w := pauses.Watch(pauseWatch)
+	res.Pauses, res.PauseShare = w.Rate(pauses.MinGap), w.Share(pauses.MinGap)
 	other, otherRate, err := underIngest(ctx, ix, Control, rec, cfg.Appliers, probe, firstHalf)
 	if err != nil {
 		return res, err
@@ -174,31 +176,8 @@ func underIngest(ctx context.Context, ix *indexer.Index, k indexer.PartitionKey,
 	return lat, float64(blocks.Load()) / elapsed.Seconds(), nil
 }
 
-// pauseMin is the clock jump that pauses counts, and pauseWatch how long
-// it watches.
-const (
-	pauseMin   = 10 * time.Microsecond
-	pauseWatch = 200 * time.Millisecond
-)
-
-// pauses reads the clock back to back for d and returns how many times
-// per second it jumped by pauseMin or more, and the share of d those
-// jumps took.
-func pauses(d time.Duration) (perSecond, share float64) {
-	var n int
-	var lost time.Duration
-	start := time.Now()
-	for last := start; last.Sub(start) < d; {
-		now := time.Now()
-		if gap := now.Sub(last); gap >= pauseMin {
-			n++
-			lost += gap
-		}
-		last = now
-	}
-	secs := time.Since(start).Seconds()
-	return float64(n) / secs, lost.Seconds() / secs
-}
+// pauseWatch is how long Latency watches the machine's pauses.
+const pauseWatch = 200 * time.Millisecond
 
 func waitErr(wg *sync.WaitGroup, err *error) error {
 	wg.Wait()

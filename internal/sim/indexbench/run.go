@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/sim/pauses"
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
@@ -182,7 +183,7 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 		p("  control, the same ingest into another partition (%s blocks/s): p50 %v p99 %v (%.1f× idle p99)\n",
 			mops(l.OtherIngestRate), l.OtherP50, l.OtherP99, float64(l.OtherP99)/float64(l.IdleP99))
 		p("  the machine's pauses of %v or more, seen at idle: %.0f per second, %.1f %% of the time\n\n",
-			pauseMin, l.Pauses, 100*l.PauseShare)
+			pauses.MinGap, l.Pauses, 100*l.PauseShare)
 		reports = append(reports, rp)
 	}
 	return reports, nil
