@@ -39,6 +39,9 @@ const (
 var (
 	externalWindow = flag.Duration("external.window", 2*time.Second, "how long each BenchmarkQuery8KExternal run sends")
 	externalClient = flag.String("external.client", "raw", "BenchmarkQuery8KExternal's client: raw (one Write per request, no allocation) or http (net/http's)")
+	// With the benchmark itself under `taskset -c 0` and GOMAXPROCS=1,
+	// -external.gen-cpus=1 gives server and generator a core each.
+	externalGenCPUs = flag.String("external.gen-cpus", "", "BenchmarkQuery8KExternal runs its load generator on these CPUs (taskset -c), if set")
 )
 
 func TestMain(m *testing.M) {
@@ -93,6 +96,9 @@ func runLoadgen(url string) int {
 // defaults whatever the server is tried with.
 func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, client string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	if *externalGenCPUs != "" {
+		cmd = exec.Command("taskset", "-c", *externalGenCPUs, os.Args[0], "-test.run=^$")
+	}
 	for _, kv := range os.Environ() {
 		if k, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}, k) {
 			cmd.Env = append(cmd.Env, kv)
@@ -132,7 +138,8 @@ func cpuTime() time.Duration {
 // in 300 ms before the run, with the server idle (pauses.Watch): those
 // of 250 µs or more per second (pauses-250µs/s) and the share of the
 // time the core was away (paused-%). -external.client=http sends with
-// net/http's client instead of rawSender.
+// net/http's client instead of rawSender; -external.gen-cpus runs the
+// generator under taskset -c.
 func BenchmarkQuery8KExternal(b *testing.B) {
 	ix, p := benchIndex(b)
 	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
