@@ -528,11 +528,15 @@ func appendBits(dst, gb []uint64, n int) []uint64 {
 // appendGrow appends v, growing a full slice by a quarter rather than
 // doubling it: edges extended one decoded block at a time would otherwise
 // keep up to half their capacity unused.
-func appendGrow[T any](s []T, v T) []T {
-	if len(s) == cap(s) {
-		ns := make([]T, len(s), len(s)+len(s)/4+4)
-		copy(ns, s)
-		s = ns
+func appendGrow[T any](s []T, v T) []T { return append(roomFor(s, 1), v) }
+
+// roomFor returns s if it has room for k more elements, else a copy of s
+// with a capacity a quarter larger (and 4), or k more if that is more.
+func roomFor[T any](s []T, k int) []T {
+	if len(s)+k <= cap(s) {
+		return s
 	}
-	return append(s, v)
+	ns := make([]T, len(s), max(len(s)+len(s)/4+4, len(s)+k))
+	copy(ns, s)
+	return ns
 }

@@ -662,10 +662,10 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 // growLeafAside makes room for one more block in the arrays of the leaf
 // that cur ends, when the next block extends it (descend) and they are
 // full and large: with the window open (Tree.win), it copies them into
-// arrays a quarter larger (appendGrow's growth), so that the copy, which
-// for a long edge of many holders takes tens of µs, runs while matchers
-// read the tree; it swaps them in once the window is closed, and the
-// block's extension then only appends.
+// arrays a quarter larger (roomFor, as appendGrow would), so that the
+// copy, which for a long edge of many holders takes tens of µs, runs while
+// matchers read the tree; it swaps them in once the window is closed, and
+// the block's extension then only appends.
 func (t *Tree) growLeafAside(cur loc) {
 	n := &t.nodes[cur.node]
 	H := len(n.hold)
@@ -688,18 +688,6 @@ func (t *Tree) growLeafAside(cur loc) {
 // growAsideMin: growLeafAside copies arrays of at least this many entries
 // (a copy of 8 KiB and more: smaller ones take less than the window costs).
 const growAsideMin = 1024
-
-// roomFor returns s if it has room for k more elements, else a copy of s
-// with a capacity a quarter larger (appendGrow's), or k more if that is
-// more.
-func roomFor[T any](s []T, k int) []T {
-	if len(s)+k <= cap(s) {
-		return s
-	}
-	ns := make([]T, len(s), max(len(s)+len(s)/4+4, len(s)+k))
-	copy(ns, s)
-	return ns
-}
 
 // selfReferencing reports whether s repeats one of its hashes or holds
 // its parent among them. A short event is compared pairwise; a longer one
