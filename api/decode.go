@@ -756,19 +756,11 @@ func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) 
 			dst = nd
 		}
 		dst = append(dst, uint32(v))
-		for j < len(d) && d[j] <= ' ' && isSpace(d[j]) {
-			j++
+		next, done, err := l.elemNext(field, j)
+		if done || err != nil {
+			return dst, err
 		}
-		if j < len(d) && d[j] == ',' {
-			i = j + 1
-			continue
-		}
-		l.pos = j
-		if j < len(d) && d[j] == ']' {
-			l.pos++
-			return dst, nil
-		}
-		return dst, l.elemEnd(field) // the syntax error
+		i = next
 	}
 }
 
@@ -797,6 +789,25 @@ func fastTokens(d []byte, i int, dst []uint32, max int) ([]uint32, int, int) {
 		break
 	}
 	return dst[:len(dst)+k], i, k
+}
+
+// elemNext reads what follows an array element that ends at j:
+// whitespace, then a comma (next is the offset after it) or the closing
+// ']' (done, l.pos after it); anything else is the syntax error.
+func (l *lexer) elemNext(field string, j int) (next int, done bool, err error) {
+	d := l.data
+	for j < len(d) && d[j] <= ' ' && isSpace(d[j]) {
+		j++
+	}
+	if j < len(d) && d[j] == ',' {
+		return j + 1, false, nil
+	}
+	l.pos = j
+	if j < len(d) && d[j] == ']' {
+		l.pos++
+		return 0, true, nil
+	}
+	return 0, false, l.elemEnd(field)
 }
 
 func isSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\t' || c == '\r' }
@@ -836,19 +847,11 @@ func (l *lexer) hashes(field string, dst []uint64, limit int) ([]uint64, error) 
 		}
 		j := l.pos
 		dst = append(dst, v)
-		for j < len(d) && d[j] <= ' ' && isSpace(d[j]) {
-			j++
+		next, done, err := l.elemNext(field, j)
+		if done || err != nil {
+			return dst, err
 		}
-		if j < len(d) && d[j] == ',' {
-			i = j + 1
-			continue
-		}
-		l.pos = j
-		if j < len(d) && d[j] == ']' {
-			l.pos++
-			return dst, nil
-		}
-		return dst, l.elemEnd(field) // the syntax error
+		i = next
 	}
 }
 
