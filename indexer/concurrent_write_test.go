@@ -2,8 +2,10 @@ package indexer_test
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -22,43 +24,8 @@ import (
 // every batch's result must count exactly its own skipped blocks.
 func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		w := drawWorld(t)
-		type rec struct {
-			op      indexer.Op
-			skipped uint64
-		}
-		streams := map[indexer.Rank][]rec{}
-		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs)}
-		var cur *rec
-		p.record = func(r indexer.Rank, op indexer.Op) {
-			streams[r] = append(streams[r], rec{op: op})
-			cur = &streams[r][len(streams[r])-1]
-		}
-		before := p.tr.Counts()
-		note := func() {
-			after := p.tr.Counts()
-			for i := range after {
-				cur.skipped += after[i] - before[i]
-			}
-			before = after
-		}
-		for range rapid.IntRange(50, 150).Draw(t, "ops") {
-			switch op := rapid.IntRange(0, 99).Draw(t, "op"); {
-			case op < 55:
-				p.store()
-			case op < 65:
-				p.offload()
-			case op < 95:
-				p.remove()
-			default:
-				r := p.drawRank("rank")
-				p.logf("clear %v", r)
-				p.m.Clear(r)
-				p.record(r, indexer.Op{Kind: indexer.OpClear})
-				p.tr.Clear(r)
-			}
-			note()
-		}
+		p, streams := drawStreams(t)
+		w := p.w
 		k := indexer.PartitionKey{Model: "m"}
 		shards := rapid.IntRange(1, 3).Draw(t, "shards")
 		ix := indexer.New(indexer.Options{WriteChunk: rapid.IntRange(1, 5).Draw(t, "chunk"), Shards: shards})
@@ -159,6 +126,199 @@ func TestIndexConcurrentWritersMatchModel(t *testing.T) {
 			p.fatalf("after the concurrent replay: %v", err)
 		}
 	})
+}
+
+// streamOp is one op of a rank's stream and the blocks it skips.
+type streamOp struct {
+	op      indexer.Op
+	skipped uint64
+}
+
+// drawStreams draws random per-rank streams of stores, offloads, removes
+// and clears, checked against the brute-force model in order (as
+// TestTreeMatchesModel does); p.m is the model after all of them.
+func drawStreams(t *rapid.T) (*propRun, map[indexer.Rank][]streamOp) {
+	w := drawWorld(t)
+	streams := map[indexer.Rank][]streamOp{}
+	p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs)}
+	var cur *streamOp
+	p.record = func(r indexer.Rank, op indexer.Op) {
+		streams[r] = append(streams[r], streamOp{op: op})
+		cur = &streams[r][len(streams[r])-1]
+	}
+	before := p.tr.Counts()
+	note := func() {
+		after := p.tr.Counts()
+		for i := range after {
+			cur.skipped += after[i] - before[i]
+		}
+		before = after
+	}
+	for range rapid.IntRange(50, 150).Draw(t, "ops") {
+		switch op := rapid.IntRange(0, 99).Draw(t, "op"); {
+		case op < 55:
+			p.store()
+		case op < 65:
+			p.offload()
+		case op < 95:
+			p.remove()
+		default:
+			r := p.drawRank("rank")
+			p.logf("clear %v", r)
+			p.m.Clear(r)
+			p.record(r, indexer.Op{Kind: indexer.OpClear})
+			p.tr.Clear(r)
+		}
+		note()
+	}
+	return p, streams
+}
+
+// TestConcurrentMatchesSeeWholeBatches: random per-rank streams (as
+// above) are applied to an Index in batches of 1 to 4 ops, one goroutine
+// per rank, with a write chunk larger than any batch, so that each batch
+// is published whole; two matchers score every probe meanwhile, with no
+// lock. Each match must give every rank the overlap the model gives it
+// after one of the batches that could be published while the match ran:
+// from the last batch applied before the match to the last one started
+// before it ended. So a match never sees a batch half applied, nor a mix
+// of the views of two publishes, nor anything but the truth of its time.
+func TestConcurrentMatchesSeeWholeBatches(t *testing.T) {
+	rapid.Check(t, func(t *rapid.T) {
+		p, streams := drawStreams(t)
+		probes := p.probes()
+		type plan struct {
+			r       indexer.Rank
+			batches [][]indexer.Op
+			// exp[i][j]: the rank's overlap of probe j after i batches
+			exp              [][]indexer.Overlap
+			started, applied atomic.Int32
+		}
+		var plans []*plan
+		for _, r := range slices.SortedFunc(maps.Keys(streams), cmpRank) {
+			pl := &plan{r: r}
+			m := newRefModel(p.w.bs)
+			expect := func() {
+				row := make([]indexer.Overlap, len(probes))
+				for j, q := range probes {
+					row[j] = rankOverlap(m.Match(q), r)
+				}
+				pl.exp = append(pl.exp, row)
+			}
+			expect()
+			ops := streams[r]
+			for len(ops) > 0 {
+				n := min(len(ops), rapid.IntRange(1, 4).Draw(t, "batch"))
+				var b []indexer.Op
+				for _, so := range ops[:n] {
+					b = append(b, so.op)
+					switch so.op.Kind {
+					case indexer.OpStore:
+						m.Store(r, so.op.Store)
+					case indexer.OpRemove:
+						m.Remove(r, so.op.Remove)
+					case indexer.OpClear:
+						m.Clear(r)
+					}
+				}
+				ops = ops[n:]
+				pl.batches = append(pl.batches, b)
+				expect()
+			}
+			plans = append(plans, pl)
+		}
+		k := indexer.PartitionKey{Model: "m"}
+		ix := indexer.New(indexer.Options{WriteChunk: 1 << 20, Shards: rapid.IntRange(1, 3).Draw(t, "shards")})
+		if err := ix.AddPartition(k, p.w.bs); err != nil {
+			t.Fatal(err)
+		}
+		errs := make(chan error, len(plans)+2)
+		var writers, matchers sync.WaitGroup
+		done := make(chan struct{})
+		for _, pl := range plans {
+			writers.Add(1)
+			go func() {
+				defer writers.Done()
+				for i, b := range pl.batches {
+					pl.started.Store(int32(i + 1))
+					if _, err := ix.ApplyBatch(k, pl.r, indexer.Mark{Seq: uint64(i + 1)}, b); err != nil {
+						errs <- err
+						return
+					}
+					pl.applied.Store(int32(i + 1))
+				}
+			}()
+		}
+		for m := range 2 {
+			matchers.Add(1)
+			go func() {
+				defer matchers.Done()
+				lo, hi := make([]int32, len(plans)), make([]int32, len(plans))
+				var dst []indexer.Overlap
+				for i := m; ; i++ {
+					select {
+					case <-done:
+						return
+					default:
+					}
+					j := i % len(probes)
+					for x, pl := range plans {
+						lo[x] = pl.applied.Load()
+					}
+					var err error
+					if dst, err = ix.Match(k, probes[j], dst[:0]); err != nil {
+						errs <- err
+						return
+					}
+					for x, pl := range plans {
+						hi[x] = pl.started.Load()
+					}
+					seen := 0
+					for x, pl := range plans {
+						got := rankOverlap(dst, pl.r)
+						if got.Disk > 0 {
+							seen++
+						}
+						if !slices.Contains(columnOf(pl.exp[lo[x]:hi[x]+1], j), got) {
+							errs <- fmt.Errorf("rank %v, probe %x, batches %d–%d applied during the match: %+v, the model's %+v",
+								pl.r, probes[j], lo[x], hi[x], got, columnOf(pl.exp[lo[x]:hi[x]+1], j))
+							return
+						}
+					}
+					if seen != len(dst) {
+						errs <- fmt.Errorf("probe %x: %d overlaps, %d of known ranks: %+v", probes[j], len(dst), seen, dst)
+						return
+					}
+				}
+			}()
+		}
+		writers.Wait()
+		close(done)
+		matchers.Wait()
+		close(errs)
+		for err := range errs {
+			p.fatalf("%v", err)
+		}
+	})
+}
+
+// rankOverlap returns r's overlap in os, or r's zero overlap.
+func rankOverlap(os []indexer.Overlap, r indexer.Rank) indexer.Overlap {
+	for _, o := range os {
+		if o.Rank == r {
+			return o
+		}
+	}
+	return indexer.Overlap{Rank: r}
+}
+
+// columnOf returns column j of rows.
+func columnOf(rows [][]indexer.Overlap, j int) []indexer.Overlap {
+	out := make([]indexer.Overlap, len(rows))
+	for i, row := range rows {
+		out[i] = row[j]
+	}
+	return out
 }
 
 // TestSnapshotConsistentWhileWriting: batch i of each rank stores a chain

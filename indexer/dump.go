@@ -385,7 +385,7 @@ func Restore(s *Snapshot) (*Tree, error) {
 		if err != nil {
 			return 0, err
 		}
-		if _, dup := t.children[childKey{p, e.hashes[0]}]; dup {
+		if _, dup := t.child(p, e.hashes[0]); dup {
 			return 0, fmt.Errorf("restore: node %d duplicates a sibling", id)
 		}
 		nid := t.allocNode(p, e.hashes)

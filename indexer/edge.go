@@ -16,6 +16,7 @@ func (t *Tree) allocNode(parent uint32, hashes []uint64) uint32 {
 	n := &t.nodes[id]
 	n.stamp = t.clock
 	n.depth = p.depth + uint32(len(p.hashes))
+	t.resetStamp(id)
 	t.link(parent, id)
 	t.blocks += len(hashes)
 	return id
@@ -27,6 +28,10 @@ func (t *Tree) allocNodeUnlinked(hashes []uint64) uint32 {
 	id := allocSlot(&t.nodes, &t.free)
 	t.nodes[id] = node{hashes: hashes, live: true}
 	t.nnodes++
+	if t.pub != nil {
+		t.growChunks()
+		t.touch(id)
+	}
 	return id
 }
 
@@ -55,7 +60,7 @@ func (t *Tree) link(parent, id uint32) {
 	}
 	p.first = id
 	p.nchild++
-	t.children[childKey{parent, n.hashes[0]}] = id
+	t.setChild(parent, n.hashes[0], id)
 }
 
 func (t *Tree) unlink(id uint32) {
@@ -70,7 +75,7 @@ func (t *Tree) unlink(id uint32) {
 		t.nodes[n.next].prev = n.prev
 	}
 	p.nchild--
-	delete(t.children, childKey{n.parent, n.hashes[0]})
+	t.delChild(n.parent, n.hashes[0])
 	n.next, n.prev = 0, 0
 }
 
@@ -80,14 +85,13 @@ func (t *Tree) locOf(r ref) loc { return loc{r.node, r.depth - t.nodes[r.node].d
 func (t *Tree) moveChildren(from, to uint32) {
 	f := &t.nodes[from]
 	for c := f.first; c != 0; c = t.nodes[c].next {
-		ch := &t.nodes[c]
-		delete(t.children, childKey{from, ch.hashes[0]})
-		t.children[childKey{to, ch.hashes[0]}] = c
-		ch.parent = to
+		t.nodes[c].parent = to
 	}
 	tn := &t.nodes[to]
-	tn.first, tn.nchild = f.first, f.nchild
-	f.first, f.nchild = 0, 0
+	tn.first, tn.nchild, tn.kids = f.first, f.nchild, f.kids
+	f.first, f.nchild, f.kids = 0, 0, nil
+	t.touch(from)
+	t.touch(to)
 }
 
 // replaceChild puts nw in old's place under old's parent; both edges must
@@ -104,7 +108,7 @@ func (t *Tree) replaceChild(old, nw uint32) {
 	if o.next != 0 {
 		t.nodes[o.next].prev = nw
 	}
-	t.children[childKey{p, o.hashes[0]}] = nw
+	t.setChild(p, o.hashes[0], nw)
 	o.prev, o.next = 0, 0
 }
 
@@ -129,6 +133,7 @@ func (t *Tree) freeNode(id uint32) {
 	t.nodes[id] = node{}
 	t.free = append(t.free, id)
 	t.nnodes--
+	t.touch(id)
 }
 
 func (t *Tree) holderIndex(id, rid uint32) int {
@@ -151,7 +156,7 @@ func (t *Tree) holderIndex(id, rid uint32) int {
 // addHolder inserts rid as a holder of id with an empty prefix (cut 0; the
 // caller places its first block at once) and returns its index.
 func (t *Tree) addHolder(id, rid uint32, pext uint64, hasP bool) int {
-	n := &t.nodes[id]
+	n := t.ownHold(id)
 	L, H := len(n.hashes), len(n.hold)
 	i := 0
 	for i < H && n.hold[i].rid < rid {
@@ -180,7 +185,7 @@ func (t *Tree) addHolder(id, rid uint32, pext uint64, hasP bool) int {
 
 // removeHolder drops holder h of id together with its lookup entries.
 func (t *Tree) removeHolder(id uint32, h int) {
-	n := &t.nodes[id]
+	n := t.ownHold(id)
 	L, H := len(n.hashes), len(n.hold)
 	hd := n.hold[h]
 	rs := &t.ranks[hd.rid]
@@ -297,9 +302,12 @@ const (
 // block j (only) changed.
 func (t *Tree) updateRun(id uint32, h int, j uint32) {
 	n := &t.nodes[id]
-	hd := &n.hold[h]
-	hd.dev = n.runAfter(h, hd.dev, j, maskDevice)
-	hd.host = n.runAfter(h, hd.host, j, maskHost)
+	hd := n.hold[h]
+	dev, host := n.runAfter(h, hd.dev, j, maskDevice), n.runAfter(h, hd.host, j, maskHost)
+	if dev != hd.dev || host != hd.host {
+		n = t.ownHold(id)
+		n.hold[h].dev, n.hold[h].host = dev, host
+	}
 }
 
 func (n *node) runAfter(h int, run, j, mask uint32) uint32 {
@@ -345,9 +353,9 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 	nid := t.allocNodeUnlinked(nil) // may grow t.nodes: take pointers after
 	n = &t.nodes[id]
 	up := node{hashes: slices.Clone(n.hashes[:k]), hold: make([]holder, H),
-		ext: slices.Clone(n.ext[:k*H]), cnt: slices.Clone(n.cnt[:k*H]), depth: n.depth, stamp: n.stamp}
+		ext: slices.Clone(n.ext[:k*H]), cnt: slices.Clone(n.cnt[:k*H]), depth: n.depth, stamp: t.stampOf(id)}
 	low := node{hashes: slices.Clone(n.hashes[k:]), hold: make([]holder, 0, lowH),
-		ext: make([]uint64, (L-k)*lowH), cnt: make([]uint32, (L-k)*lowH), depth: n.depth + uint32(k), stamp: n.stamp}
+		ext: make([]uint64, (L-k)*lowH), cnt: make([]uint32, (L-k)*lowH), depth: n.depth + uint32(k), stamp: t.stampOf(id)}
 	if n.gb != nil {
 		up.gb = slices.Clone(n.gb[:k*H])
 		low.gb = make([]uint64, (L-k)*lowH)
@@ -392,8 +400,10 @@ func (t *Tree) split(id uint32, k int) (upper, lower uint32) {
 // links.
 func (t *Tree) setEdge(id uint32, e *node) {
 	n := &t.nodes[id]
-	n.hashes, n.hold, n.ext, n.cnt, n.gb = e.hashes, e.hold, e.ext, e.cnt, e.gb
+	setHashes(n, e.hashes)
+	n.hold, n.holdEp, n.ext, n.cnt, n.gb = e.hold, t.epoch, e.ext, e.cnt, e.gb
 	n.depth, n.stamp, n.live = e.depth, e.stamp, true
+	t.touch(id)
 }
 
 // mergeable reports whether id's only child c can join id's edge: id is
@@ -444,7 +454,7 @@ func (t *Tree) merge(id, c uint32) uint32 {
 	keepN := cCost <= H*L1+1
 	e := node{hashes: make([]uint64, 0, L1+L2), hold: slices.Clone(n.hold),
 		ext: make([]uint64, 0, (L1+L2)*H), cnt: make([]uint32, 0, (L1+L2)*H),
-		depth: n.depth, stamp: newer(n.stamp, m.stamp)}
+		depth: n.depth, stamp: newer(t.stampOf(id), t.stampOf(c))}
 	e.hashes = append(append(e.hashes, n.hashes...), m.hashes...)
 	e.ext = append(append(e.ext, n.ext...), m.ext...) // block-major, same holder order
 	e.cnt = append(append(e.cnt, n.cnt...), m.cnt...)
@@ -478,6 +488,7 @@ func (t *Tree) merge(id, c uint32) uint32 {
 	t.nodes[gone] = node{}
 	t.free = append(t.free, gone)
 	t.nnodes--
+	t.touch(gone)
 	return keep
 }
 
@@ -502,6 +513,7 @@ func (t *Tree) tidy(id uint32) {
 			if L := uint32(len(n.hashes)); longest < L {
 				H := uint32(len(n.hold))
 				n.hashes = n.hashes[:longest]
+				t.touch(id)
 				n.ext = n.ext[:longest*H]
 				n.cnt = n.cnt[:longest*H]
 				if n.gb != nil {

@@ -3,7 +3,6 @@ package indexer
 import (
 	"cmp"
 	"slices"
-	"sync/atomic"
 )
 
 // Evict drops whole leaves, least recently stored or matched first, until
@@ -37,7 +36,7 @@ func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 		cand := t.sortBuf[:0]
 		for id := 1; id < len(t.nodes); id++ {
 			if n := &t.nodes[id]; n.live && n.nchild == 0 {
-				if a := age(now, n.stamp); a >= minAge {
+				if a := age(now, t.stampOf(uint32(id))); a >= minAge {
 					cand = append(cand, uint64(^a)<<32|uint64(id)) // oldest first
 				}
 			}
@@ -54,7 +53,7 @@ func (t *Tree) evictOld(now, minAge uint32, budget int) int {
 			}
 			id := uint32(c)
 			n := &t.nodes[id]
-			if !n.live || n.nchild != 0 || age(now, n.stamp) < minAge {
+			if !n.live || n.nchild != 0 || age(now, t.stampOf(id)) < minAge {
 				continue // merged away, no longer a leaf, or touched again
 			}
 			for len(n.hold) > 0 {
@@ -92,7 +91,7 @@ type leaf struct {
 // appendLeaves appends every leaf of t with its age as of now, tagged with
 // part, and the orphan group entries as one leaf of orphanAge. It only
 // reads the tree (stamps atomically), so it may run under a read lock
-// alongside Match.
+// alongside matches.
 func (t *Tree) appendLeaves(dst []leaf, part, now uint32) []leaf {
 	if t.gentries > 0 {
 		if n := t.orphans(); n > 0 {
@@ -108,7 +107,7 @@ func (t *Tree) appendLeaves(dst []leaf, part, now uint32) []leaf {
 		for _, hd := range n.hold {
 			e += hd.cut
 		}
-		dst = append(dst, leaf{age: age(now, atomic.LoadUint32(&n.stamp)), entries: e, part: part})
+		dst = append(dst, leaf{age: age(now, t.stampOf(uint32(id))), entries: e, part: part})
 	}
 	return dst
 }
@@ -218,7 +217,7 @@ func (t *Tree) trimMain(rid uint32, tier Tier, need int) int {
 	cand := t.trimBuf[:0]
 	for id := 1; id < len(t.nodes); id++ {
 		if n := &t.nodes[id]; n.live && len(n.hold) > 0 && t.holderIndex(uint32(id), rid) >= 0 {
-			cand = append(cand, trimCand{age(now, n.stamp), n.depth, uint32(id)})
+			cand = append(cand, trimCand{age(now, t.stampOf(uint32(id))), n.depth, uint32(id)})
 		}
 	}
 	slices.SortFunc(cand, func(a, b trimCand) int {

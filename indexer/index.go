@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
-	mbits "math/bits"
 	"runtime"
 	"slices"
 	"sync"
@@ -29,8 +28,9 @@ type Options struct {
 	// memory budget.
 	MaxEntries int
 	// WriteChunk bounds the blocks a batch applies under one hold of its
-	// partition's write lock, so that a query waits for at most that
-	// much work (see Index.ApplyBatch); 0 means DefaultWriteChunk.
+	// shard's write lock, so that the shard's other writers take turns
+	// with it and matches see its progress (it publishes when it lets
+	// go, see Index.ApplyBatch); 0 means DefaultWriteChunk.
 	WriteChunk int
 	// Shards is how many trees each partition spreads its ranks over,
 	// each behind its own locks: batches of ranks in different shards are
@@ -73,10 +73,11 @@ var (
 // run in parallel, and a match walks every shard and appends what each
 // finds (a rank's overlap comes from its one shard). A batch is applied in
 // holds of its shard's write lock of at most Options.WriteChunk blocks
-// each, so a query waits for at most one such chunk per shard, never for a
-// whole batch; the chunks of concurrent batches (of different ranks in one
-// shard) interleave, each batch's ops in order. Matchers run concurrently
-// with each other. Snapshot sees every batch whole or not at all; Rank,
+// each, and the tree publishes what each hold changed as it ends; matches
+// take no lock and read the published views (Tree.matchViews), so they
+// never wait for a writer, and see each shard as of the end of one hold.
+// The chunks of concurrent batches (of different ranks in one shard)
+// interleave, each batch's ops in order. Snapshot sees every batch whole or not at all; Rank,
 // Groups, Stats and Read may see a batch that runs concurrently with them
 // half applied. All methods are safe for concurrent use.
 //
@@ -129,71 +130,36 @@ type partition struct {
 
 // shard is one of a partition's trees and its lock.
 type shard struct {
-	mu      sync.RWMutex // guards tree and entries; held for at most Options.WriteChunk blocks of a batch at a time
+	// mu guards tree's writable side (everything but the published
+	// views): writers hold it for at most Options.WriteChunk blocks of a
+	// batch at a time, and publish the tree's views before they let go
+	// (unlock). Matches take no lock (Tree.matchViews), except in a tree
+	// with a hybrid rank, where they take it shared.
+	mu      sync.RWMutex
 	tree    *Tree
-	entries int64 // tree.entries + tree.gentries as last added to Index.total
-	ranks   int   // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
-	// waiting counts matchers waiting for mu (partition.match); a batch's
-	// writer that sees it steps aside within holdQuantum blocks
-	// (ApplyBatch, Tree.stop).
-	waiting atomic.Int32
-	// handoffs counts the writers' handoffs (under mu held exclusively).
-	handoffs uint64
-	// win lets matchers read the tree while its writer rebuilds a lookup.
-	win window
-	_   [64]byte // keeps the next shard's lock off this cache line
+	entries int64    // tree.entries + tree.gentries as last added to Index.total
+	ranks   int      // ranks assigned to the shard (under the partition's amu, or its gate held exclusively)
+	_       [64]byte // keeps the next shard's lock off this cache line
 }
 
-// The handoff between a shard's matchers and its writers. A matcher that
-// finds the write lock held does not park (a parked goroutine takes tens
-// of µs to wake once the lock is free, more than the write chunk it
-// waited for): it says it waits and tries again, yielding its P between
-// tries so that on a single P the writer runs. A batch's writer that sees
-// a waiting matcher ends its hold after the current op, lets the matchers
-// in, and takes the lock back the same way. Both fall back to parking
-// after spinTries tries: a writer that holds the lock longer (a removal,
-// a restore, the evictor) or a matcher that holds it a long time is not
-// worth spinning for.
-const spinTries = 512
-
-// readCounted lets a matcher already counted in s.waiting read s's tree
-// (see spinTries), and uncounts it: it takes s.mu shared, or enters the
-// writer's open window, which it reports (the matcher then calls
-// s.win.leave, else s.mu.RUnlock).
-func (s *shard) readCounted() (inWindow bool) {
-	for i := 0; ; i++ {
-		if s.mu.TryRLock() {
-			break
-		}
-		if s.win.enter() {
-			inWindow = true
-			break
-		}
-		if i == spinTries {
-			s.mu.RLock()
-			break
-		}
-		runtime.Gosched()
-	}
-	s.waiting.Add(-1)
-	return inWindow
-}
-
-// handoff ends one hold of s.mu by a batch's writer and starts the next,
-// after the matchers waiting for it (see spinTries).
-func (s *shard) handoff() {
-	s.handoffs++
+// unlock publishes the views of what the holder of s.mu changed and
+// releases it.
+func (s *shard) unlock() {
+	s.tree.publishViews()
 	s.mu.Unlock()
-	for i := 0; i < spinTries && s.waiting.Load() > 0; i++ {
-		runtime.Gosched()
+}
+
+// match appends q's overlaps in s's tree: from its published views, with
+// no lock, or under the read lock when the tree has a hybrid rank (or,
+// rarely, publishes keep the views moving).
+func (s *shard) match(q []uint64, dst []Overlap) []Overlap {
+	if d, ok := s.tree.matchViews(q, dst); ok {
+		return d
 	}
-	for i := 0; !s.mu.TryLock(); i++ {
-		if i == spinTries {
-			s.mu.Lock()
-			return
-		}
-		runtime.Gosched()
-	}
+	s.mu.RLock()
+	dst = s.tree.Match(q, dst)
+	s.mu.RUnlock()
+	return dst
 }
 
 // New returns an empty index.
@@ -249,18 +215,20 @@ func (ix *Index) AddPartition(k PartitionKey, blockSize int) error {
 	return nil
 }
 
-// adopt makes t one of the index's trees: on the shared LRU clock, with
-// every node stamped now, when the index is capped.
+// adopt makes t one of the index's trees: on the index's LRU clock (with
+// every node stamped now, when the index is capped), publishing views for
+// matches that take no lock.
 func (ix *Index) adopt(t *Tree) *Tree {
+	t.shared = &ix.clock
+	t.clock = ix.clock.Load()
 	if ix.opts.MaxEntries > 0 {
 		t.trackLRU = true
-		t.shared = &ix.clock
-		t.clock = ix.clock.Load()
 		now := t.now()
 		for id := range t.nodes {
 			t.nodes[id].stamp = now
 		}
 	}
+	t.enableViews()
 	return t
 }
 
@@ -520,15 +488,13 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	s := p.shardOf(r, true)
 	s.mu.Lock()
 	t, chunk := s.tree, ix.opts.WriteChunk
-	if t.shared != nil {
-		// Reserve two ticks per op piece on the shared clock; the stores
-		// of the batch stamp within them (see Tree.now).
-		var n uint32
-		for i := range ops {
-			n += 2 * uint32(max(1, (opBlocks(&ops[i])+chunk-1)/chunk))
-		}
-		t.clock = ix.clock.Add(n) - n
+	// Reserve two ticks per op piece on the index's clock; the stores of
+	// the batch stamp within them (see Tree.now).
+	var n uint32
+	for i := range ops {
+		n += 2 * uint32(max(1, (opBlocks(&ops[i])+chunk-1)/chunk))
 	}
+	t.clock = ix.clock.Add(n) - n
 	before, redundant := t.counts, t.redundant
 	// yield ends one hold of the write lock and starts the next: what the
 	// hold skipped and found redundant is the batch's, and the batch's
@@ -539,24 +505,21 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		}
 		res.Redundant += t.redundant - redundant
 		clock := t.clock
-		s.handoff()
+		s.unlock()
+		s.mu.Lock()
 		t.clock = clock
 		before, redundant = t.counts, t.redundant
 	}
-	ctl := holdCtl{stop: &s.waiting, quantum: holdQuantum, win: &s.win}
 	budget := chunk
 	for i := range ops {
 		op := &ops[i]
 		var err error
-		if n := t.pieces(r, op, chunk); n > 1 {
+		if n := t.pieces(r, op, chunk); n > 0 {
 			if budget < chunk {
 				yield()
 			}
-			err = t.applyPieces(r, op, chunk, &ctl, yield)
+			err = t.applyPieces(r, op, chunk, yield)
 			budget = chunk - (opBlocks(op) - (n-1)*chunk)
-		} else if n == 1 {
-			err = t.applyPieces(r, op, chunk, &ctl, yield)
-			budget -= opBlocks(op)
 		} else {
 			err = t.Apply(r, *op)
 			budget -= max(1, opBlocks(op))
@@ -564,7 +527,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		if err != nil {
 			res.Errs = append(res.Errs, err)
 		}
-		if (budget <= 0 || s.waiting.Load() > 0) && i+1 < len(ops) {
+		if budget <= 0 && i+1 < len(ops) {
 			yield()
 			budget = chunk
 		}
@@ -583,8 +546,8 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 		res.Skipped[i] += t.counts[i] - before[i]
 	}
 	res.Redundant += t.redundant - redundant
-	over := ix.publish(s)
-	s.mu.Unlock()
+	over := ix.count(s)
+	s.unlock()
 	p.leave(false)
 	if over {
 		res.Skipped[ReasonEvicted] += ix.evict()
@@ -603,9 +566,9 @@ func opBlocks(op *Op) int {
 	return 0
 }
 
-// publish adds s's entry change to the index total and reports whether
+// count adds s's entry change to the index total and reports whether
 // the total is now over the cap. s.mu must be held.
-func (ix *Index) publish(s *shard) (over bool) {
+func (ix *Index) count(s *shard) (over bool) {
 	n := int64(s.tree.entries + s.tree.gentries)
 	total := ix.total.Add(n - s.entries)
 	s.entries = n
@@ -683,9 +646,9 @@ func (ix *Index) evict() uint64 {
 					dropped += uint64(d)
 					progress = true
 				}
-				ix.publish(u.s)
+				ix.count(u.s)
 			}
-			u.s.mu.Unlock()
+			u.s.unlock()
 		}
 		if !progress {
 			break
@@ -710,8 +673,8 @@ func (ix *Index) mutateRank(k PartitionKey, r Rank, assign bool, f func(*Tree)) 
 	}
 	s.mu.Lock()
 	f(s.tree)
-	over := ix.publish(s)
-	s.mu.Unlock()
+	over := ix.count(s)
+	s.unlock()
 	p.leave(false)
 	if over {
 		ix.evict()
@@ -732,8 +695,8 @@ func (ix *Index) removeRanks(k PartitionKey, f func(*Tree)) error {
 	for _, s := range *p.shards.Load() {
 		s.mu.Lock()
 		f(s.tree)
-		ix.publish(s)
-		s.mu.Unlock()
+		ix.count(s)
+		s.unlock()
 	}
 	p.forget()
 	return nil
@@ -783,8 +746,8 @@ func (ix *Index) RemoveWorkerFrom(k PartitionKey, id uint64) error {
 
 // Match appends to dst the overlap of each rank with the local block
 // hashes q in partition k. dst is the caller's; Match keeps no reference.
-// It takes each shard's read lock in turn and never the partition's gate,
-// so it waits for at most one write chunk per shard; a Match concurrent
+// It takes no lock (each shard's published views, see Tree.matchViews),
+// so it never waits for a writer; a Match concurrent
 // with a Restore of k may see some shards restored and others not.
 func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, error) {
 	p, err := ix.partition(k)
@@ -794,45 +757,11 @@ func (ix *Index) Match(k PartitionKey, q []uint64, dst []Overlap) ([]Overlap, er
 	return p.match(q, dst), nil
 }
 
-// match matches q in every shard. A shard whose write lock is held is
-// read through its writer's window if that is open, else passed over at
-// first, with the matcher counted in its waiting (so that its writer
-// steps aside within holdQuantum blocks), and matched after
-// the others: the wait for one writer overlaps the match in the other
-// shards, and with as many writers as cores at most one wait per writer
-// is left.
+// match matches q in every shard, none of which it waits for (see
+// shard.match).
 func (p *partition) match(q []uint64, dst []Overlap) []Overlap {
-	ss := *p.shards.Load()
-	var later [MaxShards / 64]uint64 // shards passed over
-	var any bool
-	for i, s := range ss {
-		switch {
-		case s.mu.TryRLock():
-			dst = s.tree.Match(q, dst)
-			s.mu.RUnlock()
-		case s.win.enter():
-			dst = s.tree.Match(q, dst)
-			s.win.leave()
-		default:
-			s.waiting.Add(1)
-			later[i/64] |= 1 << (i % 64)
-			any = true
-		}
-	}
-	if !any {
-		return dst
-	}
-	for w, bits := range later {
-		for ; bits != 0; bits &= bits - 1 {
-			s := ss[w*64+mbits.TrailingZeros64(bits)]
-			win := s.readCounted()
-			dst = s.tree.Match(q, dst)
-			if win {
-				s.win.leave()
-			} else {
-				s.mu.RUnlock()
-			}
-		}
+	for _, s := range *p.shards.Load() {
+		dst = s.match(q, dst)
 	}
 	return dst
 }
@@ -941,7 +870,8 @@ func (ix *Index) install(p *partition, trees []*Tree) (over bool) {
 	}
 	ss := *np.shards.Load()
 	for _, s := range ss {
-		ix.publish(s)
+		ix.count(s)
+		s.tree.publishViews() // the capacities set: no match has seen the tree yet
 	}
 	p.where.Store(np.where.Load())
 	p.shards.Store(&ss)

@@ -110,14 +110,12 @@ const (
 
 	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 64
 	// slots and 448 entries, which a rebuild re-reads from the tree ref by
-	// ref (collect), 6–8 µs on average on the Mooncake replay. A query
-	// waited for it when it landed in a write (the rebuild runs inside
-	// one insert): at 256 groups the rebuilds took ~30 µs and set the
-	// query p99 under ingest. Index.ApplyBatch now runs them with the
-	// shard's window open (Tree.win), but other writers do not, and a
-	// bounded rebuild bounds the hold; the smaller sub-tables cost ~1 B
-	// per entry more (docs/benchmarks.md). 64 groups' refs (4 KiB) are
-	// one of the allocator's size classes.
+	// ref (collect), 6–8 µs on average on the Mooncake replay. The
+	// rebuild runs inside one insert, under the shard's write lock: at
+	// 256 groups it took ~30 µs, which the shard's other writers (and,
+	// before matches took no lock, queries) waited for; the smaller
+	// sub-tables cost ~1 B per entry more (docs/benchmarks.md). 64
+	// groups' refs (4 KiB) are one of the allocator's size classes.
 	lookupMaxGroups = 64
 	// lookupOneRatio: the only sub-table of a lookup without a directory
 	// may have lookupOneRatio × lookupMaxGroups groups. Its rebuild scans

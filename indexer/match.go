@@ -20,7 +20,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 	if len(q) == 0 {
 		return dst
 	}
-	id, ok := t.children[childKey{0, q[0]}]
+	id, ok := t.child(0, q[0])
 	if !ok {
 		return dst
 	}
@@ -99,7 +99,7 @@ func (t *Tree) Match(q []uint64, dst []Overlap) []Overlap {
 		if !full || len(act) == 0 || depth == len(q) {
 			break
 		}
-		id, ok = t.children[childKey{id, q[depth]}]
+		id, ok = t.child(id, q[depth])
 		if !ok {
 			break
 		}

@@ -9,8 +9,8 @@ import "math"
 //     workload, rounded up (48.6 B on BenchmarkLLMDCompareScore, 65,536
 //     unrelated 16-block chains, the tree's worst shape; the default chat
 //     workload takes 36.4 B, BenchmarkMemory), which includes the tree's
-//     overheads (nodes, holders, slice capacity, the children map and the
-//     per-rank lookup tables at their load);
+//     overheads (nodes, holders, slice capacity, the children tries and
+//     the per-rank lookup tables at their load);
 //   - plus 2 × 36 B: two /dump snapshots in flight at once (the default
 //     concurrency; BenchmarkDump measures 32.5 B of snapshot and 34 B
 //     allocated per entry);

@@ -145,132 +145,56 @@ func TestWriteToOneShardWhileAnotherIsLocked(t *testing.T) {
 	}
 }
 
-// TestWriterStepsAsideWhileMatchesWait: while a match waits for the
-// shard, a batch's writer ends its hold after every holdQuantum blocks of
-// a store and of a remove, and between the ops; with none waiting, only
-// between the store's 32-block pieces. The index ends the same either
-// way.
-func TestWriterStepsAsideWhileMatchesWait(t *testing.T) {
-	r := Rank{1, 0}
-	run := func(waiting int32) (*Index, uint64) {
-		ix := New(Options{Shards: 1})
-		must(t, ix.AddPartition(testKey, 4))
-		_, err := ix.Apply(testKey, r, 0, []Op{chainOp(4, 1, 1, 10)})
-		must(t, err)
-		s := ix.parts[testKey].shardOf(r, false)
-		s.waiting.Store(waiting) // a match counted as waiting, forever
-		store := chainOp(4, 2, 40, 100)
-		store.Store.Parent, store.Store.HasParent = 10, true
-		rm := Removed{Tier: TierDevice}
-		for h := uint64(139); h >= 110; h-- { // the last 30, tail first
-			rm.Hashes = append(rm.Hashes, h)
-		}
-		_, err = ix.Apply(testKey, r, 1, []Op{store, {Kind: OpRemove, Remove: rm}})
-		must(t, err)
-		s.waiting.Store(0)
-		return ix, s.handoffs
-	}
-	busy, n := run(1)
-	// One after every holdQuantum blocks of each op (but at its end), one
-	// between the ops.
-	pieces := func(blocks int) uint64 { return uint64((blocks + holdQuantum - 1) / holdQuantum) }
-	if want := pieces(40) - 1 + 1 + pieces(30) - 1; n != want {
-		t.Errorf("with a match waiting: %d handoffs, want %d (one after every %d blocks of an op, one between the ops)", n, want, holdQuantum)
-	}
-	idle, m := run(0)
-	if m != 1 {
-		t.Errorf("with no match waiting: %d handoffs, want 1 (between the store's two pieces)", m)
-	}
-	for _, ix := range []*Index{busy, idle} {
-		if st, _ := ix.Rank(testKey, r); st.Blocks != 11 || st.Watermark != 1 {
-			t.Fatalf("rank: %+v, want 11 blocks at watermark 1", st)
-		}
-	}
-	q := HashBlocks(nil, chainOp(4, 1, 41, 0).Store.Tokens, 4, BaseSeed)
-	a, _ := busy.Match(testKey, q, nil)
-	b, _ := idle.Match(testKey, q, nil)
-	if len(a) != 1 || a[0].Device != 11 || !slices.Equal(a, b) {
-		t.Fatalf("matches %+v and %+v, want one rank with 11 blocks in both", a, b)
-	}
-}
-
-// TestMatchesReadThroughTheRebuildWindow: one rank's stores grow its
-// lookup through many sub-table rebuilds, each run with the shard's
-// window open, while a matcher scores the chains stored so far. Under
-// -race the matchers' reads during the windows are checked against the
-// writer's; the index ends as a serial tree of the same stores.
-func TestMatchesReadThroughTheRebuildWindow(t *testing.T) {
-	const chains, blocks = 60, 40 // 2,400 entries: a one-table lookup's rebuilds, then a directory
+// TestMatchesDoNotWaitForTheWriteLock: while a writer holds a shard's
+// write lock (as one descheduled in the middle of a hold does) and has
+// changed the tree without publishing, matches complete and see the tree
+// as of the last publish; once the writer lets go they see its changes.
+func TestMatchesDoNotWaitForTheWriteLock(t *testing.T) {
 	ix := New(Options{Shards: 1})
 	must(t, ix.AddPartition(testKey, 4))
-	r := Rank{1, 0}
-	ops := make([]Op, chains)
-	queries := make([][]uint64, chains)
-	for i := range ops {
-		ops[i] = chainOp(4, uint32(i*blocks+1), blocks, uint64(1000+i*blocks))
-		queries[i] = HashBlocks(nil, ops[i].Store.Tokens, 4, BaseSeed)
+	a, b := Rank{1, 0}, Rank{2, 0}
+	_, err := ix.Apply(testKey, a, 0, []Op{chainOp(4, 1, 20, 10)})
+	must(t, err)
+	q := HashBlocks(nil, chainOp(4, 1, 40, 0).Store.Tokens, 4, BaseSeed)
+	before, _ := ix.Match(testKey, q, nil)
+	if len(before) != 1 || before[0].Device != 20 {
+		t.Fatalf("before: %+v, want rank a at 20 blocks", before)
 	}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var stored atomic.Int32
-	for m := range 1 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var dst []Overlap
-			for i := m; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				n := int(stored.Load())
-				if n == 0 {
-					runtime.Gosched()
-					continue
-				}
-				var err error
-				dst, err = ix.Match(testKey, queries[i%n], dst[:0])
-				if err != nil || len(dst) != 1 || dst[0].Device != blocks {
-					t.Errorf("chain %d of %d stored: %+v, %v; want one rank with %d blocks", i%n, n, dst, err, blocks)
-					return
-				}
-			}
-		}()
+	s := ix.parts[testKey].shardOf(a, false)
+	s.mu.Lock()
+	// Unpublished changes: a splits its edge (a new rank holds its first
+	// 5 blocks and goes its own way), a's tail goes, and a grows again.
+	ext := chainOp(4, 21, 20, 30)
+	ext.Store.Parent, ext.Store.HasParent = 29, true
+	must(t, s.tree.Apply(b, chainOp(4, 1, 5, 10)))
+	must(t, s.tree.Apply(b, chainOp(4, 900, 3, 15)))
+	must(t, s.tree.Apply(a, Op{Kind: OpRemove, Remove: Removed{Hashes: []uint64{29}}}))
+	back := chainOp(4, 20, 1, 29)
+	back.Store.Parent, back.Store.HasParent = 28, true
+	must(t, s.tree.Apply(a, back))
+	must(t, s.tree.Apply(a, ext))
+	// The match runs on this goroutine, which holds the write lock: had
+	// it waited for the lock, the test would hang here.
+	got, err := ix.Match(testKey, q, nil)
+	must(t, err)
+	if !slices.Equal(got, before) {
+		t.Errorf("while the writer holds the lock: %+v, want the published %+v", got, before)
 	}
-	for i, op := range ops {
-		_, err := ix.Apply(testKey, r, uint64(i), []Op{op})
-		must(t, err)
-		stored.Store(int32(i + 1))
-	}
-	close(stop)
-	wg.Wait()
-	if s := ix.parts[testKey].shardOf(r, false); s.win.opened == 0 {
-		t.Fatal("no lookup rebuild ran with the window open")
-	}
-	serial := NewTree(4)
-	for _, op := range ops {
-		must(t, serial.Apply(r, op))
-	}
-	for i, q := range queries {
-		got, _ := ix.Match(testKey, q, nil)
-		if want := serial.Match(q, nil); !slices.Equal(got, want) {
-			t.Fatalf("chain %d: %+v, the serial tree %+v", i, got, want)
-		}
-	}
-	if st, _ := ix.Rank(testKey, r); st.Blocks != chains*blocks {
-		t.Fatalf("rank: %d blocks, want %d", st.Blocks, chains*blocks)
+	s.unlock()
+	after, _ := ix.Match(testKey, q, nil)
+	slices.SortFunc(after, func(x, y Overlap) int { return cmp.Compare(x.Rank.WorkerID, y.Rank.WorkerID) })
+	if len(after) != 2 || after[0].Device != 40 || after[1].Rank != b || after[1].Device != 5 {
+		t.Fatalf("after the writer let go: %+v, want a at 40 blocks and b at 5", after)
 	}
 }
 
-// TestMatchesReadThroughLeafGrowth: eight ranks hold one edge of 128
-// blocks (1,024 entries in its arrays), and one of them extends it by 600
-// blocks in one store, so the leaf's full arrays are copied larger again
-// and again (growLeafAside) while a matcher scores, under -race. Every
-// match sees the seven other ranks at 128 blocks and the growing one at
-// no fewer than it had; the copies ran; the index ends equal to a serial
+// TestMatchesWhileAnEdgeGrows: eight ranks hold one edge of 128 blocks,
+// and one of them extends it by 600 blocks in one store (19 pieces, each
+// published), while a matcher scores under -race: every match sees the
+// seven other ranks at 128 blocks and the growing one at no fewer than
+// before and no more than it will hold; the index ends equal to a serial
 // tree.
-func TestMatchesReadThroughLeafGrowth(t *testing.T) {
+func TestMatchesWhileAnEdgeGrows(t *testing.T) {
 	const holders, shared, extra = 8, 128, 600
 	ix := New(Options{Shards: 1})
 	must(t, ix.AddPartition(testKey, 4))
@@ -288,6 +212,7 @@ func TestMatchesReadThroughLeafGrowth(t *testing.T) {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var matches atomic.Int64
+	seen := map[uint32]bool{}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -312,6 +237,7 @@ func TestMatchesReadThroughLeafGrowth(t *testing.T) {
 					return
 				case o.Rank == grow:
 					last = o.Device
+					seen[last] = true
 				case o.Device != shared:
 					t.Errorf("rank %v: %d blocks, want %d", o.Rank, o.Device, shared)
 					return
@@ -328,16 +254,18 @@ func TestMatchesReadThroughLeafGrowth(t *testing.T) {
 	close(stop)
 	wg.Wait()
 	must(t, serial.Apply(grow, ext))
-	var grown uint64
-	must(t, ix.Read(testKey, func(tr *Tree) { grown = tr.grownAside }))
-	if grown == 0 {
-		t.Fatal("no leaf's arrays were grown with the window open")
-	}
 	got, _ := ix.Match(testKey, q, nil)
 	if want := serial.Match(q, nil); !slices.Equal(got, want) {
 		t.Fatalf("after the store: %+v, the serial tree %+v", got, want)
 	}
-	t.Logf("%d copies aside, %d matches during the store", grown, matches.Load())
+	for n := range seen {
+		if (n-shared)%DefaultWriteChunk != 0 && n != shared+extra {
+			t.Errorf("a match saw the growing rank at %d blocks: not a piece's end", n)
+		}
+	}
+	pubs, retries, fallbacks := ViewStats(ix.parts[testKey].shardOf(grow, false).tree)
+	t.Logf("%d matches during the store saw %d lengths; %d publishes, %d walks repeated, %d matches under the lock",
+		matches.Load(), len(seen), pubs, retries, fallbacks)
 }
 
 // TestShardedSnapshotRoundTrip dumps a 3-shard partition through both

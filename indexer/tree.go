@@ -3,8 +3,10 @@ package indexer
 import (
 	"fmt"
 	"math/bits"
+	"math/rand/v2"
 	"slices"
 	"sync/atomic"
+	"unsafe"
 )
 
 // Reason names why (part of) an event was not applied, or why entries left
@@ -87,11 +89,6 @@ type loc struct{ node, pos uint32 }
 // rewritten, and split and merge move the cheaper part.
 type ref struct{ node, depth uint32 }
 
-type childKey struct {
-	parent uint32
-	hash   uint64
-}
-
 // holder is one rank's hold on a prefix [0, cut) of a node's edge. Its
 // per-block engine hashes and tier counts live in node.ext and node.cnt.
 type holder struct {
@@ -129,7 +126,15 @@ type node struct {
 	// tier); nil when every bit is 0 (no holder of a hybrid rank). The
 	// groups' sets are the truth; gb spares Match their lookups.
 	gb   []uint64
-	live bool
+	kids *kidNode // the children by their first local hash (kids.go)
+	// dirty: the Tree.epoch in which the node was last touched (view.go);
+	// holdEp: the epoch in which hold was made (the writer changes it in
+	// place only in that epoch); pubHi: the longest prefix of the hashes
+	// array ever published.
+	dirty  uint32
+	holdEp uint32
+	pubHi  uint32
+	live   bool
 }
 
 type rankState struct {
@@ -194,7 +199,12 @@ type Tree struct {
 	blockSize int
 	nodes     []node // nodes[0] is the root
 	free      []uint32
-	children  map[childKey]uint32
+	// kseed seeds the hashes of the children tries (kids.go); epoch
+	// counts publishes of the views (view.go), and pub is the published
+	// side, nil for a tree that publishes none.
+	kseed     uint64
+	epoch     uint32
+	pub       *publisher
 	rankIDs   map[Rank]uint32
 	ranks     []rankState
 	freeRanks []uint32
@@ -225,26 +235,8 @@ type Tree struct {
 	// holds the tree.
 	piece    bool
 	pieceRed uint64
-	// stop, set only while applyPieces or removePieces applies a piece,
-	// is read before each block after the piece's first quantum: once it is
-	// positive (matchers wait for the tree, see Index.ApplyBatch) the
-	// piece ends there, done says how many of its blocks it applied, and
-	// the op goes on with the rest after the yield. resume: the piece goes
-	// on with a store that stopped early, in the same clock tick.
-	stop    *atomic.Int32
-	quantum int
-	done    int
-	resume  bool
-	// win, set only while applyPieces applies a store's piece: a block
-	// whose insert would rebuild its lookup sub-table rebuilds it before
-	// the block changes the tree, with win open (the rebuild reads the
-	// tree and writes only the lookup), so matchers read the tree
-	// meanwhile instead of waiting for it.
-	win *window
-	// grownAside counts growLeafAside's copies (tests read it).
-	grownAside uint64
-	localBuf   []uint64
-	touched    []uint32
+	localBuf []uint64
+	touched  []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
 	markEpoch uint32
 	lookupBuf []uint32
@@ -257,7 +249,8 @@ func NewTree(blockSize int) *Tree {
 	t := &Tree{
 		blockSize: blockSize,
 		nodes:     make([]node, 1, 64),
-		children:  make(map[childKey]uint32),
+		kseed:     rand.Uint64(),
+		epoch:     1,
 		rankIDs:   make(map[Rank]uint32),
 		overflow:  make(map[ovKey]uint32),
 	}
@@ -317,16 +310,24 @@ type TreeStats struct {
 // Stats reports the tree's size. It walks the nodes: O(nodes).
 func (t *Tree) Stats() TreeStats {
 	// Estimate: node structs, edge hashes and capacity, per-slot engine hash
-	// and count, holder headers, and Go map slots at their average load.
-	b := int64(len(t.nodes)) * 160
+	// and count, holder headers, children tries, published views (a view,
+	// its holders' runs and its slot in the view chunks), and Go map slots
+	// at their average load.
+	b := int64(len(t.nodes)) * int64(unsafe.Sizeof(node{}))
 	for i := range t.nodes {
 		n := &t.nodes[i]
 		b += int64(cap(n.hashes))*8 + int64(cap(n.ext))*8 + int64(cap(n.cnt))*4 + int64(cap(n.hold))*32 + int64(cap(n.gb))*8
+		b += n.kids.bytes()
+		if t.pub != nil && n.live {
+			b += int64(unsafe.Sizeof(view{}))
+		}
+	}
+	if t.pub != nil {
+		b += int64(len(t.pub.chunks)) * int64(unsafe.Sizeof(viewChunk{}))
 	}
 	for i := range t.ranks {
 		b += t.ranks[i].lookup.bytes() // rank lookups: 9-byte slots, directories
 	}
-	b += int64(t.nnodes) * 40   // children map: 24-byte slots
 	b += int64(t.gentries) * 30 // group sets: 16-byte slots
 	return TreeStats{Entries: t.entries + t.gentries, GroupEntries: t.gentries, Blocks: t.blocks, Nodes: t.nnodes, Ranks: len(t.rankIDs), Bytes: b}
 }
@@ -452,6 +453,7 @@ func (t *Tree) rankID(r Rank) uint32 {
 	rid := allocSlot(&t.ranks, &t.freeRanks)
 	t.ranks[rid] = rankState{rank: r}
 	t.rankIDs[r] = rid
+	t.touchRanks()
 	return rid
 }
 
@@ -486,11 +488,7 @@ func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, Group{}, s
 // slot if known (the caller looked it up); an unknown rank gets one only
 // once the store is valid.
 func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
-	if t.resume {
-		t.resume = false
-	} else {
-		t.clock += 2 // odd ticks are for matches (see now)
-	}
+	t.clock += 2 // odd ticks are for matches (see now)
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
 		return t.offload(r, rid, known, s)
 	}
@@ -523,14 +521,9 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	// on the device, as the next block of its chain (see Redundant).
 	red := s.Tier == TierDevice && usable == len(s.Hashes)
 	var err error
-	stopped := 0 // blocks applied before the piece stopped early (Tree.stop)
 	for i := 0; i < usable; i++ {
-		if i >= t.quantum && i > 0 && t.stop != nil && t.stop.Load() > 0 {
-			stopped, t.done = i, i
-			break
-		}
 		x := s.Hashes[i]
-		xr, ok, tb := lk.getIn(t, rid, x)
+		xr, ok := lk.get(t, rid, x)
 		if ok {
 			// A copy of a block the rank holds: it must be the next block.
 			l := t.locOf(xr)
@@ -546,16 +539,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			cur, prevExt, hasPrev = l, x, true
 			continue
 		}
-		if tb != nil && tb.left == 0 && t.win != nil {
-			// x's insert below would rebuild its full sub-table; do it
-			// now, before the block changes the tree (which then holds
-			// exactly the lookup's entries), with the window open.
-			t.win.run(func() { lk.makeRoom(t, rid, tb, lk.hash(x), ref{}, 1) })
-		}
 		red = false
-		if t.win != nil {
-			t.growLeafAside(cur)
-		}
 		tgt := t.descend(cur, local[i], rid)
 		h := t.holderIndex(tgt.node, rid)
 		if h < 0 && tgt.pos == 0 {
@@ -567,6 +551,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			err = t.fail(r, ReasonHashConflict, x, len(s.Hashes)-i)
 			break
 		}
+		n = t.ownHold(tgt.node)
 		i0 := int(tgt.pos)*len(n.hold) + h
 		n.ext[i0] = x
 		n.cnt[i0] = 1 << (8 * s.Tier)
@@ -592,9 +577,6 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	}
 	if red && err == nil {
 		n := uint64(len(s.Hashes))
-		if stopped > 0 {
-			n = uint64(stopped)
-		}
 		if t.piece {
 			t.pieceRed += n // the whole op decides (applyPieces)
 		} else {
@@ -602,7 +584,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 			t.ranks[rid].redundant += n
 		}
 	}
-	if err == nil && usable < len(s.Hashes) && stopped == 0 {
+	if err == nil && usable < len(s.Hashes) {
 		err = t.fail(r, ReasonShortTokens, s.Hashes[usable], len(s.Hashes)-usable)
 	}
 	return err
@@ -639,13 +621,14 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 		cur.node, _ = t.split(cur.node, int(next))
 		L = next
 	}
-	if c, ok := t.children[childKey{cur.node, lh}]; ok {
+	if c, ok := t.child(cur.node, lh); ok {
 		return loc{c, 0}
 	}
 	if n := &t.nodes[cur.node]; cur.node != 0 && n.nchild == 0 {
 		// cur is rid's last block of a leaf: extend the edge. Other
 		// holders keep their shorter prefixes.
-		n.hashes = appendGrow(n.hashes, lh)
+		appendHash(n, lh)
+		t.touch(cur.node)
 		for range n.hold {
 			n.ext = appendGrow(n.ext, 0)
 			n.cnt = appendGrow(n.cnt, 0)
@@ -658,36 +641,6 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 	}
 	return loc{t.allocNode(cur.node, []uint64{lh}), 0}
 }
-
-// growLeafAside makes room for one more block in the arrays of the leaf
-// that cur ends, when the next block extends it (descend) and they are
-// full and large: with the window open (Tree.win), it copies them into
-// arrays a quarter larger (roomFor, as appendGrow would), so that the
-// copy, which for a long edge of many holders takes tens of µs, runs while
-// matchers read the tree; it swaps them in once the window is closed, and
-// the block's extension then only appends.
-func (t *Tree) growLeafAside(cur loc) {
-	n := &t.nodes[cur.node]
-	H := len(n.hold)
-	if cur.node == 0 || n.nchild != 0 || int(cur.pos)+1 != len(n.hashes) ||
-		len(n.ext)+H <= cap(n.ext) || len(n.ext) < growAsideMin {
-		return
-	}
-	var hashes, ext, gb []uint64
-	var cnt []uint32
-	t.win.run(func() {
-		hashes, ext, cnt = roomFor(n.hashes, 1), roomFor(n.ext, H), roomFor(n.cnt, H)
-		if n.gb != nil {
-			gb = roomFor(n.gb, H)
-		}
-	})
-	n.hashes, n.ext, n.cnt, n.gb = hashes, ext, cnt, gb
-	t.grownAside++
-}
-
-// growAsideMin: growLeafAside copies arrays of at least this many entries
-// (a copy of 8 KiB and more: smaller ones take less than the window costs).
-const growAsideMin = 1024
 
 // selfReferencing reports whether s repeats one of its hashes or holds
 // its parent among them. A short event is compared pairwise; a longer one
@@ -769,11 +722,7 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 	}
 	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
-	for i, x := range rm.Hashes {
-		if i >= t.quantum && i > 0 && t.stop != nil && t.stop.Load() > 0 {
-			t.done = i
-			break
-		}
+	for _, x := range rm.Hashes {
 		xr, ok := lk.get(t, rid, x)
 		h := -1
 		var l loc
@@ -809,7 +758,7 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 		id, _ = t.split(id, int(l.pos)+1)
 		h = t.holderIndex(id, rid)
 	}
-	n := &t.nodes[id]
+	n := t.ownHold(id)
 	i := int(l.pos)*len(n.hold) + h
 	t.ranks[rid].lookup.del(n.ext[i], ref{id, n.depth + l.pos})
 	n.ext[i], n.cnt[i] = 0, 0
@@ -872,6 +821,7 @@ func (t *Tree) RemoveRank(r Rank) {
 	delete(t.rankIDs, r)
 	t.ranks[rid] = rankState{}
 	t.freeRanks = append(t.freeRanks, rid)
+	t.touchRanks()
 }
 
 // RemoveWorker removes every rank of worker id.

@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"testing"
 
 	"pgregory.net/rapid"
@@ -99,11 +98,10 @@ type propRun struct {
 	// chunk > 0: stores and removes go through indexer.ApplyInPieces
 	// with this write chunk, as Index.ApplyBatch applies large ops.
 	chunk int
-	// stop, if set, is what the pieces read before each block (see
-	// indexer.ApplyInPieces): each yield draws it anew, so that pieces
-	// run whole or end after their first block, as they do when
-	// matchers wait.
-	stop *atomic.Int32
+	// views: the tree publishes views (as an Index's trees do), after
+	// every action and between pieces, and every check also checks them
+	// and the matches made on them.
+	views bool
 	// record, if set, is told every store and remove applied.
 	record func(r indexer.Rank, op indexer.Op)
 }
@@ -113,9 +111,13 @@ func (p *propRun) apply(r indexer.Rank, op indexer.Op) error {
 		p.record(r, op)
 	}
 	if p.chunk > 0 {
-		return indexer.ApplyInPieces(p.tr, r, op, p.chunk, p.stop, func() {
-			if p.stop != nil {
-				p.stop.Store(int32(rapid.IntRange(0, 1).Draw(p.t, "stop")))
+		return indexer.ApplyInPieces(p.tr, r, op, p.chunk, func() {
+			if p.views {
+				// Between pieces, as Index.ApplyBatch publishes.
+				indexer.PublishViews(p.tr)
+				if err := indexer.CheckViews(p.tr); err != nil {
+					p.fatalf("between pieces: %v", err)
+				}
 			}
 		})
 	}
@@ -379,38 +381,58 @@ func (p *propRun) probes() [][]uint64 {
 }
 
 func (p *propRun) check(what string) {
-	if err := compareTree(p.tr, p.m, p.probes(), p.w.ranks); err != nil {
+	probes := p.probes()
+	if err := compareTree(p.tr, p.m, probes, p.w.ranks); err != nil {
 		p.fatalf("after %s: %v", what, err)
+	}
+	if p.views {
+		indexer.PublishViews(p.tr)
+		if err := indexer.CheckViews(p.tr); err != nil {
+			p.fatalf("after %s: %v", what, err)
+		}
+		for _, q := range probes {
+			// The same walk as the tree's (checked against the model
+			// above), so the same overlaps in the same order.
+			got, ok := indexer.MatchViews(p.tr, q, nil)
+			if want := p.tr.Match(q, nil); !ok || !sameOverlaps(got, want) {
+				p.fatalf("after %s: the views match %x as %v (ok %v), the tree %v", what, q, got, ok, want)
+			}
+		}
 	}
 }
 
 // TestTreeMatchesModel drives a Tree and the brute-force model with the
 // same random events and compares every observable after every action.
 // Every run ends by emptying the tree, through remove events or through
-// RemoveRank/RemoveWorker, and checks nothing is left behind.
+// RemoveRank/RemoveWorker, and checks nothing is left behind. In half the
+// runs the tree publishes views, which every check compares with the
+// tree, and matches on them with the model.
 func TestTreeMatchesModel(t *testing.T) {
-	rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, 0, nil) })
+	rapid.Check(t, func(t *rapid.T) { treeMatchesModel(t, 0, rapid.Bool().Draw(t, "views")) })
 }
 
 // TestTreeMatchesModelInPieces is TestTreeMatchesModel with every store
 // and remove applied in pieces of 1 to 5 blocks, as Index.ApplyBatch
 // applies ops of more than one block: the same tree, counts and errors.
-// In half the runs pieces also end early, after their first block, as
-// they do when a matcher waits for the tree.
+// In half the runs the tree publishes views between pieces too, which
+// are checked there.
 func TestTreeMatchesModelInPieces(t *testing.T) {
 	rapid.Check(t, func(t *rapid.T) {
-		var stop *atomic.Int32
-		if rapid.Bool().Draw(t, "stops") {
-			stop = new(atomic.Int32)
-		}
-		treeMatchesModel(t, rapid.IntRange(1, 5).Draw(t, "chunk"), stop)
+		treeMatchesModel(t, rapid.IntRange(1, 5).Draw(t, "chunk"), rapid.Bool().Draw(t, "views"))
 	})
 }
 
-func treeMatchesModel(t *rapid.T, chunk int, stop *atomic.Int32) {
+func treeMatchesModel(t *rapid.T, chunk int, views bool) {
 	{
 		w := drawWorld(t)
-		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs), chunk: chunk, stop: stop}
+		p := &propRun{t: t, w: w, tr: indexer.NewTree(w.bs), m: newRefModel(w.bs), chunk: chunk, views: views}
+		if views {
+			indexer.EnableViews(p.tr)
+			if rapid.Bool().Draw(t, "nearWrap") {
+				// The epochs wrap during the run (Tree.rewind).
+				indexer.NearEpochWrap(p.tr, uint32(rapid.IntRange(1, 50).Draw(t, "publishesToWrap")))
+			}
+		}
 		p.check("start")
 		ops := rapid.IntRange(50, 200).Draw(t, "ops")
 		for i := 0; i < ops; i++ {

@@ -69,8 +69,7 @@ func BenchmarkMooncake(b *testing.B) {
 	// scores share only the machine with.
 	b.ReportMetric(float64(l.OtherP99.Nanoseconds()), "other-p99-ns")
 	b.ReportMetric(l.Pauses, "machine-pauses/s")
-	// What the ingest keeps while a query runs back to back: the price of
-	// the writer stepping aside for it.
+	// What the ingest keeps while a query runs back to back.
 	b.ReportMetric(l.IngestRate, "load-ingest-blocks/s")
 	// The index's estimate of its heap (Stats().Bytes, about 95 % of the
 	// measured heap) per entry after the replay: the churned lookups.
