@@ -14,7 +14,7 @@ func TestMaxEntriesForMemory(t *testing.T) {
 		want   int
 	}{
 		{-1, 0}, {0, 0}, {1, 1}, {indexer.MemoryPerEntry, 1}, {2*indexer.MemoryPerEntry - 1, 1},
-		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 244}, {1 << 62, (1 << 62) / 244},
+		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 256}, {1 << 62, (1 << 62) / 256},
 	} {
 		if got := indexer.MaxEntriesForMemory(c.budget); got != c.want {
 			t.Errorf("MaxEntriesForMemory(%d) = %d, want %d", c.budget, got, c.want)
