@@ -9,9 +9,10 @@ import (
 )
 
 // lookup is one rank's table from engine hash to block (its ref): open
-// addressing in groups of 8 slots with 7-bit fingerprints matched a word
-// at a time, as Go's own maps (SwissTable), specialised so that a slot
-// costs 9 bytes instead of 16 + 1 (and Go's 7/8-full-then-double sizing).
+// addressing in groups of 7 slots, each group one 64-byte cache line (a
+// control word and 7 refs), with 7-bit fingerprints matched a word at a
+// time, as Go's own maps (SwissTable); and overflow counts in place of
+// tombstones, as Facebook's F14.
 //
 // A slot holds only the block's ref, not the key: the engine hash is
 // already in the tree (the holder's ext slot of the block). get reads it
@@ -31,20 +32,20 @@ import (
 //
 // Layout. The entries live in sub-tables (table) of at most
 // lookupMaxGroups groups each, so that the rebuild an insert may run
-// (inside the partition's write lock) costs at most one sub-table's
-// entries, however many the rank holds: extendible hashing, as Go's maps
-// since Go 1.24. A small lookup is one sub-table, held in the lookup
-// itself, with no directory; it may grow to lookupOneRatio times that
-// size (its rebuild is cheaper per entry, see collect), and then splits
-// at once into as many sub-tables (a power of two) as leave each about
-// half full. A sub-table of the largest size that fills splits in two by
-// one more bit of the hash. dir, a directory of 1<<depth entries indexed
-// by the hash's top depth bits, names the sub-table of every hash prefix:
-// a sub-table of local depth d is named by the 1<<(depth-d) consecutive
+// (inside the shard's write lock) costs at most one sub-table's entries,
+// however many the rank holds: extendible hashing, as Go's maps since Go
+// 1.24. A small lookup is one sub-table, held in the lookup itself, with
+// no directory; it may grow to lookupOneRatio times that size (its
+// rebuild is cheaper per entry, see collect), and then splits at once
+// into as many sub-tables (a power of two) as leave each about half full.
+// A sub-table of the largest size that fills splits in two by one more
+// bit of the hash. dir, a directory of 1<<depth entries indexed by the
+// hash's top depth bits, names the sub-table of every hash prefix: a
+// sub-table of local depth d is named by the 1<<(depth-d) consecutive
 // entries that share its d-bit prefix. Each entry holds a copy of its
-// sub-table's slices (slots), so that a probe reads the directory and
-// then the groups, not a table header in between. Splits never merge
-// back; the lookup shrinks only when reset.
+// sub-table's slice of groups (slots), so that a probe reads the
+// directory and then the group, not a table header in between. Splits
+// never merge back; the lookup shrinks only when reset.
 //
 // The hash is a seeded mix of the key (a bijection, so distinct keys have
 // distinct hashes), the seed random per lookup, so crafted engine hashes
@@ -55,16 +56,20 @@ import (
 // lookup is one sub-table, every rebuild renews the seed; once it has a
 // directory the seed stays until reset (the directory is laid out by it).
 //
-// Groups. A group is one control word, its 8 slots' control bytes
-// (ctrlEmpty, ctrlDeleted — a tombstone — or the fingerprint), and 8 refs.
-// Probes go on group by group from the home group and end at a group with
-// an empty slot. A sub-table holds at most 7/8 of its slots in entries and
-// tombstones; past that it is rebuilt with the same size if the entries
-// fill less than 15/16 of that (the rest tombstones), else larger — twice
-// as large up to 32 groups, then a quarter larger (lookupGrow), up to its
-// most groups — and at that size it splits instead, each part sized for
-// its entries at 70 % of the slots. A sub-table that fills while the
-// lookup is below its peak (churn) grows by a sixteenth only (makeRoom).
+// Groups. A group's control word holds its 7 slots' control bytes
+// (ctrlEmpty or the fingerprint) and, in its top byte, its overflow
+// count: how many entries whose probe passed the group, full, went on to
+// a later group (saturating at 255, where it stays). An insert takes the
+// first free slot from the home group on and counts itself in the groups
+// it passes; a probe goes on past a group only while that group's count
+// is not 0, so a miss usually reads its home group alone; a delete empties
+// its slot and uncounts itself from the groups it had passed. So deletes
+// leave no tombstones, and a sub-table is rebuilt only when its entries
+// fill 6 of its 7 slots per group: it then grows (twice as large up to 32
+// groups, then a quarter larger, lookupGrow), or at its most groups
+// splits, each part sized for its entries at 70 % of the slots. A
+// sub-table that fills while the lookup is below its peak (its share of
+// the rank's entries fluctuating) grows by a sixteenth only (makeRoom).
 //
 // lookup is not safe for concurrent use; get may run concurrently with
 // other gets.
@@ -80,54 +85,63 @@ type lookup struct {
 	seed  uint64
 }
 
+// group is 7 slots: control bytes and overflow count, and refs. 64 bytes.
+type group struct {
+	ctrl uint64
+	refs [groupSlots]ref
+}
+
 // slots is what a probe of a sub-table reads: its groups.
 type slots struct {
-	ctrl  []uint64 // one word per group: its 8 slots' control bytes
-	refs  []ref    // 8 per group
-	depth uint8    // local depth: the sub-table holds the hashes of one depth-bit prefix
+	g     []group
+	depth uint8 // local depth: the sub-table holds the hashes of one depth-bit prefix
 }
 
 // table is one sub-table of a lookup.
 type table struct {
 	slots
-	n    int // entries
-	left int // empty slots that inserts may still fill before a rebuild
+	n int // entries
 }
 
 // dirEntry names the sub-table of one hash prefix: tb, and a copy of tb's
-// slots (the same slices), which every change of tb's slices copies
-// again (lookup.name).
+// slots (the same slice), which every change of tb's slice copies again
+// (lookup.name).
 type dirEntry struct {
 	slots
 	tb *table
 }
 
 const (
-	ctrlEmpty   = 0x80
-	ctrlDeleted = 0xfe
-	lsbs        = 0x0101010101010101
-	msbs        = 0x8080808080808080
+	groupSlots = 7
+	ctrlEmpty  = 0x80
+	lsbs       = 0x0001010101010101 // the 7 slots' bytes
+	msbs       = 0x0080808080808080
+	ovShift    = 56 // the overflow count's byte
+	ovOne      = 1 << ovShift
+	ovMax      = 0xff
 
-	// lookupMaxGroups bounds a sub-table of a directory: at most 8 × 64
-	// slots and 448 entries, which a rebuild re-reads from the tree ref by
-	// ref (collect), 6–8 µs on average on the Mooncake replay. The
-	// rebuild runs inside one insert, under the shard's write lock: at
-	// 256 groups it took ~30 µs, which the shard's other writers (and,
-	// before matches took no lock, queries) waited for; the smaller
-	// sub-tables cost ~1 B per entry more (docs/benchmarks.md). 64
-	// groups' refs (4 KiB) are one of the allocator's size classes.
+	// lookupMaxGroups bounds a sub-table of a directory: at most 7 × 64
+	// slots and 384 entries, which a rebuild re-reads from the tree ref by
+	// ref (collect). The rebuild runs inside one insert, under the shard's
+	// write lock: bounded, it bounds how long the shard's other writers
+	// (and, before matches took no lock, queries) wait for one insert. 64
+	// groups (4 KiB) are one of the allocator's size classes.
 	lookupMaxGroups = 64
 	// lookupOneRatio: the only sub-table of a lookup without a directory
 	// may have lookupOneRatio × lookupMaxGroups groups. Its rebuild scans
 	// the nodes its entries name (collect), 3–4 times cheaper per entry
 	// than resolving refs one by one, so about as long; and the ranks of
-	// up to ~1,700 entries pay for no directory at all.
+	// up to ~1,500 entries pay for no directory at all.
 	lookupOneRatio = 4
 )
 
-// capacity returns the most entries and tombstones a sub-table of groups
-// groups holds: 7/8 of its slots.
-func capacity(groups int) int { return groups * 7 }
+// emptyGroup is a group's control word with every slot empty and no
+// overflow.
+const emptyGroup = lsbs * ctrlEmpty
+
+// capacity returns the most entries a sub-table of groups groups holds:
+// 6 of every 7 slots.
+func capacity(groups int) int { return groups * (groupSlots - 1) }
 
 // len returns the number of entries.
 func (lk *lookup) len() int { return lk.n }
@@ -165,73 +179,74 @@ func (lk *lookup) maxGroups() int {
 
 // start returns hash h's home group and fingerprint in s.
 func (s *slots) start(h uint64) (int, uint64) {
-	g, _ := bits.Mul64(h<<s.depth, uint64(len(s.ctrl)))
+	g, _ := bits.Mul64(h<<s.depth, uint64(len(s.g)))
 	return int(g), h & 0x7f
 }
 
-// matchFP returns bit 7 set in each byte of c that may equal fp (a byte
-// just above an equal one may match falsely: callers check the slot).
+// matchFP returns bit 7 set in each slot byte of c that may equal fp (a
+// byte just above an equal one may match falsely: callers check the slot).
 func matchFP(c, fp uint64) uint64 {
 	v := c ^ (lsbs * fp)
 	return (v - lsbs) &^ v & msbs
 }
 
-// matchEmpty returns bit 7 set in each empty byte of c.
-func matchEmpty(c uint64) uint64 { return c &^ (c << 6) & msbs }
+// matchEmpty returns bit 7 set in each empty slot byte of c.
+func matchEmpty(c uint64) uint64 { return c & msbs }
+
+// overflowed reports whether some entry's probe went on past the group of
+// control word c.
+func overflowed(c uint64) bool { return c>>ovShift != 0 }
 
 // get returns x's ref. Slots whose fingerprint matches are checked
 // against the tree's engine hash for rank rid.
 func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
-	r, ok, _ := lk.getIn(t, rid, x)
-	return r, ok
-}
-
-// getIn is get that also returns, when x is absent, the sub-table an
-// insert of x goes to (nil if the lookup is empty).
-func (lk *lookup) getIn(t *Tree, rid uint32, x uint64) (ref, bool, *table) {
 	if lk.n == 0 {
-		return ref{}, false, nil
+		return ref{}, false
 	}
 	h := lk.hash(x) // a sub-table of a lookup with entries has groups
-	s, tb := lk.find(h)
+	s, _ := lk.find(h)
 	g, fp := s.start(h)
-	for {
-		c := s.ctrl[g]
+	for range s.g { // every group's count may be up: one round at most
+		gr := &s.g[g]
+		c := gr.ctrl
 		for m := matchFP(c, fp); m != 0; m &= m - 1 {
-			i := g*8 + bits.TrailingZeros64(m)>>3
-			if k, ok := t.refKey(rid, s.refs[i]); ok && k == x {
-				return s.refs[i], true, nil
+			r := gr.refs[bits.TrailingZeros64(m)>>3]
+			if k, ok := t.refKey(rid, r); ok && k == x {
+				return r, true
 			}
 		}
-		if matchEmpty(c) != 0 {
-			return ref{}, false, tb
+		if !overflowed(c) {
+			break
 		}
-		if g++; g == len(s.ctrl) {
+		if g++; g == len(s.g) {
 			g = 0
 		}
 	}
+	return ref{}, false
 }
 
-// slot returns the index in s of the entry with hash h and ref r, or -1.
-func (s *slots) slot(h uint64, r ref) int {
-	if len(s.ctrl) == 0 {
-		return -1
+// slot returns the group and slot in s of the entry with hash h and ref
+// r, or -1.
+func (s *slots) slot(h uint64, r ref) (int, int) {
+	if len(s.g) == 0 {
+		return -1, -1
 	}
 	g, fp := s.start(h)
-	for {
-		c := s.ctrl[g]
-		for m := matchFP(c, fp); m != 0; m &= m - 1 {
-			if i := g*8 + bits.TrailingZeros64(m)>>3; s.refs[i] == r {
-				return i
+	for range s.g {
+		gr := &s.g[g]
+		for m := matchFP(gr.ctrl, fp); m != 0; m &= m - 1 {
+			if i := bits.TrailingZeros64(m) >> 3; gr.refs[i] == r {
+				return g, i
 			}
 		}
-		if matchEmpty(c) != 0 {
-			return -1
+		if !overflowed(gr.ctrl) {
+			break
 		}
-		if g++; g == len(s.ctrl) {
+		if g++; g == len(s.g) {
 			g = 0
 		}
 	}
+	return -1, -1
 }
 
 // set changes the ref of the entry with key x and ref old to r, and
@@ -239,32 +254,35 @@ func (s *slots) slot(h uint64, r ref) int {
 func (lk *lookup) set(x uint64, old, r ref) bool {
 	h := lk.hash(x)
 	s, _ := lk.find(h)
-	i := s.slot(h, old)
-	if i < 0 {
+	g, i := s.slot(h, old)
+	if g < 0 {
 		return false
 	}
-	s.refs[i] = r
+	s.g[g].refs[i] = r
 	return true
 }
 
 // del removes the entry with key x and ref r, and reports whether it was
-// there. Its slot becomes empty if its group has an empty slot (no probe
-// then passes the group), else a tombstone.
+// there. Its slot becomes empty, and the groups its probe passed count
+// one overflow fewer (but a saturated count).
 func (lk *lookup) del(x uint64, r ref) bool {
 	h := lk.hash(x)
 	s, tb := lk.find(h)
-	i := s.slot(h, r)
-	if i < 0 {
+	g, i := s.slot(h, r)
+	if g < 0 {
 		return false
 	}
-	g, shift := i/8, uint(i%8)*8
-	b := uint64(ctrlDeleted)
-	if matchEmpty(s.ctrl[g]) != 0 {
-		b = ctrlEmpty
-		tb.left++
+	gr := &s.g[g]
+	gr.ctrl = gr.ctrl&^(0xff<<(8*i)) | ctrlEmpty<<(8*i)
+	gr.refs[i] = ref{}
+	for p, _ := s.start(h); p != g; {
+		if c := &s.g[p].ctrl; *c>>ovShift != ovMax {
+			*c -= ovOne
+		}
+		if p++; p == len(s.g) {
+			p = 0
+		}
 	}
-	s.ctrl[g] = s.ctrl[g]&^(0xff<<shift) | b<<shift
-	s.refs[i] = ref{}
 	tb.n--
 	lk.n--
 	return true
@@ -272,48 +290,48 @@ func (lk *lookup) del(x uint64, r ref) bool {
 
 // insert adds x → r; x must be absent, and the tree must already hold it
 // at r (see lookup: a rebuild reads the rank's entries from the tree).
-// If x's sub-table is full, it is rebuilt or split first (makeRoom), which
-// costs at most one sub-table's entries.
+// If x's sub-table is full, it is rebuilt larger or split first
+// (makeRoom), which costs at most one sub-table's entries.
 func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
 	h := lk.hash(x)
 	_, tb := lk.find(h)
-	for tb.left == 0 {
-		lk.makeRoom(t, rid, tb, h, r, 1)
+	for tb.n >= capacity(len(tb.g)) {
+		lk.makeRoom(t, rid, tb, h, r)
 		// The seed may have changed, and a split moves x's hash prefix
 		// to a new sub-table (one that may be full in turn).
 		h = lk.hash(x)
 		_, tb = lk.find(h)
 	}
-	if !tb.place(h, r) {
-		tb.left--
-	}
+	tb.place(h, r)
 	tb.n++
 	lk.n++
 	lk.peak = max(lk.peak, lk.n)
 }
 
 // place puts the entry with hash h and ref r into the first free slot of
-// its probe and reports whether that slot was a tombstone (else it was
-// empty). s must have a free slot.
-func (s *slots) place(h uint64, r ref) (tomb bool) {
+// its probe, counting it in the full groups it passes. s must have a
+// free slot.
+func (s *slots) place(h uint64, r ref) {
 	g, fp := s.start(h)
 	for {
-		c := s.ctrl[g]
-		if m := c & msbs; m != 0 { // empty or deleted
+		gr := &s.g[g]
+		if m := matchEmpty(gr.ctrl); m != 0 {
 			k := bits.TrailingZeros64(m) - 7 // the slot's byte starts at bit k
-			tomb = (c>>k)&0xff == ctrlDeleted
-			s.ctrl[g] = c&^(0xff<<k) | fp<<k
-			s.refs[g*8+k>>3] = r
-			return tomb
+			gr.ctrl = gr.ctrl&^(0xff<<k) | fp<<k
+			gr.refs[k>>3] = r
+			return
 		}
-		if g++; g == len(s.ctrl) {
+		if gr.ctrl>>ovShift != ovMax {
+			gr.ctrl += ovOne
+		}
+		if g++; g == len(s.g) {
 			g = 0
 		}
 	}
 }
 
 // lookupGrow returns the group count after groups: double up to 32
-// groups (256 slots, where rebuilding often costs more than the room),
+// groups (224 slots, where rebuilding often costs more than the room),
 // then a quarter more.
 func lookupGrow(groups int) int {
 	if groups < 32 {
@@ -337,9 +355,9 @@ func grownTo(groups, limit int) int {
 // entries after a quarter's growth), or 80 % if tight, or limit if that
 // is fewer but still has room for one more.
 func groupsFor(n, limit int, tight bool) int {
-	g := max((n*5+27)/28, 1) // ⌈n / (0.7 × 8)⌉
+	g := max((n*10+48)/49, 1) // ⌈n / (0.7 × 7)⌉
 	if tight {
-		g = max((n*5+31)/32, 1) // ⌈n / (0.8 × 8)⌉
+		g = max((n*5+27)/28, 1) // ⌈n / (0.8 × 7)⌉
 	}
 	if g > limit && n < capacity(limit) {
 		g = limit
@@ -359,16 +377,13 @@ type hashRef struct {
 var hashRefPool = sync.Pool{New: func() any { return new([]hashRef) }}
 
 // makeRoom rebuilds tb, the full sub-table of hash h, so that it (or,
-// after a split, the part that h falls in) may have room for an insert:
-// with the same size if tombstones fill enough of it, else larger, or
-// split once it has its most groups (lookupMaxGroups, or lookupOneRatio
-// times that for the only sub-table, which splits into as many parts as
-// leave each part half full at lookupMaxGroups). skip is the block being
-// inserted (in the tree already, not in the table; ref{}, which names no
-// block, for none); need is how many inserts the room is for (a rebuild
-// at the same size must leave that many free slots, and the 1/16 of its
-// slots it leaves at the least).
-func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref, need int) {
+// after a split, the part that h falls in) has room for an insert:
+// larger, or split once it has its most groups (lookupMaxGroups, or
+// lookupOneRatio times that for the only sub-table, which splits into as
+// many parts as leave each part half full at lookupMaxGroups). skip is
+// the block being inserted (in the tree already, not in the table; ref{},
+// which names no block, for none).
+func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
 	if lk.dir == nil {
 		lk.seed = rand.Uint64() // every entry is rehashed: renew the seed
 	}
@@ -376,7 +391,7 @@ func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref, n
 	defer hashRefPool.Put(buf)
 	ents := lk.collect(t, rid, tb, skip, (*buf)[:0])
 	*buf = ents[:0]
-	groups, limit, splitBits := len(tb.ctrl), lk.maxGroups(), 1
+	groups, limit, splitBits := len(tb.g), lk.maxGroups(), 1
 	if lk.dir == nil {
 		limit *= lookupOneRatio
 		for len(ents)>>splitBits > capacity(lk.maxGroups())/2 && splitBits < maxSplitBits {
@@ -386,13 +401,12 @@ func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref, n
 	// drift: the lookup holds fewer entries than it once did, so tb
 	// fills by churn, its share of the entries fluctuating, not by the
 	// rank's growth (the sub-tables never shrink: they have held this
-	// many before). Churn at a steady size fills such sub-tables again
+	// many before). Churn at a steady size may fill such sub-tables again
 	// and again; growing each by a quarter (or splitting it into halves at
 	// 70 %) every time would leave the lookup ever larger. It grows by a
 	// sixteenth instead (its halves are sized for 80 %).
 	drift := lk.dir != nil && lk.n < lk.peak
 	switch {
-	case len(ents)+need <= capacity(groups)*15/16: // tombstones made the room
 	case groups < limit && drift:
 		groups = min(groups+max(groups/16, 1), limit)
 	case groups < limit:
@@ -429,9 +443,10 @@ func (lk *lookup) collect(t *Tree, rid uint32, tb *table, skip ref, ents []hashR
 		// the processor overlaps them; in one pass each waited behind the
 		// holder search of its own ref.
 		start := len(ents)
-		for g, c := range tb.ctrl {
-			for m := ^c & msbs; m != 0; m &= m - 1 {
-				r := tb.refs[g*8+bits.TrailingZeros64(m)>>3]
+		for g := range tb.g {
+			gr := &tb.g[g]
+			for m := ^gr.ctrl & msbs; m != 0; m &= m - 1 {
+				r := gr.refs[bits.TrailingZeros64(m)>>3]
 				if i, ok := t.refExt(rid, r); ok {
 					ents = append(ents, hashRef{uint64(i), r})
 				}
@@ -463,18 +478,17 @@ func (lk *lookup) collect(t *Tree, rid uint32, tb *table, skip ref, ents []hashR
 // holding ents, which must fit in capacity(groups).
 // The directory entries naming tb, if any, are the caller's to update.
 //
-// The allocator rounds the refs up to its size class; the table uses the
-// rounding as more groups (the memory is taken either way, and Stats
+// The allocator rounds the groups up to its size class; the table uses
+// the rounding as more groups (the memory is taken either way, and Stats
 // counts it), unless that would take it past limit.
 func (tb *table) fill(groups, limit int, ents []hashRef) {
-	refs := slices.Grow([]ref(nil), groups*8)
-	if g := cap(refs) / 8; g <= max(groups, limit) {
+	gs := slices.Grow([]group(nil), groups)
+	if g := cap(gs); g <= max(groups, limit) {
 		groups = g
 	}
-	*tb = table{slots: slots{ctrl: make([]uint64, groups), refs: refs[:groups*8], depth: tb.depth},
-		n: len(ents), left: capacity(groups) - len(ents)}
-	for i := range tb.ctrl {
-		tb.ctrl[i] = lsbs * ctrlEmpty
+	*tb = table{slots: slots{g: gs[:groups], depth: tb.depth}, n: len(ents)}
+	for i := range tb.g {
+		tb.g[i].ctrl = emptyGroup
 	}
 	for _, e := range ents {
 		tb.place(e.h, e.r)
@@ -528,13 +542,12 @@ func (lk *lookup) split(tb *table, h uint64, ents []hashRef, k int, tight bool) 
 	for p := range 1 << k {
 		parts[p] = &table{slots: slots{depth: uint8(d + k)}}
 		parts[p].fill(groupsFor(counts[p], limit, tight), limit, nil)
-		lk.name(prefix|uint64(p)<<(64-d-k), parts[p]) // its slices are set: entries fill them in place
+		lk.name(prefix|uint64(p)<<(64-d-k), parts[p]) // its slice is set: entries fill it in place
 	}
 	for _, e := range ents {
 		s := parts[part(e.h)]
 		s.place(e.h, e.r)
 		s.n++
-		s.left--
 	}
 	if tb == &lk.one {
 		lk.one = table{}
@@ -592,20 +605,21 @@ func (lk *lookup) eachTable(fn func(tb *table)) {
 // order. fn must not change the lookup.
 func (lk *lookup) each(fn func(r ref)) {
 	lk.eachTable(func(tb *table) {
-		for g, c := range tb.ctrl {
-			for m := ^c & msbs; m != 0; m &= m - 1 {
-				fn(tb.refs[g*8+bits.TrailingZeros64(m)>>3])
+		for g := range tb.g {
+			gr := &tb.g[g]
+			for m := ^gr.ctrl & msbs; m != 0; m &= m - 1 {
+				fn(gr.refs[bits.TrailingZeros64(m)>>3])
 			}
 		}
 	})
 }
 
-// bytes returns the heap bytes lk holds: 9 per slot, and with a
-// directory its entries and the sub-tables' headers.
+// bytes returns the heap bytes lk holds: 64 per group of 7 slots, and
+// with a directory its entries and the sub-tables' headers.
 func (lk *lookup) bytes() int64 {
 	var b int64
 	lk.eachTable(func(tb *table) {
-		b += int64(cap(tb.ctrl))*8 + int64(cap(tb.refs))*8
+		b += int64(cap(tb.g)) * int64(unsafe.Sizeof(group{}))
 		if tb != &lk.one {
 			b += int64(unsafe.Sizeof(*tb))
 		}

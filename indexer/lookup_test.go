@@ -18,6 +18,9 @@ type lookupHarness struct {
 	// unbounded: sub-tables may have more groups than the limit (keys
 	// crafted against the seed; see lookup.canSplit).
 	unbounded bool
+	// saturated: overflow counts may have saturated and no longer count
+	// down (keys crafted against the seed).
+	saturated bool
 }
 
 // newLookupHarness returns a harness whose lookup's sub-tables have at
@@ -110,7 +113,7 @@ func (h *lookupHarness) checkLayout(tb testing.TB) {
 		if len(lk.dir) != 1<<lk.depth || lk.depth == 0 {
 			tb.Fatalf("directory of %d entries at depth %d", len(lk.dir), lk.depth)
 		}
-		if lk.one.ctrl != nil || lk.one.n != 0 {
+		if lk.one.g != nil || lk.one.n != 0 {
 			tb.Fatalf("a directory, and %d entries in the lookup's own table", lk.one.n)
 		}
 		seen := map[*table]bool{}
@@ -126,8 +129,7 @@ func (h *lookupHarness) checkLayout(tb testing.TB) {
 			}
 			for j := i; j < i+span; j++ {
 				e := &lk.dir[j]
-				if e.tb != s || e.depth != s.depth || len(e.ctrl) != len(s.ctrl) || &e.ctrl[0] != &s.ctrl[0] ||
-					len(e.refs) != len(s.refs) || &e.refs[0] != &s.refs[0] {
+				if e.tb != s || e.depth != s.depth || len(e.g) != len(s.g) || &e.g[0] != &s.g[0] {
 					tb.Fatalf("directory entries %d and %d: one run of depth %d, not the same sub-table and slots", i, j, s.depth)
 				}
 			}
@@ -136,19 +138,16 @@ func (h *lookupHarness) checkLayout(tb testing.TB) {
 	}
 	n := 0
 	lk.eachTable(func(s *table) {
-		used, full := 0, 0
-		if len(s.refs) != 8*len(s.ctrl) {
-			tb.Fatalf("sub-table of %d groups and %d refs", len(s.ctrl), len(s.refs))
-		}
-		for g, c := range s.ctrl {
-			for i := range 8 {
-				b := (c >> (8 * i)) & 0xff
-				if b != ctrlEmpty {
-					used++
-				}
-				if b == ctrlEmpty || b == ctrlDeleted {
-					if s.refs[g*8+i] != (ref{}) {
-						tb.Fatalf("group %d slot %d: free (%#x), ref %v", g, i, b, s.refs[g*8+i])
+		full := 0
+		// over[g]: the entries whose probe passed group g, full.
+		over := make([]int, len(s.g))
+		for g := range s.g {
+			gr := &s.g[g]
+			for i := range groupSlots {
+				b := (gr.ctrl >> (8 * i)) & 0xff
+				if b == ctrlEmpty {
+					if gr.refs[i] != (ref{}) {
+						tb.Fatalf("group %d slot %d: empty, ref %v", g, i, gr.refs[i])
 					}
 					continue
 				}
@@ -156,25 +155,35 @@ func (h *lookupHarness) checkLayout(tb testing.TB) {
 					tb.Fatalf("group %d slot %d: control byte %#x", g, i, b)
 				}
 				full++
-				x := h.t.nodes[s.refs[g*8+i].node].ext[0]
+				x := h.t.nodes[gr.refs[i].node].ext[0]
 				hx := lk.hash(x)
 				if _, got := lk.find(hx); got != s {
 					tb.Fatalf("key %#x in a sub-table of depth %d, its hash selects another", x, s.depth)
 				}
-				if _, fp := s.start(hx); b != fp {
+				home, fp := s.start(hx)
+				if b != fp {
 					tb.Fatalf("key %#x: fingerprint %#x, control byte %#x", x, fp, b)
+				}
+				for p := home; p != g; p = (p + 1) % len(s.g) {
+					over[p]++
 				}
 			}
 		}
-		if full != s.n || used+s.left != capacity(len(s.ctrl)) {
-			tb.Fatalf("sub-table of %d groups: %d entries counted %d; %d slots used and %d left", len(s.ctrl), full, s.n, used, s.left)
+		for g := range s.g {
+			c := int(s.g[g].ctrl >> ovShift)
+			if c != over[g] && !(c == ovMax && over[g] >= ovMax) && !(c == ovMax && h.saturated) {
+				tb.Fatalf("group %d: overflow count %d, %d entries passed it", g, c, over[g])
+			}
+		}
+		if full != s.n || full > capacity(len(s.g)) {
+			tb.Fatalf("sub-table of %d groups: %d entries counted %d (capacity %d)", len(s.g), full, s.n, capacity(len(s.g)))
 		}
 		limit := lk.maxGroups()
 		if lk.dir == nil {
 			limit *= lookupOneRatio
 		}
-		if !h.unbounded && len(s.ctrl) > limit {
-			tb.Fatalf("sub-table of %d groups, more than the limit %d", len(s.ctrl), limit)
+		if !h.unbounded && len(s.g) > limit {
+			tb.Fatalf("sub-table of %d groups, more than the limit %d", len(s.g), limit)
 		}
 		n += s.n
 	})
@@ -186,7 +195,7 @@ func (h *lookupHarness) checkLayout(tb testing.TB) {
 // slots returns the lookup's slots, over all sub-tables.
 func (h *lookupHarness) slots() int {
 	n := 0
-	h.lk.eachTable(func(s *table) { n += len(s.refs) })
+	h.lk.eachTable(func(s *table) { n += len(s.g) * groupSlots })
 	return n
 }
 
@@ -277,10 +286,10 @@ func TestLookupLarge(t *testing.T) {
 
 // TestLookupSmallHasNoDirectory checks that a lookup stays one sub-table,
 // in the lookup itself, until that sub-table reaches its limit
-// (lookupOneRatio × lookupMaxGroups groups: 1,792 entries and tombstones):
-// 84 % of that takes no directory (and 9 bytes a slot: its ref and control
-// byte); 105 % takes a directory, into which the table split in 8 parts at
-// once (each about half a full sub-table).
+// (lookupOneRatio × lookupMaxGroups groups: 1,536 entries): 84 % of that
+// takes no directory (and 64 bytes a group of 7 slots); 105 % takes a
+// directory, into which the table split in 8 parts at once (each about
+// half a full sub-table).
 func TestLookupSmallHasNoDirectory(t *testing.T) {
 	h := newLookupHarness(0)
 	rng := rand.New(rand.NewPCG(8, 8))
@@ -289,7 +298,7 @@ func TestLookupSmallHasNoDirectory(t *testing.T) {
 		h.insert(rng.Uint64())
 	}
 	h.checkAll(t)
-	if h.lk.dir != nil || h.lk.bytes() != int64(h.slots())*9 {
+	if h.lk.dir != nil || h.lk.bytes() != int64(h.slots()/groupSlots)*64 {
 		t.Fatalf("%d entries: a directory of %d, %d bytes for %d slots", h.lk.len(), len(h.lk.dir), h.lk.bytes(), h.slots())
 	}
 	for range one * 21 / 100 {
@@ -336,11 +345,11 @@ func (h *lookupHarness) probeGroups() int {
 		s, _ := h.lk.find(hx)
 		g, _ := s.start(hx)
 		for k := 1; ; k++ {
-			if slices.Contains(s.refs[g*8:g*8+8], r) {
+			if slices.Contains(s.g[g].refs[:], r) {
 				worst = max(worst, k)
 				break
 			}
-			g = (g + 1) % len(s.ctrl)
+			g = (g + 1) % len(s.g)
 		}
 	}
 	return worst
@@ -392,7 +401,7 @@ func TestLookupKeysCraftedAgainstSeed(t *testing.T) {
 	for h.lk.dir == nil {
 		h.insert(rng.Uint64())
 	}
-	h.unbounded = true
+	h.unbounded, h.saturated = true, true
 	prefix := rng.Uint64() &^ (1<<24 - 1)
 	for i := range uint64(20_000) {
 		h.insert(unhash(&h.lk, prefix|i))
@@ -414,9 +423,8 @@ func TestLookupKeysCraftedAgainstSeed(t *testing.T) {
 }
 
 // TestLookupChurnStaysCompact keeps 5,000 (one sub-table), then 50,000
-// (a directory of them) entries in a
-// lookup while 200,000 keys come and go: tombstones are recycled, and
-// the sub-tables stay within the size growth would give them.
+// (a directory of them) entries in a lookup while 200,000 keys come and
+// go: the sub-tables stay within the size growth would give them.
 func TestLookupChurnStaysCompact(t *testing.T) {
 	for _, size := range []int{5000, 50_000} {
 		h := newLookupHarness(0)
