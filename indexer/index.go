@@ -512,6 +512,9 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	}
 	budget := chunk
 	for i := range ops {
+		if i%warmOps == 0 {
+			t.warm(r, ops[i:min(i+warmOps, len(ops))])
+		}
 		op := &ops[i]
 		var err error
 		if n := t.pieces(r, op, chunk); n > 0 {
@@ -554,6 +557,10 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 	}
 	return res, nil
 }
+
+// warmOps: ApplyBatch warms the lookup groups of this many ops at a time
+// (Tree.warm). 16 ops are 30-odd blocks on the Mooncake replay.
+const warmOps = 16
 
 // opBlocks is how many blocks op stores or removes.
 func opBlocks(op *Op) int {

@@ -225,6 +225,25 @@ func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
 	return ref{}, false
 }
 
+// warm loads the home groups of keys xs, so that the processor fetches
+// them together (their loads depend on nothing but xs) before the gets
+// and inserts of the keys, each of which would otherwise wait for its own
+// line in turn; it returns a value of the lines, which the caller keeps
+// so that the loads are not dropped.
+func (lk *lookup) warm(xs []uint64) uint64 {
+	if lk.n == 0 {
+		return 0
+	}
+	var acc uint64
+	for _, x := range xs {
+		h := lk.hash(x)
+		s, _ := lk.find(h)
+		g, _ := s.start(h)
+		acc += s.g[g].ctrl
+	}
+	return acc
+}
+
 // slot returns the group and slot in s of the entry with hash h and ref
 // r, or -1.
 func (s *slots) slot(h uint64, r ref) (int, int) {

@@ -236,6 +236,8 @@ type Tree struct {
 	piece    bool
 	pieceRed uint64
 	localBuf []uint64
+	// sink keeps what warm loaded.
+	sink uint64
 	touched  []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
 	markEpoch uint32
@@ -478,6 +480,29 @@ func (t *Tree) Apply(r Rank, op Op) error {
 func (t *Tree) fail(r Rank, reason Reason, h uint64, blocks int) error {
 	t.counts[reason] += uint64(blocks)
 	return &OpError{Rank: r, Reason: reason, Hash: h, Blocks: blocks}
+}
+
+// warm loads the lookup groups that r's stores and removes among ops will
+// probe first (see lookup.warm), so that their cache misses overlap: an
+// engine's events are of one or two blocks each (a request's new blocks,
+// an eviction), and each block's probe is a miss in a table far larger
+// than the caches; one after another, each waited for its own. Warming
+// the removes' engine hashes too (a second miss each, through the ref)
+// made the replay slower: those loads wait for the groups'.
+func (t *Tree) warm(r Rank, ops []Op) {
+	rid, ok := t.rankIDs[r]
+	if !ok {
+		return
+	}
+	lk := &t.ranks[rid].lookup
+	for i := range ops {
+		switch op := &ops[i]; op.Kind {
+		case OpStore:
+			t.sink += lk.warm(op.Store.Hashes)
+		case OpRemove:
+			t.sink += lk.warm(op.Remove.Hashes)
+		}
+	}
 }
 
 // Store applies a BlockStored event of KV-cache group 0, full attention
