@@ -253,7 +253,7 @@ func (t *Tree) trimMain(rid uint32, tier Tier, need int) int {
 		h := t.holderIndex(l.node, rid)
 		t.clearTier(l.node, h, l.pos, tier)
 		if n := &t.nodes[l.node]; n.cnt[int(l.pos)*len(n.hold)+h] == 0 {
-			t.dropBlock(rid, l, h)
+			t.dropBlock(rid, l, h, nil)
 		} else {
 			t.updateRun(l.node, h, l.pos)
 		}

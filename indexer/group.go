@@ -234,7 +234,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 	if len(s.Hashes) == 0 {
 		return nil
 	}
-	rid, known := t.rankIDs[r]
+	rid, known := t.rid(r)
 	var rs *rankState
 	if known {
 		rs = &t.ranks[rid]
@@ -251,7 +251,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 			t.demoteMain(rid)
 		}
 		err := t.storeMain(r, rid, known, s)
-		if rid, ok := t.rankIDs[r]; ok {
+		if rid, ok := t.rid(r); ok {
 			rs := &t.ranks[rid]
 			rs.main, rs.hasMain = infoOf(g), true
 		}
@@ -306,7 +306,7 @@ func (t *Tree) storeSet(r Rank, g Group, s Stored) error {
 
 // removeGroup routes a remove (see Group).
 func (t *Tree) removeGroup(r Rank, g Group, rm Removed) error {
-	rid, ok := t.rankIDs[r]
+	rid, ok := t.rid(r)
 	if !ok {
 		return t.removeMain(r, 0, false, rm)
 	}

@@ -200,8 +200,22 @@ func overflowed(c uint64) bool { return c>>ovShift != 0 }
 // get returns x's ref. Slots whose fingerprint matches are checked
 // against the tree's engine hash for rank rid.
 func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
+	r, ok, _ := lk.getAt(t, rid, x)
+	return r, ok
+}
+
+// at is where a get found its key: its hash, group and slot. A del of the
+// key that follows with no insert in between (which may rebuild) may pass
+// it (delAt) and skip the probe.
+type at struct {
+	h    uint64
+	g, i int
+}
+
+// getAt is get that also says where it found x.
+func (lk *lookup) getAt(t *Tree, rid uint32, x uint64) (ref, bool, at) {
 	if lk.n == 0 {
-		return ref{}, false
+		return ref{}, false, at{}
 	}
 	h := lk.hash(x) // a sub-table of a lookup with entries has groups
 	s, _ := lk.find(h)
@@ -210,9 +224,9 @@ func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
 		gr := &s.g[g]
 		c := gr.ctrl
 		for m := matchFP(c, fp); m != 0; m &= m - 1 {
-			r := gr.refs[bits.TrailingZeros64(m)>>3]
-			if k, ok := t.refKey(rid, r); ok && k == x {
-				return r, true
+			i := bits.TrailingZeros64(m) >> 3
+			if k, ok := t.refKey(rid, gr.refs[i]); ok && k == x {
+				return gr.refs[i], true, at{h, g, i}
 			}
 		}
 		if !overflowed(c) {
@@ -222,7 +236,7 @@ func (lk *lookup) get(t *Tree, rid uint32, x uint64) (ref, bool) {
 			g = 0
 		}
 	}
-	return ref{}, false
+	return ref{}, false, at{}
 }
 
 // warm loads the home groups of keys xs, so that the processor fetches
@@ -286,11 +300,19 @@ func (lk *lookup) set(x uint64, old, r ref) bool {
 // one overflow fewer (but a saturated count).
 func (lk *lookup) del(x uint64, r ref) bool {
 	h := lk.hash(x)
-	s, tb := lk.find(h)
+	s, _ := lk.find(h)
 	g, i := s.slot(h, r)
 	if g < 0 {
 		return false
 	}
+	lk.delAt(at{h, g, i})
+	return true
+}
+
+// delAt removes the entry a getAt found at a (see at).
+func (lk *lookup) delAt(a at) {
+	h, g, i := a.h, a.g, a.i
+	s, tb := lk.find(h)
 	gr := &s.g[g]
 	gr.ctrl = gr.ctrl&^(0xff<<(8*i)) | ctrlEmpty<<(8*i)
 	gr.refs[i] = ref{}
@@ -304,7 +326,6 @@ func (lk *lookup) del(x uint64, r ref) bool {
 	}
 	tb.n--
 	lk.n--
-	return true
 }
 
 // insert adds x → r; x must be absent, and the tree must already hold it

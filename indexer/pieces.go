@@ -48,7 +48,7 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 	default:
 		return 0
 	}
-	if rid, ok := t.rankIDs[r]; ok {
+	if rid, ok := t.rid(r); ok {
 		rs := &t.ranks[rid]
 		if rs.groups != nil || (rs.hasMain && rs.main.idx != 0) {
 			return 0
@@ -121,7 +121,7 @@ func (t *Tree) applyPieces(r Rank, op *Op, chunk int, yield func()) error {
 		return merged
 	}
 	if red == uint64(n) {
-		if rid, ok := t.rankIDs[r]; ok {
+		if rid, ok := t.rid(r); ok {
 			t.redundant += red
 			t.ranks[rid].redundant += red
 		}

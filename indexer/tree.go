@@ -206,6 +206,7 @@ type Tree struct {
 	epoch     uint32
 	pub       *publisher
 	rankIDs   map[Rank]uint32
+	memo      rankMemo // the rank found last in rankIDs (rid)
 	ranks     []rankState
 	freeRanks []uint32
 	overflow  map[ovKey]uint32 // tier counts beyond 255
@@ -448,8 +449,29 @@ func newer(a, b uint32) uint32 {
 	return b
 }
 
+// rankMemo is a rank and its id.
+type rankMemo struct {
+	r  Rank
+	id uint32
+	ok bool
+}
+
+// rid returns r's id, if r is known: a batch's ops name one rank, which
+// the memo spares them a map lookup each. It writes the memo, so only
+// writers call it (readers under the read lock use rankIDs).
+func (t *Tree) rid(r Rank) (uint32, bool) {
+	if t.memo.ok && t.memo.r == r {
+		return t.memo.id, true
+	}
+	id, ok := t.rankIDs[r]
+	if ok {
+		t.memo = rankMemo{r, id, true}
+	}
+	return id, ok
+}
+
 func (t *Tree) rankID(r Rank) uint32 {
-	if rid, ok := t.rankIDs[r]; ok {
+	if rid, ok := t.rid(r); ok {
 		return rid
 	}
 	rid := allocSlot(&t.ranks, &t.freeRanks)
@@ -490,7 +512,7 @@ func (t *Tree) fail(r Rank, reason Reason, h uint64, blocks int) error {
 // the removes' engine hashes too (a second miss each, through the ref)
 // made the replay slower: those loads wait for the groups'.
 func (t *Tree) warm(r Rank, ops []Op) {
-	rid, ok := t.rankIDs[r]
+	rid, ok := t.rid(r)
 	if !ok {
 		return
 	}
@@ -748,7 +770,7 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 	lk := &t.ranks[rid].lookup
 	missing, first := 0, uint64(0)
 	for _, x := range rm.Hashes {
-		xr, ok := lk.get(t, rid, x)
+		xr, ok, a := lk.getAt(t, rid, x)
 		h := -1
 		var l loc
 		if ok {
@@ -766,7 +788,7 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 			t.updateRun(l.node, h, l.pos)
 			continue
 		}
-		t.dropBlock(rid, l, h)
+		t.dropBlock(rid, l, h, &a)
 	}
 	if missing > 0 {
 		return t.fail(r, ReasonBlockNotFound, first, missing)
@@ -776,8 +798,10 @@ func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
 
 // dropBlock takes block l (now held in no tier) from holder h = rid. The
 // common eviction, the last block of the rank's prefix, only shortens the
-// prefix; a block inside it splits the edge after the block first.
-func (t *Tree) dropBlock(rid uint32, l loc, h int) {
+// prefix; a block inside it splits the edge after the block first. a, if
+// not nil, is where the rank's lookup holds the block (a split rewrites
+// refs in place: slots do not move).
+func (t *Tree) dropBlock(rid uint32, l loc, h int, a *at) {
 	id := l.node
 	if l.pos+1 < t.nodes[id].hold[h].cut {
 		id, _ = t.split(id, int(l.pos)+1)
@@ -785,7 +809,11 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 	}
 	n := t.ownHold(id)
 	i := int(l.pos)*len(n.hold) + h
-	t.ranks[rid].lookup.del(n.ext[i], ref{id, n.depth + l.pos})
+	if lk := &t.ranks[rid].lookup; a != nil {
+		lk.delAt(*a)
+	} else {
+		lk.del(n.ext[i], ref{id, n.depth + l.pos})
+	}
 	n.ext[i], n.cnt[i] = 0, 0
 	if n.gb != nil {
 		t.adoptOrphans(rid, n.gb[i])
@@ -805,7 +833,7 @@ func (t *Tree) dropBlock(rid uint32, l loc, h int) {
 // group, forgets its groups and clears its truncated flag; its watermark
 // and capacity stay.
 func (t *Tree) Clear(r Rank) {
-	rid, ok := t.rankIDs[r]
+	rid, ok := t.rid(r)
 	if !ok {
 		return
 	}
@@ -838,12 +866,13 @@ func (t *Tree) clearMain(rid uint32) {
 // RemoveRank drops r's blocks and forgets r (its watermark, capacity and
 // truncated flag).
 func (t *Tree) RemoveRank(r Rank) {
-	rid, ok := t.rankIDs[r]
+	rid, ok := t.rid(r)
 	if !ok {
 		return
 	}
 	t.clearRank(rid)
 	delete(t.rankIDs, r)
+	t.memo = rankMemo{}
 	t.ranks[rid] = rankState{}
 	t.freeRanks = append(t.freeRanks, rid)
 	t.touchRanks()
