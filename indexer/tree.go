@@ -238,8 +238,8 @@ type Tree struct {
 	pieceRed uint64
 	localBuf []uint64
 	// sink keeps what warm loaded.
-	sink uint64
-	touched  []uint32
+	sink    uint64
+	touched []uint32
 	// markEpoch and lookupBuf: scratch of lookup rebuilds (lookupNodes).
 	markEpoch uint32
 	lookupBuf []uint32
