@@ -328,6 +328,70 @@ func (lk *lookup) delAt(a at) {
 	lk.n--
 }
 
+// probe is getAt for a store's block x: the lookup first makes room for
+// an insert (its rebuild needs the tree as the lookup has it, so before
+// the block changes the tree), and when x is absent, the at it returns
+// says where insertAt puts x: its hash, and the first free slot of its
+// probe (g < 0 if the probe saw none).
+func (lk *lookup) probe(t *Tree, rid uint32, x uint64) (ref, bool, at) {
+	h := lk.hash(x)
+	s, tb := lk.find(h)
+	for tb.n >= capacity(len(tb.g)) {
+		lk.makeRoom(t, rid, tb, h, ref{})
+		// The seed may have changed, and a split moves x's hash prefix
+		// to a new sub-table (one that may be full in turn).
+		h = lk.hash(x)
+		s, tb = lk.find(h)
+	}
+	g, fp := s.start(h)
+	free := at{h: h, g: -1}
+	for range s.g {
+		gr := &s.g[g]
+		c := gr.ctrl
+		for m := matchFP(c, fp); m != 0; m &= m - 1 {
+			i := bits.TrailingZeros64(m) >> 3
+			if k, ok := t.refKey(rid, gr.refs[i]); ok && k == x {
+				return gr.refs[i], true, at{h, g, i}
+			}
+		}
+		if m := matchEmpty(c); m != 0 && free.g < 0 {
+			free.g, free.i = g, bits.TrailingZeros64(m)>>3
+		}
+		if !overflowed(c) {
+			break
+		}
+		if g++; g == len(s.g) {
+			g = 0
+		}
+	}
+	return ref{}, false, free
+}
+
+// insertAt adds x → r where a probe of x (absent) said (a), with no
+// insert since; as insert, the tree must already hold x at r.
+func (lk *lookup) insertAt(t *Tree, rid uint32, x uint64, r ref, a at) {
+	if a.g < 0 {
+		lk.insert(t, rid, x, r)
+		return
+	}
+	s, tb := lk.find(a.h)
+	home, fp := s.start(a.h)
+	for p := home; p != a.g; { // the groups before the free slot are full
+		if c := &s.g[p].ctrl; *c>>ovShift != ovMax {
+			*c += ovOne
+		}
+		if p++; p == len(s.g) {
+			p = 0
+		}
+	}
+	gr := &s.g[a.g]
+	gr.ctrl = gr.ctrl&^(0xff<<(8*a.i)) | fp<<(8*a.i)
+	gr.refs[a.i] = r
+	tb.n++
+	lk.n++
+	lk.peak = max(lk.peak, lk.n)
+}
+
 // insert adds x → r; x must be absent, and the tree must already hold it
 // at r (see lookup: a rebuild reads the rank's entries from the tree).
 // If x's sub-table is full, it is rebuilt larger or split first

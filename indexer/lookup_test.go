@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"encoding/binary"
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -39,7 +40,20 @@ func (h *lookupHarness) node(x uint64) ref {
 
 func (h *lookupHarness) drop(r ref) { h.t.nodes[r.node].hold, h.t.nodes[r.node].ext = nil, nil }
 
+// insert inserts x: for half the keys (by a bit of their hash, so
+// either way for any key set) as a store does, a probe that makes room
+// and then insertAt where it said, else through insert.
 func (h *lookupHarness) insert(x uint64) {
+	if mix(x, 7)&1 == 0 {
+		r0, ok, a := h.lk.probe(h.t, 0, x)
+		if ok {
+			panic(fmt.Sprintf("probe(%#x) found %v for an absent key", x, r0))
+		}
+		r := h.node(x)
+		h.lk.insertAt(h.t, 0, x, r, a)
+		h.model[x] = r
+		return
+	}
 	r := h.node(x)
 	h.lk.insert(h.t, 0, x, r)
 	h.model[x] = r

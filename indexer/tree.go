@@ -570,7 +570,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 	var err error
 	for i := 0; i < usable; i++ {
 		x := s.Hashes[i]
-		xr, ok := lk.get(t, rid, x)
+		xr, ok, slot := lk.probe(t, rid, x)
 		if ok {
 			// A copy of a block the rank holds: it must be the next block.
 			l := t.locOf(xr)
@@ -612,7 +612,7 @@ func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
 		t.ranks[rid].tiers[s.Tier]++
 		n.hold[h].cut++
 		t.entries++
-		lk.insert(t, rid, x, ref{tgt.node, n.depth + tgt.pos})
+		lk.insertAt(t, rid, x, ref{tgt.node, n.depth + tgt.pos}, slot)
 		t.afterCount(tgt, h)
 		if k := len(t.touched); k == 0 || t.touched[k-1] != tgt.node {
 			t.touched = append(t.touched, tgt.node)
