@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -13,11 +14,12 @@ import (
 
 type benchIndexOptions struct {
 	indexbench.Options
-	out string
+	appliers []string
+	out      string
 }
 
 func newBenchIndexOptions() *benchIndexOptions {
-	return &benchIndexOptions{Options: indexbench.NewOptions()}
+	return &benchIndexOptions{Options: indexbench.NewOptions(), appliers: []string{"rank", "core"}}
 }
 
 func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
@@ -27,7 +29,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Uint64Var(&o.Record.Seed, "seed", o.Record.Seed, "seed of the requests' assignment to engines")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "replay only the trace's first N requests (0: all 12,031)")
 	fs.IntSliceVar(&o.CPUs, "cpu", o.CPUs, "core counts (GOMAXPROCS) to run at, in order")
-	fs.IntVar(&o.Appliers, "appliers", o.Appliers, "event applier goroutines, ranks sticky to one each (0: the core count)")
+	fs.StringSliceVar(&o.appliers, "appliers", o.appliers, "the ways of applying the events to sweep at each core count: rank (a goroutine per rank, as the daemon), core (one per core, ranks sticky: Dynamo's thread pool) or a number of goroutines, ranks sticky")
 	fs.IntVar(&o.Lookupers, "lookupers", o.Lookupers, "lookup goroutines (0: the core count)")
 	fs.Float64SliceVar(&o.Rates, "rates", o.Rates, "offered loads in ops/s (default: --fractions of the unpaced capacity)")
 	fs.Float64SliceVar(&o.Fractions, "fractions", o.Fractions, "offered loads as fractions of the unpaced capacity measured first")
@@ -38,7 +40,24 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.WriteChunk, "write-chunk", o.WriteChunk, "blocks a batch applies per hold of its shard's write lock (0: the index's default)")
 }
 
-func (o *benchIndexOptions) Validate() error { return o.Options.Validate() }
+func (o *benchIndexOptions) Validate() error {
+	o.Appliers = o.Appliers[:0]
+	for _, a := range o.appliers {
+		switch a {
+		case "rank":
+			o.Appliers = append(o.Appliers, indexbench.PerRank)
+		case "core":
+			o.Appliers = append(o.Appliers, indexbench.PerCore)
+		default:
+			n, err := strconv.Atoi(a)
+			if err != nil || n < 1 {
+				return fmt.Errorf("appliers %q: want rank, core or a positive number of goroutines", a)
+			}
+			o.Appliers = append(o.Appliers, n)
+		}
+	}
+	return o.Options.Validate()
+}
 
 func newBenchIndexCommand() *cobra.Command {
 	o := newBenchIndexOptions()
@@ -48,7 +67,9 @@ func newBenchIndexCommand() *cobra.Command {
 		Long: "index is Dynamo's mooncake_bench shape: the Mooncake FAST'25 conversation trace is served by\n" +
 			"mock engines on a virtual clock, their KV events and the requests' lookups are recorded once,\n" +
 			"and the stream is fed to the index at offered rates made by compressing the trace's time, with\n" +
-			"event appliers sticky per rank and lookups concurrent. Ops are KV-event blocks applied plus\n" +
+			"each rank's events applied in order (by a goroutine of its own, as the daemon's streams apply\n" +
+			"them, and by a pool of one goroutine per core with ranks sticky, as Dynamo's harness) and\n" +
+			"lookups concurrent. Ops are KV-event blocks applied plus\n" +
 			"lookup blocks matched. At each core count it reports the unpaced capacity (and checks the index\n" +
 			"against the engines' caches), achieved against offered ops/s, and the score latency of\n" +
 			"8,192-token prompts at idle and under saturating ingest.",

@@ -23,6 +23,8 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 		{[]string{"--shards", "-1"}, "shards -1"},
 		{[]string{"--shards", "257"}, "shards 257"},
 		{[]string{"--write-chunk", "-3"}, "write chunk -3"},
+		{[]string{"--appliers", "rank,x"}, `appliers "x"`},
+		{[]string{"--appliers", "0"}, `appliers "0"`},
 	} {
 		_, err := runCommand(t, append([]string{"bench", "index"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
@@ -37,11 +39,12 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 func TestBenchIndexRuns(t *testing.T) {
 	dir := t.TempDir()
 	out, err := runCommand(t, "bench", "index", "--requests", "40", "--engines", "4", "--cpu", "1,2", "--shards", "3",
-		"--fractions", "0.5,1", "--idle-probes", "50", "--out", dir)
+		"--appliers", "rank,3", "--fractions", "0.5,1", "--idle-probes", "50", "--out", dir)
 	if err != nil {
 		t.Fatalf("bench index: %v\n%s", err, out)
 	}
-	for _, want := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2", "3 index shards", "index equal to the engines' caches", "achieved tracks offered", "idle p50"} {
+	for _, want := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2", "3 index shards", "4 appliers (one per rank)", "3 appliers (ranks sticky)",
+		"index equal to the engines' caches", "achieved tracks offered", "idle p50"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("no %q in:\n%s", want, out)
 		}
@@ -54,7 +57,9 @@ func TestBenchIndexRuns(t *testing.T) {
 	if err := json.Unmarshal(raw, &reps); err != nil {
 		t.Fatal(err)
 	}
-	if len(reps) != 2 || reps[1].CPUs != 2 || len(reps[0].Points) != 2 || reps[0].Capacity.Ops == 0 || reps[1].Latency.LoadN == 0 {
+	// Per core count: the per-rank sweep (with the latency), then 3 sticky appliers.
+	if len(reps) != 4 || reps[2].CPUs != 2 || reps[2].Appliers != 4 || reps[3].Appliers != 3 || len(reps[0].Points) != 2 ||
+		reps[0].Capacity.Ops == 0 || reps[2].Latency.LoadN == 0 || reps[3].Latency.LoadN != 0 {
 		t.Fatalf("report.json: %s", raw)
 	}
 	text, err := os.ReadFile(filepath.Join(dir, indexbench.ReportText))

@@ -124,7 +124,7 @@ func throughputChart(reports []Report) (*plot.Plot, error) {
 		l.LineStyle = draw.LineStyle{Width: vg.Points(2), Color: palette[i%len(palette)]}
 		pts.Color, pts.Shape = l.LineStyle.Color, draw.CircleGlyph{}
 		p.Add(l, pts)
-		p.Legend.Add(fmt.Sprintf("GOMAXPROCS=%d (unpaced %.2fM)", rp.CPUs, rp.Capacity.Achieved/1e6), l)
+		p.Legend.Add(fmt.Sprintf("GOMAXPROCS=%d, %d appliers (unpaced %.2fM)", rp.CPUs, rp.Appliers, rp.Capacity.Achieved/1e6), l)
 	}
 	if top > 0 {
 		ref, err := plotter.NewLine(plotter.XYs{{X: 0, Y: 0}, {X: top, Y: top}})
@@ -140,8 +140,15 @@ func throughputChart(reports []Report) (*plot.Plot, error) {
 }
 
 // latencyChart plots score latency p50 and p99 at idle and under
-// saturating ingest against the core count, on a log scale.
-func latencyChart(reports []Report) (*plot.Plot, error) {
+// saturating ingest against the core count, on a log scale, from the
+// reports that measured it (one per core count).
+func latencyChart(all []Report) (*plot.Plot, error) {
+	var reports []Report
+	for _, rp := range all {
+		if rp.Latency.LoadN > 0 {
+			reports = append(reports, rp)
+		}
+	}
 	p := plot.New()
 	p.Title.Text = "Score latency (8,192-token prompt, hash + match)"
 	p.Y.Label.Text = "µs (log)"

@@ -262,7 +262,9 @@ func TestOptionsValidate(t *testing.T) {
 		{func(o *Options) { o.Fractions = []float64{0} }, "fraction 0"},
 		{func(o *Options) { o.Track = 1.5 }, "track 1.5"},
 		{func(o *Options) { o.IdleProbes = 0 }, "idle probes 0"},
-		{func(o *Options) { o.Appliers = -2 }, "appliers -2"},
+		{func(o *Options) { o.Appliers = []int{PerRank, -2} }, "appliers -2"},
+		{func(o *Options) { o.Appliers = nil }, "no way of applying"},
+		{func(o *Options) { o.Lookupers = -1 }, "lookupers -1"},
 	} {
 		o := NewOptions()
 		c.edit(&o)
@@ -295,15 +297,23 @@ func TestRun(t *testing.T) {
 	if runtime.GOMAXPROCS(0) != before {
 		t.Errorf("GOMAXPROCS %d after the run, was %d", runtime.GOMAXPROCS(0), before)
 	}
-	if len(reps) != 1 || len(reps[0].Points) != 2 || reps[0].CPUs != 1 {
+	// One report per way of applying: a goroutine per rank (2), then one
+	// per core (1); the latency in the first.
+	if len(reps) != 2 || reps[0].CPUs != 1 || reps[0].Appliers != 2 || reps[1].Appliers != 1 ||
+		reps[0].Latency.LoadN == 0 || reps[1].Latency.LoadN != 0 {
 		t.Fatalf("reports %+v", reps)
 	}
-	for _, p := range reps[0].Points {
-		if p.Achieved > p.Offered {
-			t.Errorf("achieved %.0f over offered %.0f", p.Achieved, p.Offered)
+	for _, rp := range reps {
+		if len(rp.Points) != 2 {
+			t.Fatalf("%s: %d offered loads, want 2", rp.Shape, len(rp.Points))
+		}
+		for _, p := range rp.Points {
+			if p.Achieved > p.Offered {
+				t.Errorf("%s: achieved %.0f over offered %.0f", rp.Shape, p.Achieved, p.Offered)
+			}
 		}
 	}
-	for _, want := range []string{"index equal to the engines' caches", "achieved tracks offered", "under ingest"} {
+	for _, want := range []string{"index equal to the engines' caches", "achieved tracks offered", "under ingest", "(one per rank)", "(one per core, ranks sticky)"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("no %q in the report:\n%s", want, out.String())
 		}

@@ -21,10 +21,16 @@ type Options struct {
 	Record RecordConfig
 	// Requests limits the trace to its first Requests requests (0: all).
 	Requests int
-	// CPUs are the core counts (GOMAXPROCS) to run at, in order; at each,
-	// Appliers and Lookupers default to the core count.
-	CPUs                []int
-	Appliers, Lookupers int
+	// CPUs are the core counts (GOMAXPROCS) to run at, in order.
+	CPUs []int
+	// Appliers are the ways of applying the events to sweep at each core
+	// count, in order: PerRank (one goroutine per rank, as the daemon's
+	// streams apply their batches), PerCore (one per core, each rank
+	// sticky to one: Dynamo's thread pool), or that many goroutines, ranks
+	// sticky to one each.
+	Appliers []int
+	// Lookupers are the lookup goroutines (0: the core count).
+	Lookupers int
 	// Rates are the offered loads in ops/s; empty: Fractions of the
 	// unpaced capacity measured first at each core count.
 	Rates     []float64
@@ -46,8 +52,26 @@ func NewOptions() Options {
 	if n := runtime.NumCPU(); n > 1 {
 		cpus = append(cpus, n)
 	}
-	return Options{Record: DefaultRecordConfig(), CPUs: cpus, Fractions: []float64{0.5, 0.7, 0.85, 1, 1.15, 1.3, 1.6},
-		Track: 0.95, IdleProbes: 20000}
+	return Options{Record: DefaultRecordConfig(), CPUs: cpus, Appliers: []int{PerRank, PerCore},
+		Fractions: []float64{0.5, 0.7, 0.85, 1, 1.15, 1.3, 1.6}, Track: 0.95, IdleProbes: 20000}
+}
+
+// Options.Appliers' shapes besides a fixed number of goroutines.
+const (
+	PerRank = 0  // one applier goroutine per rank
+	PerCore = -1 // one per core, each rank sticky to one
+)
+
+// appliers returns the goroutines shape a (see Options.Appliers) makes at
+// cpus cores for engines ranks, and its name.
+func appliers(a, cpus, engines int) (int, string) {
+	switch a {
+	case PerRank:
+		return engines, "one per rank"
+	case PerCore:
+		return cpus, "one per core, ranks sticky"
+	}
+	return a, "ranks sticky"
 }
 
 // Validate reports the first option that cannot run.
@@ -60,8 +84,10 @@ func (o Options) Validate() error {
 		return fmt.Errorf("requests %d must not be negative", o.Requests)
 	case len(o.CPUs) == 0:
 		return errors.New("no core count to run at")
-	case o.Appliers < 0 || o.Lookupers < 0:
-		return fmt.Errorf("appliers %d and lookupers %d must not be negative", o.Appliers, o.Lookupers)
+	case len(o.Appliers) == 0:
+		return errors.New("no way of applying the events: give appliers")
+	case o.Lookupers < 0:
+		return fmt.Errorf("lookupers %d must not be negative", o.Lookupers)
 	case len(o.Rates) == 0 && len(o.Fractions) == 0:
 		return errors.New("no offered load: give rates or fractions")
 	case o.Track <= 0 || o.Track > 1:
@@ -78,6 +104,11 @@ func (o Options) Validate() error {
 			return fmt.Errorf("core count %d: want 1 to 4,096", c)
 		}
 	}
+	for _, a := range o.Appliers {
+		if a < PerCore || a > 1<<16 {
+			return fmt.Errorf("appliers %d: want per rank, per core or 1 to 65,536 goroutines", a)
+		}
+	}
 	for _, r := range o.Rates {
 		if !(r > 0 && r < 1e12) {
 			return fmt.Errorf("offered rate %v: want a positive rate below 10¹² ops/s", r)
@@ -91,13 +122,18 @@ func (o Options) Validate() error {
 	return nil
 }
 
-// Report is what Run measured at one core count.
+// Report is what Run measured at one core count with one way of applying
+// the events (Options.Appliers).
 type Report struct {
 	CPUs      int
+	Appliers  int      // applier goroutines
+	Shape     string   // how they were chosen: "one per rank", "one per core, ranks sticky", …
 	Capacity  Result   // unpaced
 	Points    []Result // by offered load, ascending
 	Threshold float64  // the highest offered load achieved within Track (0: none)
-	Latency   LatencyResult
+	// Latency is measured once per core count, in its first report (the
+	// zero value in the others).
+	Latency LatencyResult
 }
 
 // Run records the trace and, at each core count, measures the unpaced
@@ -131,62 +167,90 @@ func Run(ctx context.Context, o Options, out io.Writer) ([]Report, error) {
 	var reports []Report
 	for _, cpus := range o.CPUs {
 		runtime.GOMAXPROCS(cpus)
-		rp := Report{CPUs: cpus}
-		appl, look := cmpOr(o.Appliers, cpus), cmpOr(o.Lookupers, cpus)
-		cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}}
-		shards := indexer.New(cfg.Index).Options().Shards
-		runtime.GC()
-		if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
-			return reports, err
-		}
-		if err := Verify(rec, rp.Capacity.Index); err != nil {
-			return reports, err
-		}
-		rp.Capacity.Index = nil
-		p("GOMAXPROCS=%d, %d appliers (sticky per rank), %d lookup goroutines, %d index shards, write chunk %d blocks\n",
-			cpus, appl, look, shards, indexer.New(cfg.Index).Options().WriteChunk)
-		p("  unpaced: %s ops/s (%s per core) in %v%s; index equal to the engines' caches\n",
-			mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond), cpuNote(rp.Capacity))
-		rates := slices.Clone(o.Rates)
-		if len(rates) == 0 {
-			for _, f := range o.Fractions {
-				rates = append(rates, f*rp.Capacity.Achieved)
-			}
-		}
-		slices.Sort(rates)
-		p("  %-14s %-14s %-9s %-10s %-10s\n", "offered ops/s", "achieved ops/s", "achieved", "lag p50", "lag p99")
-		for _, r := range rates {
-			cfg.Offered = r
-			runtime.GC()
-			res, err := Replay(ctx, rec, cfg)
+		for k, a := range o.Appliers {
+			rp, err := sweep(ctx, rec, o, cpus, a, p)
 			if err != nil {
 				return reports, err
 			}
-			res.Index = nil
-			rp.Points = append(rp.Points, res)
-			if res.Achieved >= o.Track*r {
-				rp.Threshold = max(rp.Threshold, r)
+			if k == 0 {
+				if rp.Latency, err = latency(ctx, rec, o, cpus, p); err != nil {
+					return reports, err
+				}
 			}
-			p("  %-14s %-14s %-9s %-10v %-10v\n", mops(r), mops(res.Achieved), fmt.Sprintf("%.0f %%", 100*res.Achieved/r),
-				res.LagP50.Round(time.Microsecond), res.LagP99.Round(time.Microsecond))
+			reports = append(reports, rp)
+			p("\n")
 		}
-		p("  achieved tracks offered (≥ %.0f %%) up to %s ops/s = %s per core\n", 100*o.Track, mops(rp.Threshold), mops(rp.Threshold/float64(cpus)))
-		runtime.GC()
-		rp.Latency, err = Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes, Index: cfg.Index})
-		if err != nil {
-			return reports, err
-		}
-		rp.Latency.Index = nil
-		l := rp.Latency
-		p("  score (%d tokens, hash + match): idle p50 %v p99 %v; under ingest (%d appliers, %s blocks/s) p50 %v p99 %v (%.1f× idle p99)\n",
-			PromptTokens, l.IdleP50, l.IdleP99, max(1, cpus-1), mops(l.IngestRate), l.LoadP50, l.LoadP99, float64(l.LoadP99)/float64(l.IdleP99))
-		p("  control, the same ingest into another partition (%s blocks/s): p50 %v p99 %v (%.1f× idle p99)\n",
-			mops(l.OtherIngestRate), l.OtherP50, l.OtherP99, float64(l.OtherP99)/float64(l.IdleP99))
-		p("  the machine's pauses of %v or more, seen at idle: %.0f per second, %.1f %% of the time\n\n",
-			pauses.MinGap, l.Pauses, 100*l.PauseShare)
-		reports = append(reports, rp)
 	}
 	return reports, nil
+}
+
+// sweep measures the unpaced capacity (and checks the index against the
+// engines) and the offered loads at cpus cores with appliers shape a.
+func sweep(ctx context.Context, rec *Recording, o Options, cpus, a int, p func(string, ...any)) (Report, error) {
+	appl, shape := appliers(a, cpus, len(rec.Ranks))
+	rp := Report{CPUs: cpus, Appliers: appl, Shape: shape}
+	look := cmpOr(o.Lookupers, cpus)
+	cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}}
+	shards := indexer.New(cfg.Index).Options().Shards
+	runtime.GC()
+	var err error
+	if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
+		return rp, err
+	}
+	if err := Verify(rec, rp.Capacity.Index); err != nil {
+		return rp, err
+	}
+	rp.Capacity.Index = nil
+	p("GOMAXPROCS=%d, %d appliers (%s), %d lookup goroutines, %d index shards, write chunk %d blocks\n",
+		cpus, appl, shape, look, shards, indexer.New(cfg.Index).Options().WriteChunk)
+	p("  unpaced: %s ops/s (%s per core) in %v%s; index equal to the engines' caches\n",
+		mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond), cpuNote(rp.Capacity))
+	rates := slices.Clone(o.Rates)
+	if len(rates) == 0 {
+		for _, f := range o.Fractions {
+			rates = append(rates, f*rp.Capacity.Achieved)
+		}
+	}
+	slices.Sort(rates)
+	p("  %-14s %-14s %-9s %-10s %-10s\n", "offered ops/s", "achieved ops/s", "achieved", "lag p50", "lag p99")
+	for _, r := range rates {
+		cfg.Offered = r
+		runtime.GC()
+		res, err := Replay(ctx, rec, cfg)
+		if err != nil {
+			return rp, err
+		}
+		res.Index = nil
+		rp.Points = append(rp.Points, res)
+		if res.Achieved >= o.Track*r {
+			rp.Threshold = max(rp.Threshold, r)
+		}
+		p("  %-14s %-14s %-9s %-10v %-10v\n", mops(r), mops(res.Achieved), fmt.Sprintf("%.0f %%", 100*res.Achieved/r),
+			res.LagP50.Round(time.Microsecond), res.LagP99.Round(time.Microsecond))
+	}
+	p("  achieved tracks offered (≥ %.0f %%) up to %s ops/s = %s per core\n", 100*o.Track, mops(rp.Threshold), mops(rp.Threshold/float64(cpus)))
+	return rp, nil
+}
+
+// latency times scores at idle and under saturating ingest at cpus cores:
+// the ingest on cpus − 1 sticky appliers (at least one), so that the
+// prober has a core of its own and the figure is the index's, not the Go
+// scheduler's.
+func latency(ctx context.Context, rec *Recording, o Options, cpus int, p func(string, ...any)) (LatencyResult, error) {
+	runtime.GC()
+	l, err := Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes,
+		Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}})
+	if err != nil {
+		return l, err
+	}
+	l.Index = nil
+	p("  score (%d tokens, hash + match): idle p50 %v p99 %v; under ingest (%d appliers, %s blocks/s) p50 %v p99 %v (%.1f× idle p99)\n",
+		PromptTokens, l.IdleP50, l.IdleP99, max(1, cpus-1), mops(l.IngestRate), l.LoadP50, l.LoadP99, float64(l.LoadP99)/float64(l.IdleP99))
+	p("  control, the same ingest into another partition (%s blocks/s): p50 %v p99 %v (%.1f× idle p99)\n",
+		mops(l.OtherIngestRate), l.OtherP50, l.OtherP99, float64(l.OtherP99)/float64(l.IdleP99))
+	p("  the machine's pauses of %v or more, seen at idle: %.0f per second, %.1f %% of the time\n",
+		pauses.MinGap, l.Pauses, 100*l.PauseShare)
+	return l, nil
 }
 
 // cpuNote describes r's CPU time: ops per core-second and the cores kept
