@@ -33,6 +33,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Lookupers, "lookupers", o.Lookupers, "lookup goroutines (0: the core count)")
 	fs.Float64SliceVar(&o.Rates, "rates", o.Rates, "offered loads in ops/s (default: --fractions of the unpaced capacity)")
 	fs.Float64SliceVar(&o.Fractions, "fractions", o.Fractions, "offered loads as fractions of the unpaced capacity measured first")
+	fs.IntVar(&o.Repeats, "repeats", o.Repeats, "replays of each offered load (its point is the median)")
 	fs.Float64Var(&o.Track, "track", o.Track, "achieved tracks offered while it is at least this fraction of it")
 	fs.IntVar(&o.IdleProbes, "idle-probes", o.IdleProbes, "scores timed at idle")
 	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: 1 on one core, else four per core, at most 16)")

@@ -25,6 +25,7 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 		{[]string{"--write-chunk", "-3"}, "write chunk -3"},
 		{[]string{"--appliers", "rank,x"}, `appliers "x"`},
 		{[]string{"--appliers", "0"}, `appliers "0"`},
+		{[]string{"--repeats", "0"}, "repeats 0"},
 	} {
 		_, err := runCommand(t, append([]string{"bench", "index"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {

@@ -265,6 +265,7 @@ func TestOptionsValidate(t *testing.T) {
 		{func(o *Options) { o.Appliers = []int{PerRank, -2} }, "appliers -2"},
 		{func(o *Options) { o.Appliers = nil }, "no way of applying"},
 		{func(o *Options) { o.Lookupers = -1 }, "lookupers -1"},
+		{func(o *Options) { o.Repeats = 0 }, "repeats 0"},
 	} {
 		o := NewOptions()
 		c.edit(&o)
@@ -304,13 +305,27 @@ func TestRun(t *testing.T) {
 		t.Fatalf("reports %+v", reps)
 	}
 	for _, rp := range reps {
-		if len(rp.Points) != 2 {
-			t.Fatalf("%s: %d offered loads, want 2", rp.Shape, len(rp.Points))
+		if len(rp.Points) != 2 || len(rp.Spread) != 2 {
+			t.Fatalf("%s: %d offered loads, %d spreads, want 2", rp.Shape, len(rp.Points), len(rp.Spread))
 		}
-		for _, p := range rp.Points {
+		for i, p := range rp.Points {
 			if p.Achieved > p.Offered {
 				t.Errorf("%s: achieved %.0f over offered %.0f", rp.Shape, p.Achieved, p.Offered)
 			}
+			if s := rp.Spread[i]; !(s[0] <= p.Achieved && p.Achieved <= s[1]) {
+				t.Errorf("%s: the median run's %.0f outside the runs' %v", rp.Shape, p.Achieved, s)
+			}
+		}
+		// The threshold: the highest offered load up to which every
+		// point tracks.
+		want, tracking := 0.0, true
+		for _, p := range rp.Points {
+			if tracking = tracking && p.Achieved >= o.Track*p.Offered; tracking {
+				want = p.Offered
+			}
+		}
+		if rp.Threshold != want {
+			t.Errorf("%s: threshold %.0f, want %.0f", rp.Shape, rp.Threshold, want)
 		}
 	}
 	for _, want := range []string{"index equal to the engines' caches", "achieved tracks offered", "under ingest", "(one per rank)", "(one per core, ranks sticky)"} {

@@ -1,6 +1,7 @@
 package indexbench
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -35,6 +36,10 @@ type Options struct {
 	// unpaced capacity measured first at each core count.
 	Rates     []float64
 	Fractions []float64
+	// Repeats is how many times each offered load is replayed; its point
+	// is the run of the median achieved rate (the machine's speed moves
+	// by a tenth and more between runs).
+	Repeats int
 	// Track: achieved tracks offered while achieved ≥ Track × offered.
 	Track      float64
 	IdleProbes int
@@ -53,7 +58,7 @@ func NewOptions() Options {
 		cpus = append(cpus, n)
 	}
 	return Options{Record: DefaultRecordConfig(), CPUs: cpus, Appliers: []int{PerRank, PerCore},
-		Fractions: []float64{0.5, 0.7, 0.85, 1, 1.15, 1.3, 1.6}, Track: 0.95, IdleProbes: 20000}
+		Fractions: []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.15, 1.3}, Repeats: 3, Track: 0.95, IdleProbes: 20000}
 }
 
 // Options.Appliers' shapes besides a fixed number of goroutines.
@@ -98,6 +103,8 @@ func (o Options) Validate() error {
 		return fmt.Errorf("shards %d: want 0 (the default) to %d", o.Shards, indexer.MaxShards)
 	case o.IdleProbes < 1:
 		return fmt.Errorf("idle probes %d must be positive", o.IdleProbes)
+	case o.Repeats < 1 || o.Repeats > 100:
+		return fmt.Errorf("repeats %d: want 1 to 100", o.Repeats)
 	}
 	for _, c := range o.CPUs {
 		if c < 1 || c > 1<<12 {
@@ -125,12 +132,18 @@ func (o Options) Validate() error {
 // Report is what Run measured at one core count with one way of applying
 // the events (Options.Appliers).
 type Report struct {
-	CPUs      int
-	Appliers  int      // applier goroutines
-	Shape     string   // how they were chosen: "one per rank", "one per core, ranks sticky", …
-	Capacity  Result   // unpaced
-	Points    []Result // by offered load, ascending
-	Threshold float64  // the highest offered load achieved within Track (0: none)
+	CPUs     int
+	Appliers int    // applier goroutines
+	Shape    string // how they were chosen: "one per rank", "one per core, ranks sticky", …
+	Capacity Result // unpaced
+	// Points are the offered loads, ascending, each the run of the median
+	// achieved rate of its repeats; Spread their lowest and highest
+	// achieved rates.
+	Points []Result
+	Spread [][2]float64
+	// Threshold is the highest offered load up to which every point's
+	// achieved rate is within Track of it (0: none).
+	Threshold float64
 	// Latency is measured once per core count, in its first report (the
 	// zero value in the others).
 	Latency LatencyResult
@@ -212,21 +225,31 @@ func sweep(ctx context.Context, rec *Recording, o Options, cpus, a int, p func(s
 		}
 	}
 	slices.Sort(rates)
-	p("  %-14s %-14s %-9s %-10s %-10s\n", "offered ops/s", "achieved ops/s", "achieved", "lag p50", "lag p99")
+	p("  %-14s %-14s %-9s %-10s %-10s %s\n", "offered ops/s", "achieved ops/s", "achieved", "lag p50", "lag p99", "achieved in each run")
+	tracking := true
 	for _, r := range rates {
 		cfg.Offered = r
-		runtime.GC()
-		res, err := Replay(ctx, rec, cfg)
-		if err != nil {
-			return rp, err
+		runs := make([]Result, o.Repeats)
+		for k := range runs {
+			runtime.GC()
+			if runs[k], err = Replay(ctx, rec, cfg); err != nil {
+				return rp, err
+			}
+			runs[k].Index = nil
 		}
-		res.Index = nil
+		slices.SortFunc(runs, func(x, y Result) int { return cmp.Compare(x.Achieved, y.Achieved) })
+		res := runs[len(runs)/2]
 		rp.Points = append(rp.Points, res)
-		if res.Achieved >= o.Track*r {
-			rp.Threshold = max(rp.Threshold, r)
+		rp.Spread = append(rp.Spread, [2]float64{runs[0].Achieved, runs[len(runs)-1].Achieved})
+		if tracking = tracking && res.Achieved >= o.Track*r; tracking {
+			rp.Threshold = r
 		}
-		p("  %-14s %-14s %-9s %-10v %-10v\n", mops(r), mops(res.Achieved), fmt.Sprintf("%.0f %%", 100*res.Achieved/r),
-			res.LagP50.Round(time.Microsecond), res.LagP99.Round(time.Microsecond))
+		each := make([]string, len(runs))
+		for k := range runs {
+			each[k] = mops(runs[k].Achieved)
+		}
+		p("  %-14s %-14s %-9s %-10v %-10v %s\n", mops(r), mops(res.Achieved), fmt.Sprintf("%.0f %%", 100*res.Achieved/r),
+			res.LagP50.Round(time.Microsecond), res.LagP99.Round(time.Microsecond), strings.Join(each, " "))
 	}
 	p("  achieved tracks offered (≥ %.0f %%) up to %s ops/s = %s per core\n", 100*o.Track, mops(rp.Threshold), mops(rp.Threshold/float64(cpus)))
 	return rp, nil
