@@ -230,7 +230,7 @@ func (t *Tree) addGroup(rid uint32, info groupInfo, tracked bool, need uint32) *
 }
 
 // storeGroup routes a store (see Group).
-func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
+func (t *Tree) storeGroup(r Rank, g *Group, s *Stored) error {
 	if len(s.Hashes) == 0 {
 		return nil
 	}
@@ -253,7 +253,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 		err := t.storeMain(r, rid, known, s)
 		if rid, ok := t.rid(r); ok {
 			rs := &t.ranks[rid]
-			rs.main, rs.hasMain = infoOf(g), true
+			rs.main, rs.hasMain = infoOf(*g), true
 		}
 		return err
 	}
@@ -264,7 +264,7 @@ func (t *Tree) storeGroup(r Rank, g Group, s Stored) error {
 // copy in the tier. Tokens and parent do not matter: vLLM names only the
 // blocks a group caches (a sliding-window group skips those outside its
 // window) with the tokens of the whole range.
-func (t *Tree) storeSet(r Rank, g Group, s Stored) error {
+func (t *Tree) storeSet(r Rank, g *Group, s *Stored) error {
 	offload := len(s.Tokens) == 0 && s.Tier != TierDevice
 	bs := s.BlockSize
 	if offload {
@@ -272,7 +272,7 @@ func (t *Tree) storeSet(r Rank, g Group, s Stored) error {
 	}
 	rid := t.rankID(r)
 	t.clock += 2
-	gs := t.group(rid, g.Idx, &g, bs)
+	gs := t.group(rid, g.Idx, g, bs)
 	if gs == nil {
 		return t.fail(r, ReasonUnknownGroup, s.Hashes[0], len(s.Hashes))
 	}
@@ -305,7 +305,7 @@ func (t *Tree) storeSet(r Rank, g Group, s Stored) error {
 }
 
 // removeGroup routes a remove (see Group).
-func (t *Tree) removeGroup(r Rank, g Group, rm Removed) error {
+func (t *Tree) removeGroup(r Rank, g *Group, rm *Removed) error {
 	rid, ok := t.rid(r)
 	if !ok {
 		return t.removeMain(r, 0, false, rm)

@@ -524,7 +524,7 @@ func (ix *Index) ApplyBatch(k PartitionKey, r Rank, m Mark, ops []Op) (BatchResu
 			err = t.applyPieces(r, op, chunk, yield)
 			budget = chunk - (opBlocks(op) - (n-1)*chunk)
 		} else {
-			err = t.Apply(r, *op)
+			err = t.apply(r, op)
 			budget -= max(1, opBlocks(op))
 		}
 		if err != nil {

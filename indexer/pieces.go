@@ -36,7 +36,7 @@ func (t *Tree) pieces(r Rank, op *Op, chunk int) int {
 			return 0
 		}
 		if len(s.Tokens) > 0 || s.Tier == TierDevice { // not an offload
-			if s.BlockSize != t.blockSize || len(s.Tokens)/t.blockSize == 0 || t.selfReferencing(*s) {
+			if s.BlockSize != t.blockSize || len(s.Tokens)/t.blockSize == 0 || t.selfReferencing(s) {
 				return 0 // fails at once, whole
 			}
 		}

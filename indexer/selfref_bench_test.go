@@ -19,7 +19,7 @@ func BenchmarkSelfReferencing(b *testing.B) {
 			}
 			tr := NewTree(16)
 			for b.Loop() {
-				if tr.selfReferencing(s) {
+				if tr.selfReferencing(&s) {
 					b.Fatal("distinct hashes found self-referencing")
 				}
 			}

@@ -73,7 +73,7 @@ func TestSelfReferencingMatchesQuadratic(t *testing.T) {
 		for i := range 4000 {
 			s := randomStored(rng)
 			want := selfReferencingQuadratic(s)
-			if got := tr.selfReferencing(s); got != want {
+			if got := tr.selfReferencing(&s); got != want {
 				t.Fatalf("probe %d, event %d: selfReferencing = %v, want %v (%d hashes, parent %#x %v, hashes %#x)",
 					probe, i, got, want, len(s.Hashes), s.Parent, s.HasParent, s.Hashes)
 			}

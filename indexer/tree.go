@@ -486,12 +486,15 @@ func (t *Tree) rankID(r Rank) uint32 {
 // Apply applies one op for rank r, to the KV-cache group op.Group names
 // (see Group). The returned error (an *OpError, or nil) describes blocks
 // that were skipped; the rest of the op was applied.
-func (t *Tree) Apply(r Rank, op Op) error {
+func (t *Tree) Apply(r Rank, op Op) error { return t.apply(r, &op) }
+
+// apply is Apply with op by reference (an Op is 168 bytes).
+func (t *Tree) apply(r Rank, op *Op) error {
 	switch op.Kind {
 	case OpStore:
-		return t.storeGroup(r, op.Group, op.Store)
+		return t.storeGroup(r, &op.Group, &op.Store)
 	case OpRemove:
-		return t.removeGroup(r, op.Group, op.Remove)
+		return t.removeGroup(r, &op.Group, &op.Remove)
 	case OpClear:
 		t.Clear(r)
 		return nil
@@ -529,12 +532,12 @@ func (t *Tree) warm(r Rank, ops []Op) {
 
 // Store applies a BlockStored event of KV-cache group 0, full attention
 // (the zero Group), for r: Apply of an OpStore with no Group.
-func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, Group{}, s) }
+func (t *Tree) Store(r Rank, s Stored) error { return t.storeGroup(r, &Group{}, &s) }
 
 // storeMain applies a store of r's main group to the tree. rid is r's
 // slot if known (the caller looked it up); an unknown rank gets one only
 // once the store is valid.
-func (t *Tree) storeMain(r Rank, rid uint32, known bool, s Stored) error {
+func (t *Tree) storeMain(r Rank, rid uint32, known bool, s *Stored) error {
 	t.clock += 2 // odd ticks are for matches (see now)
 	if len(s.Tokens) == 0 && s.Tier != TierDevice {
 		return t.offload(r, rid, known, s)
@@ -693,7 +696,7 @@ func (t *Tree) descend(cur loc, lh uint64, rid uint32) loc {
 // its parent among them. A short event is compared pairwise; a longer one
 // goes through a hash set (Tree.repeats: O(n)), or, if the set gives up
 // on a long probe, is sorted.
-func (t *Tree) selfReferencing(s Stored) bool {
+func (t *Tree) selfReferencing(s *Stored) bool {
 	hs := s.Hashes
 	if len(hs) <= 16 {
 		for i, h := range hs {
@@ -727,7 +730,7 @@ func (t *Tree) selfReferencing(s Stored) bool {
 
 // offload adds s.Tier to blocks r already holds (an offload event carries
 // no tokens); unknown blocks are skipped and counted.
-func (t *Tree) offload(r Rank, rid uint32, known bool, s Stored) error {
+func (t *Tree) offload(r Rank, rid uint32, known bool, s *Stored) error {
 	if !known {
 		return t.fail(r, ReasonOffloadUnknown, s.Hashes[0], len(s.Hashes))
 	}
@@ -756,11 +759,11 @@ func (t *Tree) offload(r Rank, rid uint32, known bool, s Stored) error {
 // Remove applies a BlockRemoved event of KV-cache group 0 (the zero
 // Group) for r: one copy of each hash leaves the tier. Hashes r does not
 // hold there are skipped and counted.
-func (t *Tree) Remove(r Rank, rm Removed) error { return t.removeGroup(r, Group{}, rm) }
+func (t *Tree) Remove(r Rank, rm Removed) error { return t.removeGroup(r, &Group{}, &rm) }
 
 // removeMain applies a remove of r's main group to the tree; rid is r's
 // slot if known.
-func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm Removed) error {
+func (t *Tree) removeMain(r Rank, rid uint32, known bool, rm *Removed) error {
 	if !known {
 		if len(rm.Hashes) == 0 {
 			return nil
