@@ -124,7 +124,7 @@ func throughputChart(reports []Report) (*plot.Plot, error) {
 		l.LineStyle = draw.LineStyle{Width: vg.Points(2), Color: palette[i%len(palette)]}
 		pts.Color, pts.Shape = l.LineStyle.Color, draw.CircleGlyph{}
 		p.Add(l, pts)
-		p.Legend.Add(fmt.Sprintf("GOMAXPROCS=%d, %d appliers (unpaced %.2fM)", rp.CPUs, rp.Appliers, rp.Capacity.Achieved/1e6), l)
+		p.Legend.Add(fmt.Sprintf("GOMAXPROCS=%d, %d appliers, %s (unpaced %.2fM)", rp.CPUs, rp.Appliers, rp.Shape, rp.Capacity.Achieved/1e6), l)
 	}
 	if top > 0 {
 		ref, err := plotter.NewLine(plotter.XYs{{X: 0, Y: 0}, {X: top, Y: top}})
