@@ -328,7 +328,9 @@ func (lk *lookup) delAt(a at) {
 	lk.n--
 }
 
-// probe is getAt for a store's block x: the lookup first makes room for
+// probe is getAt for a store's block x (its loop is getAt's with the
+// free slot noted, kept apart so that a remove's get does not note it):
+// the lookup first makes room for
 // an insert (its rebuild needs the tree as the lookup has it, so before
 // the block changes the tree), and when x is absent, the at it returns
 // says where insertAt puts x: its hash, and the first free slot of its

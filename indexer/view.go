@@ -284,6 +284,11 @@ func (t *Tree) matchViews(q []uint64, dst []Overlap) (_ []Overlap, ok bool) {
 // walkViews is Match's walk over the views of st. Views of different
 // publishes may be mixed (a publish ran meanwhile, which the caller then
 // sees in the count): ok is false if what it read cannot be one tree.
+// Its loop is Match's, written out again on purpose: shared through
+// helpers, even inlined ones, Match ran 40 % slower
+// (BenchmarkMatchOnly8192 1.35 → 1.94 µs), and a shared emit 4 %. The
+// property tests check that both give the same overlaps in the same
+// order.
 func (t *Tree) walkViews(st *pubState, q []uint64, dst []Overlap) (_ []Overlap, ok bool) {
 	if len(q) == 0 {
 		return dst, true
