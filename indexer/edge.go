@@ -130,6 +130,11 @@ func (t *Tree) rewriteRefs(id, old uint32, from, to int) {
 func (t *Tree) freeNode(id uint32) {
 	t.unlink(id)
 	t.blocks -= len(t.nodes[id].hashes)
+	t.release(id)
+}
+
+// release returns unlinked node id's slot to the free list.
+func (t *Tree) release(id uint32) {
 	t.nodes[id] = node{}
 	t.free = append(t.free, id)
 	t.nnodes--
@@ -485,10 +490,7 @@ func (t *Tree) merge(id, c uint32) uint32 {
 		t.replaceChild(id, c)
 		t.rewriteRefs(c, id, 0, L1)
 	}
-	t.nodes[gone] = node{}
-	t.free = append(t.free, gone)
-	t.nnodes--
-	t.touch(gone)
+	t.release(gone)
 	return keep
 }
 

@@ -118,6 +118,7 @@ const (
 	msbs       = 0x0080808080808080
 	ovShift    = 56 // the overflow count's byte
 	ovOne      = 1 << ovShift
+	ovDown     = 1<<64 - ovOne // adding it takes ovOne away
 	ovMax      = 0xff
 
 	// lookupMaxGroups bounds a sub-table of a directory: at most 7 × 64
@@ -316,25 +317,18 @@ func (lk *lookup) delAt(a at) {
 	gr := &s.g[g]
 	gr.ctrl = gr.ctrl&^(0xff<<(8*i)) | ctrlEmpty<<(8*i)
 	gr.refs[i] = ref{}
-	for p, _ := s.start(h); p != g; {
-		if c := &s.g[p].ctrl; *c>>ovShift != ovMax {
-			*c -= ovOne
-		}
-		if p++; p == len(s.g) {
-			p = 0
-		}
-	}
+	home, _ := s.start(h)
+	s.count(home, g, ovDown)
 	tb.n--
 	lk.n--
 }
 
 // probe is getAt for a store's block x (its loop is getAt's with the
 // free slot noted, kept apart so that a remove's get does not note it):
-// the lookup first makes room for
-// an insert (its rebuild needs the tree as the lookup has it, so before
-// the block changes the tree), and when x is absent, the at it returns
-// says where insertAt puts x: its hash, and the first free slot of its
-// probe (g < 0 if the probe saw none).
+// the lookup first makes room for an insert (its rebuild needs the tree
+// as the lookup has it, so before the block changes the tree), and when x
+// is absent, the at it returns says where insertAt puts x: its hash, and
+// the first free slot of its probe (g < 0 if the probe saw none).
 func (lk *lookup) probe(t *Tree, rid uint32, x uint64) (ref, bool, at) {
 	h := lk.hash(x)
 	s, tb := lk.find(h)
@@ -378,14 +372,7 @@ func (lk *lookup) insertAt(t *Tree, rid uint32, x uint64, r ref, a at) {
 	}
 	s, tb := lk.find(a.h)
 	home, fp := s.start(a.h)
-	for p := home; p != a.g; { // the groups before the free slot are full
-		if c := &s.g[p].ctrl; *c>>ovShift != ovMax {
-			*c += ovOne
-		}
-		if p++; p == len(s.g) {
-			p = 0
-		}
-	}
+	s.count(home, a.g, ovOne) // the groups before the free slot are full
 	gr := &s.g[a.g]
 	gr.ctrl = gr.ctrl&^(0xff<<(8*a.i)) | fp<<(8*a.i)
 	gr.refs[a.i] = r
@@ -412,6 +399,20 @@ func (lk *lookup) insert(t *Tree, rid uint32, x uint64, r ref) {
 	tb.n++
 	lk.n++
 	lk.peak = max(lk.peak, lk.n)
+}
+
+// count adds d (ovOne, or ovDown to take one away) to the overflow
+// counts of groups from up to (not including) to, the groups a probe
+// from from passes before group to; a saturated count stays.
+func (s *slots) count(from, to int, d uint64) {
+	for p := from; p != to; {
+		if c := &s.g[p].ctrl; *c>>ovShift != ovMax {
+			*c += d
+		}
+		if p++; p == len(s.g) {
+			p = 0
+		}
+	}
 }
 
 // place puts the entry with hash h and ref r into the first free slot of
