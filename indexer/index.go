@@ -77,9 +77,10 @@ var (
 // take no lock and read the published views (Tree.matchViews), so they
 // never wait for a writer, and see each shard as of the end of one hold.
 // The chunks of concurrent batches (of different ranks in one shard)
-// interleave, each batch's ops in order. Snapshot sees every batch whole or not at all; Rank,
-// Groups, Stats and Read may see a batch that runs concurrently with them
-// half applied. All methods are safe for concurrent use.
+// interleave, each batch's ops in order. Snapshot sees every batch whole
+// or not at all; Rank, Groups, Stats and Read may see a batch that runs
+// concurrently with them half applied. All methods are safe for
+// concurrent use.
 //
 // Lock order: a partition's gate before its shards' mu, never the gate
 // while holding a mu; several shards' mu only in shard order, and only

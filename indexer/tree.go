@@ -329,7 +329,7 @@ func (t *Tree) Stats() TreeStats {
 		b += int64(len(t.pub.chunks)) * int64(unsafe.Sizeof(viewChunk{}))
 	}
 	for i := range t.ranks {
-		b += t.ranks[i].lookup.bytes() // rank lookups: 9-byte slots, directories
+		b += t.ranks[i].lookup.bytes() // rank lookups: 64-byte groups of 7 slots, directories
 	}
 	b += int64(t.gentries) * 30 // group sets: 16-byte slots
 	return TreeStats{Entries: t.entries + t.gentries, GroupEntries: t.gentries, Blocks: t.blocks, Nodes: t.nnodes, Ranks: len(t.rankIDs), Bytes: b}

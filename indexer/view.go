@@ -98,8 +98,8 @@ type publisher struct {
 	publishes, retries, fallbacks atomic.Uint64
 }
 
-// EnableViews makes t publish views (Index does this for its trees): from
-// now on the writer records what it changes and PublishViews publishes
+// enableViews makes t publish views (Index does this for its trees): from
+// now on the writer records what it changes and publishViews publishes
 // it. It publishes the whole tree at once.
 func (t *Tree) enableViews() {
 	p := &publisher{ranks: true}
@@ -116,16 +116,13 @@ func (t *Tree) enableViews() {
 
 // growChunks adds view chunks until every node id has one.
 func (t *Tree) growChunks() {
+	// They are appended past the published state's length, which matches
+	// never read: the published slice keeps its length (and, if append
+	// moves the chunks, its array).
 	p := t.pub
-	if len(p.chunks)*viewChunkLen >= len(t.nodes) {
-		return
+	for len(p.chunks)*viewChunkLen < len(t.nodes) {
+		p.chunks = append(p.chunks, new(viewChunk))
 	}
-	chunks := make([]*viewChunk, len(p.chunks), (len(t.nodes)+viewChunkLen-1)/viewChunkLen+len(p.chunks)/4)
-	copy(chunks, p.chunks) // a new array: the published state keeps the old one
-	for len(chunks)*viewChunkLen < len(t.nodes) {
-		chunks = append(chunks, new(viewChunk))
-	}
-	p.chunks = chunks
 }
 
 // touch records that node id's view changed (its edge, holders' runs or
