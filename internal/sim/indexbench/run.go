@@ -61,6 +61,11 @@ func NewOptions() Options {
 		Fractions: []float64{0.5, 0.6, 0.7, 0.8, 0.9, 1, 1.15, 1.3}, Repeats: 3, Track: 0.95, IdleProbes: 20000}
 }
 
+// index returns the index options o sets.
+func (o Options) index() indexer.Options {
+	return indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}
+}
+
 // Options.Appliers' shapes besides a fixed number of goroutines.
 const (
 	PerRank = 0  // one applier goroutine per rank
@@ -203,8 +208,8 @@ func sweep(ctx context.Context, rec *Recording, o Options, cpus, a int, p func(s
 	appl, shape := appliers(a, cpus, len(rec.Ranks))
 	rp := Report{CPUs: cpus, Appliers: appl, Shape: shape}
 	look := cmpOr(o.Lookupers, cpus)
-	cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}}
-	shards := indexer.New(cfg.Index).Options().Shards
+	cfg := ReplayConfig{Appliers: appl, Lookupers: look, Index: o.index()}
+	eff := indexer.New(cfg.Index).Options() // the defaults filled in
 	runtime.GC()
 	var err error
 	if rp.Capacity, err = Replay(ctx, rec, cfg); err != nil {
@@ -215,7 +220,7 @@ func sweep(ctx context.Context, rec *Recording, o Options, cpus, a int, p func(s
 	}
 	rp.Capacity.Index = nil
 	p("GOMAXPROCS=%d, %d appliers (%s), %d lookup goroutines, %d index shards, write chunk %d blocks\n",
-		cpus, appl, shape, look, shards, indexer.New(cfg.Index).Options().WriteChunk)
+		cpus, appl, shape, look, eff.Shards, eff.WriteChunk)
 	p("  unpaced: %s ops/s (%s per core) in %v%s; index equal to the engines' caches\n",
 		mops(rp.Capacity.Achieved), mops(rp.Capacity.Achieved/float64(cpus)), rp.Capacity.Elapsed.Round(time.Millisecond), cpuNote(rp.Capacity))
 	rates := slices.Clone(o.Rates)
@@ -262,7 +267,7 @@ func sweep(ctx context.Context, rec *Recording, o Options, cpus, a int, p func(s
 func latency(ctx context.Context, rec *Recording, o Options, cpus int, p func(string, ...any)) (LatencyResult, error) {
 	runtime.GC()
 	l, err := Latency(ctx, rec, LatencyConfig{Appliers: max(1, cpus-1), IdleProbes: o.IdleProbes,
-		Index: indexer.Options{Shards: o.Shards, WriteChunk: o.WriteChunk}})
+		Index: o.index()})
 	if err != nil {
 		return l, err
 	}
