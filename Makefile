@@ -40,6 +40,9 @@ deps:
 test: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	# The portable token reader, as on platforms without scanBlocks.
+	$(GO) vet -tags purego ./api
+	$(GO) test -race -count=1 -tags purego -run 'Token|Lexer|Decode|Hostile' ./api
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...

@@ -211,6 +211,20 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 			toks = req.TokenIDs
 		}
 	})
+	// As Python's json.dumps writes the array: ", " between ids.
+	spaced := bytes.ReplaceAll(body, []byte(","), []byte(", "))
+	b.Run("lexer-spaced", func(b *testing.B) {
+		b.SetBytes(int64(len(spaced)))
+		b.ReportAllocs()
+		var toks []uint32
+		for b.Loop() {
+			req, err := decodeQuery(spaced, toks[:0], DefaultMaxTokens)
+			if err != nil || len(req.TokenIDs) != 8192 {
+				b.Fatal(err)
+			}
+			toks = req.TokenIDs
+		}
+	})
 	b.Run("encoding-json", func(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()

@@ -700,11 +700,11 @@ func (l *lexer) string(field string, nullOK bool) (string, error) {
 // tokens appends the token ids of an array to dst: integers in
 // [0, 2^32-1], at most limit of them (more is a 413).
 //
-// Most of an array is read by fastTokens, a word at a time; what it
-// leaves — an id of 8 or more digits, whitespace other than one space
-// after a comma, the last element, the room in dst exhausted, or an
-// error — takes one element on the general path here, then fastTokens
-// resumes.
+// Most of an array is read by tokenBlocks, 64 bytes at a time, and what
+// it leaves by fastTokens, a word at a time; what they leave — an id of
+// 8 or more digits, whitespace other than one space after a comma, the
+// last element, the room in dst exhausted, or an error — takes one
+// element on the general path here, then they resume.
 func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) {
 	if l.peek() != '[' {
 		return dst, l.unexpected(field, "an array of token ids")
@@ -715,8 +715,24 @@ func (l *lexer) tokens(field string, dst []uint32, limit int) ([]uint32, error) 
 		return dst, nil
 	}
 	d, i := l.data, l.pos
+	// Blocks are tried from blocksFrom on; each block off their path in a
+	// row doubles the bytes read without them (a pretty-printed array
+	// would otherwise classify a block for every element).
+	blocksFrom, misses := i, 0
 	for n := 0; ; n++ {
 		var k int
+		if i >= blocksFrom {
+			var stuck bool
+			dst, i, k, stuck = tokenBlocks(d, i, dst, limit-n)
+			n += k
+			if k > 0 {
+				misses = 0
+			}
+			if stuck {
+				misses++
+				blocksFrom = i + 64<<min(misses, 16)
+			}
+		}
 		dst, i, k = fastTokens(d, i, dst, limit-n)
 		n += k
 		for i < len(d) && d[i] <= ' ' && isSpace(d[i]) {

@@ -269,6 +269,11 @@ func FuzzLexer(f *testing.F) {
 		`{"token_ids":[01]}`, `[]`, `{}`, `null`, `"\ud800"`, "\"\xff\"", `{"a":{"b":[true,false,null,-1.5e-3]}}`,
 		`{"token_ids" : [ 1 , 2 ] , "model_name" : "m" , "x" : { } }`,
 		`{"token_ids":[1,22,333,4444,55555,666666,7777777,88888888,4294967295, 10, 200,01],"model_name":"mmmmmmmm"}`,
+		// Long enough for the 64-byte blocks: compact, with ", ", and with
+		// ids the blocks leave to the general path.
+		`{"model_name":"m","token_ids":[` + strings.Repeat("12,345,6789,101112,", 12) + `7]}`,
+		`{"model_name":"m","token_ids":[` + strings.Repeat("12, 345, 6789, 101112, ", 12) + `7]}`,
+		`{"model_name":"m","token_ids":[` + strings.Repeat("12,345,6789,101112,", 6) + `123456789,01,` + strings.Repeat("1,0,", 30) + `7]}`,
 		`{"block_hashes":[-9223372036854775808,9223372036854775807,18446744073709551615,-1, 0,-0,1.5],"model_name":"mmmmmmmm"}`,
 		`{"token_ids":[1],"model_name":"a","MODEL_NAME":"b","model_name":"c"}`,
 		`{"model_name":"m","token_ids":[1,2],"role":"decode","selection_id":"s","pinned_worker":{"worker_id":3,"dp_rank":1},` +

@@ -1,0 +1,9 @@
+//go:build !amd64 || purego
+
+package api
+
+const haveBlocks = false
+
+func scanBlocks(p *byte, nb int, out *uint32) (done, k, begun int, stuck bool) {
+	panic("unreachable")
+}
