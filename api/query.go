@@ -1,7 +1,6 @@
 package api
 
 import (
-	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -143,7 +142,13 @@ func (h *handler) scores(w http.ResponseWriter, r *http.Request, s *scratch, k i
 // numeric order.
 func appendScores(b []byte, ov, pred []indexer.Overlap, bs uint64) []byte {
 	slices.SortFunc(ov, func(x, y indexer.Overlap) int {
-		return cmp.Or(cmp.Compare(x.Rank.WorkerID, y.Rank.WorkerID), cmp.Compare(x.Rank.DPRank, y.Rank.DPRank))
+		if x.Rank.WorkerID != y.Rank.WorkerID {
+			if x.Rank.WorkerID < y.Rank.WorkerID {
+				return -1
+			}
+			return 1
+		}
+		return int(x.Rank.DPRank) - int(y.Rank.DPRank)
 	})
 	// group returns the end of the run of ov[i]'s instance.
 	group := func(i int) int {
