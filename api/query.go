@@ -1,6 +1,7 @@
 package api
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net/http"
@@ -143,12 +144,9 @@ func (h *handler) scores(w http.ResponseWriter, r *http.Request, s *scratch, k i
 func appendScores(b []byte, ov, pred []indexer.Overlap, bs uint64) []byte {
 	slices.SortFunc(ov, func(x, y indexer.Overlap) int {
 		if x.Rank.WorkerID != y.Rank.WorkerID {
-			if x.Rank.WorkerID < y.Rank.WorkerID {
-				return -1
-			}
-			return 1
+			return cmp.Compare(x.Rank.WorkerID, y.Rank.WorkerID)
 		}
-		return int(x.Rank.DPRank) - int(y.Rank.DPRank)
+		return cmp.Compare(x.Rank.DPRank, y.Rank.DPRank)
 	})
 	// group returns the end of the run of ov[i]'s instance.
 	group := func(i int) int {
