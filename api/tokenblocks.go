@@ -20,7 +20,7 @@ import "unsafe"
 // digits, a leading zero) is left, from its first id, to the general
 // path. Written in Go, the same two passes ran slower than fastTokens
 // (60 against 54 µs for 8,192 ids): the compiler spills the loop's state
-// and converts each mask byte by byte.
+// and builds each mask 8 bits at a time.
 
 // tokenBlocks appends to dst, within its capacity and at most max, the
 // token ids at d[i:] in whole 64-byte blocks, each with 8 bytes of d after
