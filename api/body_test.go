@@ -18,16 +18,21 @@ import (
 )
 
 // liveServer serves h through NewServer(h, cfg) on a loopback listener
-// until the test ends.
-func liveServer(t *testing.T, h http.Handler, cfg ServerConfig) (addr string) {
+// until the test ends: through a FastLane, as the daemon does, if lane.
+func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr string) {
 	t.Helper()
+	var ln net.Listener
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
+	srv := NewServer(h, cfg)
+	if lane {
+		ln = NewFastLane(srv, ln)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
-	go func() { served <- httpserve.Serve(ctx, NewServer(h, cfg), ln, 10*time.Second) }()
+	go func() { served <- httpserve.Serve(ctx, srv, ln, 10*time.Second) }()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-served; err != nil {
@@ -102,6 +107,20 @@ func (f *firstRead) Read(b []byte) (int, error) {
 // served meanwhile, every slow body must be cut off with a 408 once the
 // read timeout passes, and the body budget must be whole again after.
 func TestSlowBodies(t *testing.T) {
+	for _, lane := range []bool{false, true} {
+		t.Run(serverName(lane), func(t *testing.T) { testSlowBodies(t, lane) })
+	}
+}
+
+// serverName names a server of liveServer in subtests.
+func serverName(lane bool) string {
+	if lane {
+		return "fastlane"
+	}
+	return "net/http"
+}
+
+func testSlowBodies(t *testing.T, lane bool) {
 	const (
 		conns   = 250
 		claimed = 8 << 20
@@ -110,7 +129,7 @@ func TestSlowBodies(t *testing.T) {
 	ix, p := dynamoExample(t)
 	h, mux := newHandler(Config{Index: ix})
 	probe := &bodyProbe{next: mux}
-	addr := liveServer(t, probe, ServerConfig{ReadTimeout: timeout})
+	addr := liveServer(t, probe, ServerConfig{ReadTimeout: timeout}, lane)
 
 	var before, during runtime.MemStats
 	runtime.GC()
@@ -159,9 +178,15 @@ func TestSlowBodies(t *testing.T) {
 // flight past MaxInflightBodyBytes is refused with a 503, and what a
 // request held is given back when it ends, success or error.
 func TestBodyBudget(t *testing.T) {
+	for _, lane := range []bool{false, true} {
+		t.Run(serverName(lane), func(t *testing.T) { testBodyBudget(t, lane) })
+	}
+}
+
+func testBodyBudget(t *testing.T, lane bool) {
 	ix, p := dynamoExample(t)
 	h, mux := newHandler(Config{Index: ix, MaxBodyBytes: 40 << 10, MaxInflightBodyBytes: 64 << 10})
-	addr := liveServer(t, mux, ServerConfig{})
+	addr := liveServer(t, mux, ServerConfig{}, lane)
 	query := `{"token_ids":` + tokensJSON(p) + `,"model_name":"m"}`
 	pad := func(n int) string {
 		return query[:len(query)-1] + `,"pad":"` + strings.Repeat("x", n-len(query)-9) + `"}`
@@ -242,7 +267,7 @@ func TestServerLongResponse(t *testing.T) {
 			w.WriteHeader(http.StatusRequestTimeout)
 		}
 	})
-	addr := liveServer(t, mux, ServerConfig{ReadTimeout: 300 * time.Millisecond})
+	addr := liveServer(t, mux, ServerConfig{ReadTimeout: 300 * time.Millisecond}, false)
 	got := make(chan string, 1)
 	go func() {
 		resp, err := http.Get("http://" + addr + "/long")

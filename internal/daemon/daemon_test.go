@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"regexp"
 	"runtime/pprof"
 	"slices"
 	"strings"
@@ -106,7 +107,21 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 	if code != 200 || !bytes.Contains(body, []byte(`"instance_id":42`)) || !bytes.Contains(body, []byte(`"status":"active"`)) {
 		t.Fatalf("workers: %d %s", code, body)
 	}
+	// A connection of its own, as a router's, is served by the fast lane
+	// (the pooled connection above went to net/http with /register).
+	lanePost, _ := json.Marshal(query)
+	own := &http.Client{Transport: &http.Transport{}}
+	resp, err := own.Post(d.url+"/query", "application/json", bytes.NewReader(lanePost))
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	own.CloseIdleConnections()
 	code, body = call(t, "GET", d.url+"/metrics", "", nil)
+	if lane := regexp.MustCompile(`(?m)^prefixd_http_fast_lane_requests_total ([1-9]\d*)$`); resp.StatusCode != 200 || !lane.Match(body) {
+		t.Fatalf("/query on a connection of its own: %d; the fast lane's count in /metrics:\n%s", resp.StatusCode, regexp.MustCompile(`(?m)^prefixd_http_fast_lane.*$`).FindAll(body, -1))
+	}
 	if code != 200 || !bytes.Contains(body, []byte(`prefixd_stream_batches_total{rank="0",status="applied",worker="42"} 1`)) ||
 		!bytes.Contains(body, []byte(`prefixd_index_entries{model="meta-llama/Llama-3-8B",routing_group="default"} 4`)) {
 		t.Fatalf("metrics: %d\n%s", code, body)

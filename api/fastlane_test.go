@@ -1,0 +1,385 @@
+package api
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/internal/httpserve"
+)
+
+// laneServer serves h through NewServer and a FastLane on a loopback
+// listener until the test ends, and returns its address and the lane.
+func laneServer(t *testing.T, h http.Handler, cfg ServerConfig) (string, *FastLane) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(h, cfg)
+	lane := NewFastLane(srv, ln)
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- httpserve.Serve(ctx, srv, lane, 10*time.Second) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return ln.Addr().String(), lane
+}
+
+// exchange writes each of parts to a new connection to addr, in turn,
+// and then reads n responses: each as its status, body and the headers
+// that both servers must agree on, with Date cleared.
+func exchange(t *testing.T, addr string, parts []string, n int) []string {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(time.Minute)) // only keeps a broken server from hanging the test
+	for _, p := range parts {
+		if _, err := io.WriteString(c, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	br := bufio.NewReader(c)
+	var out []string
+	for range n {
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			out = append(out, "read: "+err.Error())
+			break
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			out = append(out, "body: "+err.Error())
+			break
+		}
+		var hs []string
+		for _, k := range []string{"Content-Type", "Content-Length", "Connection", "Allow", "Www-Authenticate", "Retry-After", "X-Content-Type-Options"} {
+			if v := resp.Header.Values(k); v != nil {
+				hs = append(hs, k+": "+strings.Join(v, ","))
+			}
+		}
+		out = append(out, fmt.Sprintf("%s close=%v %s\n%s", resp.Status, resp.Close, strings.Join(hs, "; "), b))
+	}
+	return out
+}
+
+// TestFastLaneTransparent sends the same bytes to a server with a
+// FastLane and to one without, and compares the answers: the fast
+// requests (served by the lane) get net/http's answers, and everything
+// else goes to net/http, whatever came before on the connection.
+func TestFastLaneTransparent(t *testing.T) {
+	ix, p := dynamoExample(t)
+	query := `{"token_ids":` + tokensJSON(p) + `,"model_name":"m"}`
+	byHash := `{"block_hashes":[1,2,3],"model_name":"m"}`
+	post := func(path, body string, headers ...string) string {
+		return "POST " + path + " HTTP/1.1\r\nHost: prefixd\r\n" + strings.Join(append(headers, ""), "\r\n") +
+			fmt.Sprintf("Content-Length: %d\r\n\r\n%s", len(body), body)
+	}
+	get := func(path string) string { return "GET " + path + " HTTP/1.1\r\nHost: prefixd\r\n\r\n" }
+	type tc struct {
+		name   string
+		parts  []string
+		n      int // responses
+		served int // requests the lane serves
+		reason string
+		cfg    Config
+		srv    ServerConfig
+	}
+	long := post("/query", query, "X-Pad: "+strings.Repeat("p", laneBuf))
+	cases := []tc{
+		{name: "query", parts: []string{post("/query", query)}, n: 1, served: 1},
+		{name: "query_by_hash", parts: []string{post("/query_by_hash", byHash)}, n: 1, served: 1},
+		{name: "three on one connection", parts: []string{post("/query", query), post("/query_by_hash", byHash), post("/query", query)}, n: 3, served: 3},
+		{name: "pipelined", parts: []string{post("/query", query) + post("/query", query) + post("/query_by_hash", byHash)}, n: 3, served: 3},
+		{name: "head in pieces", parts: []string{"POST /query HT", "TP/1.1\r\nHost: prefixd\r\nContent-Le", fmt.Sprintf("ngth: %d\r\n", len(query)), "\r\n" + query[:9], query[9:]}, n: 1, served: 1},
+		{name: "bad JSON", parts: []string{post("/query", `{"token_ids":[-1],"model_name":"m"}`)}, n: 1, served: 1},
+		{name: "unknown model", parts: []string{post("/query", `{"token_ids":[1],"model_name":"nope"}`)}, n: 1, served: 1},
+		{name: "empty body", parts: []string{post("/query", "")}, n: 1, served: 1},
+		{name: "client closes", parts: []string{post("/query", query, "Connection: close")}, n: 1, served: 1},
+		{name: "keep-alive header", parts: []string{post("/query", query, "connection: Keep-Alive", "User-Agent: x", "X-Request-Id: 7")}, n: 1, served: 1},
+		{name: "over the body limit", parts: []string{post("/query", query)}, n: 1, served: 1, cfg: Config{MaxBodyBytes: 100}},
+		{name: "over the limit, then another", parts: []string{post("/query", query) + post("/query", query)}, n: 2, served: 2, cfg: Config{MaxBodyBytes: 100}},
+		{name: "unauthorized", parts: []string{post("/query", query)}, n: 1, served: 1, cfg: Config{ReadToken: "r"}},
+		{name: "authorized", parts: []string{post("/query", query, "Authorization: Bearer r")}, n: 1, served: 1, cfg: Config{ReadToken: "r"}},
+		{name: "select", parts: []string{post("/select", `{"model_name":"m"}`)}, n: 1, served: 1},
+		{name: "fast, then GET", parts: []string{post("/query", query), get("/health"), post("/query", query)}, n: 3, served: 1, reason: "method"},
+		{name: "fast, then GET, pipelined", parts: []string{post("/query", query) + get("/workers") + post("/query", query)}, n: 3, served: 1, reason: "method"},
+
+		{name: "GET", parts: []string{get("/health")}, n: 1, reason: "method"},
+		{name: "GET in pieces", parts: []string{"GE", "T /health HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "method"},
+		{name: "PUT", parts: []string{strings.Replace(post("/query", query), "POST", "PUT", 1)}, n: 1, reason: "method"},
+		{name: "other path", parts: []string{post("/register", `{}`)}, n: 1, reason: "path"},
+		{name: "query string", parts: []string{post("/query?x=1", query)}, n: 1, reason: "path"},
+		{name: "absolute form", parts: []string{strings.Replace(post("/query", query), "/query", "http://prefixd/query", 1)}, n: 1, reason: "path"},
+		{name: "HTTP/1.0", parts: []string{strings.Replace(post("/query", query), "HTTP/1.1", "HTTP/1.0", 1)}, n: 1, reason: "proto"},
+		{name: "lower-case version", parts: []string{strings.Replace(post("/query", query), "HTTP/1.1", "http/1.1", 1)}, n: 1, reason: "proto"},
+		{name: "two spaces", parts: []string{strings.Replace(post("/query", query), "POST ", "POST  ", 1)}, n: 1, reason: "proto"},
+		{name: "bare LF", parts: []string{strings.ReplaceAll(post("/query", query), "\r\n", "\n")}, n: 1, reason: "proto"},
+		{name: "bare LF in headers", parts: []string{strings.Replace(post("/query", query), "prefixd\r\n", "prefixd\n", 1)}, n: 1, reason: "header"},
+		{name: "expect", parts: []string{post("/query", query, "Expect: 100-continue")}, n: 2, reason: "header"},
+		{name: "chunked", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(query), query)}, n: 1, reason: "header"},
+		{name: "chunked and a length", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n" + fmt.Sprintf("%x\r\n%s\r\n0\r\n\r\n", len(query), query)}, n: 1, reason: "header"},
+		{name: "two lengths", parts: []string{post("/query", query, fmt.Sprintf("Content-Length: %d", len(query)))}, n: 1, reason: "length"},
+		{name: "two different lengths", parts: []string{post("/query", query, "Content-Length: 3")}, n: 1, reason: "length"},
+		{name: "signed length", parts: []string{strings.Replace(post("/query", query), "Length: ", "Length: +", 1)}, n: 1, reason: "length"},
+		{name: "no length", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "length"},
+		{name: "no host", parts: []string{strings.Replace(post("/query", query), "Host: prefixd\r\n", "", 1)}, n: 1, reason: "header"},
+		{name: "two hosts", parts: []string{post("/query", query, "Host: other")}, n: 1, reason: "header"},
+		{name: "odd host", parts: []string{strings.Replace(post("/query", query), "Host: prefixd", "Host: a b", 1)}, n: 1, reason: "header"},
+		{name: "space before colon", parts: []string{post("/query", query, "X-A : 1")}, n: 1, reason: "header"},
+		{name: "continuation line", parts: []string{post("/query", query, "X-A: 1", " 2")}, n: 1, reason: "header"},
+		{name: "control byte", parts: []string{post("/query", query, "X-A: 1\x002")}, n: 1, reason: "header"},
+		{name: "upgrade", parts: []string{post("/query", query, "Connection: Upgrade", "Upgrade: h2c")}, n: 1, reason: "header"},
+		{name: "long head", parts: []string{long}, n: 1, reason: "size"},
+		{name: "over MaxHeaderBytes", parts: []string{post("/query", query, "X-Pad: "+strings.Repeat("p", 70<<10))}, n: 1, reason: "size"},
+		{name: "over a small MaxHeaderBytes", parts: []string{post("/query", query, "X-Pad: "+strings.Repeat("p", 200))}, n: 1, reason: "size", srv: ServerConfig{MaxHeaderBytes: 100}},
+		{name: "garbage", parts: []string{"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n"}, n: 1, reason: "proto"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := tc.cfg
+			cfg.Index = ix
+			h := NewHandler(cfg)
+			plain := liveServer(t, h, tc.srv, false)
+			fast, lane := laneServer(t, h, tc.srv)
+			want := exchange(t, plain, tc.parts, tc.n)
+			got := exchange(t, fast, tc.parts, tc.n)
+			if len(want) != tc.n {
+				t.Fatalf("net/http answered %d of %d: %q", len(want), tc.n, want)
+			}
+			for i := range want {
+				if got[i] != want[i] {
+					t.Errorf("answer %d:\nlane     %q\nnet/http %q", i, clipped(got[i]), clipped(want[i]))
+				}
+			}
+			st := lane.Stats()
+			handed := int64(0)
+			for r, n := range st.Handoffs {
+				handed += n
+				if n > 0 && r != tc.reason {
+					t.Errorf("handed off for %s, want %q", r, tc.reason)
+				}
+			}
+			if st.Served != int64(tc.served) || (handed == 1) != (tc.reason != "") || handed > 1 {
+				t.Errorf("the lane served %d, handed off %d (%v); want %d served, handed off for %q", st.Served, handed, st.Handoffs, tc.served, tc.reason)
+			}
+		})
+	}
+}
+
+func clipped(s string) string {
+	if len(s) > 300 {
+		return s[:300] + "…"
+	}
+	return s
+}
+
+// TestFastLaneShutdown: closing the server with a fast request in its
+// handler lets it finish and answer (with Connection: close), closes the
+// lane's idle connections at once, and Serve returns after both.
+func TestFastLaneShutdown(t *testing.T) {
+	entered, release := make(chan struct{}), make(chan struct{})
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Wait") != "" {
+			close(entered)
+			<-release
+		}
+		io.WriteString(w, "done")
+	})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(h, ServerConfig{})
+	lane := NewFastLane(srv, ln, "/q")
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- httpserve.Serve(ctx, srv, lane, time.Minute) }()
+
+	req := "POST /q HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"
+	idle, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idle.Close()
+	idle.SetDeadline(time.Now().Add(time.Minute))
+	io.WriteString(idle, req)
+	idleR := bufio.NewReader(idle)
+	if resp, err := http.ReadResponse(idleR, nil); err != nil || resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("idle connection's request: %v %v", resp, err)
+	} else {
+		io.ReadAll(resp.Body)
+	}
+	busy, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	busy.SetDeadline(time.Now().Add(time.Minute))
+	io.WriteString(busy, strings.Replace(req, "Host: x\r\n", "Host: x\r\nX-Wait: 1\r\n", 1))
+	<-entered
+	cancel()
+	// The idle connection is closed without an answer...
+	if rest, err := io.ReadAll(idleR); err != nil || len(rest) > 0 {
+		t.Fatalf("idle connection after Close: %q %v, want EOF", rest, err)
+	}
+	// ...Serve waits for the busy one...
+	select {
+	case err := <-served:
+		t.Fatalf("Serve returned (%v) with a request in flight", err)
+	default:
+	}
+	close(release)
+	// ...which answers, closing.
+	resp, err := http.ReadResponse(bufio.NewReader(busy), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || string(b) != "done" || !resp.Close {
+		t.Fatalf("request in flight at shutdown: %d %q close=%v", resp.StatusCode, b, resp.Close)
+	}
+	if err := <-served; err != nil {
+		t.Fatalf("Serve = %v", err)
+	}
+	if _, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		t.Fatal("the listener still accepts")
+	}
+}
+
+// TestFastLanePanic: a handler's panic on the lane is logged as net/http
+// logs it and closes that connection only; http.ErrAbortHandler closes it
+// silently.
+func TestFastLanePanic(t *testing.T) {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/panic":
+			panic("boom")
+		case "/abort":
+			panic(http.ErrAbortHandler)
+		}
+		io.WriteString(w, "ok")
+	})
+	var logged syncBuffer
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(h, ServerConfig{})
+	srv.ErrorLog = log.New(&logged, "", 0)
+	lane := NewFastLane(srv, ln, "/panic", "/abort", "/ok")
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- httpserve.Serve(ctx, srv, lane, time.Minute) }()
+	defer func() {
+		cancel()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	addr := ln.Addr().String()
+	for _, path := range []string{"/panic", "/abort"} {
+		got := exchange(t, addr, []string{"POST " + path + " HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"}, 1)
+		if len(got) != 1 || !strings.HasPrefix(got[0], "read: ") {
+			t.Errorf("%s: %q, want the connection closed", path, got)
+		}
+	}
+	if got := exchange(t, addr, []string{"POST /ok HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"}, 1); len(got) != 1 || !strings.HasPrefix(got[0], "200 OK") {
+		t.Errorf("after the panics: %q", got)
+	}
+	out := logged.String()
+	if !strings.Contains(out, "http: panic serving 127.0.0.1:") || !strings.Contains(out, "boom") || strings.Count(out, "http: panic") != 1 {
+		t.Errorf("log: %q", out)
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestFastLaneAcceptError: a listener that fails for good fails the
+// server's Serve with its error.
+func TestFastLaneAcceptError(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	boom := errors.New("boom")
+	srv := NewServer(http.NotFoundHandler(), ServerConfig{})
+	lane := NewFastLane(srv, failingListener{ln, boom})
+	if err := srv.Serve(lane); !errors.Is(err, boom) {
+		t.Fatalf("Serve = %v, want %v", err, boom)
+	}
+}
+
+type failingListener struct {
+	net.Listener
+	err error
+}
+
+func (l failingListener) Accept() (net.Conn, error) { return nil, l.err }
+
+// FuzzFastLaneHead: whatever head the lane accepts, net/http reads the
+// same way: the same method, path, host, length, headers and close.
+func FuzzFastLaneHead(f *testing.F) {
+	for _, s := range []string{
+		"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}",
+		"POST /query HTTP/1.1\r\nhost: x:80\r\ncontent-length: 0\r\nconnection: close\r\nX-A:  b \r\n\r\n",
+		"POST /select HTTP/1.1\r\nHost: [::1]:8080\r\nContent-Length: 007\r\nAuthorization: Bearer t\r\nX-A: 1\r\nx-a: 2\r\n\r\n",
+		"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
+		"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nX-A: \t\r\n\r\n",
+	} {
+		f.Add([]byte(s))
+	}
+	paths := map[string]bool{"/query": true, "/select": true}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var h head
+		end, _, ok := h.parse(b, paths)
+		if !ok || end == 0 {
+			return
+		}
+		r, err := http.ReadRequest(bufio.NewReader(bytes.NewReader(b[:end])))
+		if err != nil {
+			t.Fatalf("the lane accepts %q; net/http: %v", b[:end], err)
+		}
+		delete(r.Header, "Host") // ReadRequest keeps it; a server removes it
+		if r.Method != http.MethodPost || r.URL.Path != h.path || r.URL.RawQuery != "" || r.Host != h.host ||
+			r.ContentLength != h.length || r.Close != h.close || len(r.TransferEncoding) != 0 || fmt.Sprint(r.Header) != fmt.Sprint(h.header) {
+			t.Fatalf("%q:\nlane     %s %s host %q length %d close %v %v\nnet/http %s %s host %q length %d close %v %v",
+				b[:end], "POST", h.path, h.host, h.length, h.close, h.header, r.Method, r.URL, r.Host, r.ContentLength, r.Close, r.Header)
+		}
+	})
+}
