@@ -373,3 +373,18 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 		})
 	}
 }
+
+// TestDaemonNoFastLane: under NoFastLane (serve --no-fast-lane) net/http
+// serves everything: the queries answer, and the lane's metrics are absent.
+func TestDaemonNoFastLane(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.NoFastLane = true })
+	code, body := call(t, "POST", d.url+"/query", "", map[string]any{"token_ids": []int{1, 2}, "model_name": "m"})
+	if code != http.StatusNotFound || !bytes.Contains(body, []byte("no indexer for model=m")) {
+		t.Fatalf("/query: %d %s", code, body)
+	}
+	if code, body := call(t, "GET", d.url+"/metrics", "", nil); code != 200 || bytes.Contains(body, []byte("prefixd_http_fast_lane")) ||
+		!bytes.Contains(body, []byte(`prefixd_http_request_duration_seconds_count{code="404",handler="/query",method="post"} 1`)) {
+		t.Fatalf("metrics: %d; its prefixd_http series:\n%s", code, bytes.Join(regexp.MustCompile(`(?m)^prefixd_http.*$`).FindAll(body, -1), []byte("\n")))
+	}
+}

@@ -22,7 +22,7 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
 	const wait = 20 * time.Second
 	logs.Wait(t, wait, "index shards: each partition's ranks spread over this many trees, written in parallel", fmt.Sprintf("shards=%d", indexer.DefaultShards()))
-	logs.Wait(t, wait, "prefixd serving")
+	logs.Wait(t, wait, "prefixd serving", "fast_lane=true")
 	logs.Wait(t, wait, "catalog synced", "workers=0")
 
 	e := publishtest.Start(t, 0)
