@@ -336,6 +336,7 @@ func (c *laneConn) serve() {
 		keep, give := c.next()
 		if give {
 			c.forget()
+			c.conn.SetReadDeadline(time.Time{}) // the server sets its own
 			c.l.give(&replayConn{Conn: c.conn, pending: c.buf[c.r:c.w]})
 			return
 		}
@@ -390,20 +391,24 @@ func (c *laneConn) next() (keep, give bool) {
 	// or read under ReadHeaderTimeout.
 	var timed bool
 	var end int
-	for {
-		var why handoffReason
-		var ok bool
-		end, why, ok = c.h.parse(c.buf[c.r:c.w], c.l.paths)
-		if !ok {
-			c.l.handoffs[why].Add(1)
-			return false, true
-		}
-		if end > c.l.maxHead {
-			c.l.handoffs[handoffSize].Add(1)
-			return false, true
-		}
-		if end > 0 {
-			break
+	for parse := true; ; {
+		// Parsed again only when a line has ended since: a head
+		// trickling in byte by byte is not parsed once a byte.
+		if parse {
+			var why handoffReason
+			var ok bool
+			end, why, ok = c.h.parse(c.buf[c.r:c.w], c.l.paths)
+			if !ok {
+				c.l.handoffs[why].Add(1)
+				return false, true
+			}
+			if end > c.l.maxHead {
+				c.l.handoffs[handoffSize].Add(1)
+				return false, true
+			}
+			if end > 0 {
+				break
+			}
 		}
 		if c.w == len(c.buf) {
 			if c.r == 0 {
@@ -420,6 +425,7 @@ func (c *laneConn) next() (keep, give bool) {
 			}
 		}
 		n, err := c.conn.Read(c.buf[c.w:])
+		parse = bytes.IndexByte(c.buf[c.w:c.w+n], '\n') >= 0
 		c.w += n
 		if n == 0 && err != nil {
 			// Cut off inside a head (the client left, or the header
@@ -537,9 +543,14 @@ func (c *laneConn) write(closing bool) bool {
 	b = strconv.AppendInt(b, int64(rw.status), 10)
 	b = append(b, ' ')
 	b = append(b, http.StatusText(rw.status)...)
-	b = append(b, "\r\nContent-Length: "...)
-	b = strconv.AppendInt(b, int64(len(rw.body)), 10)
 	b = append(b, "\r\n"...)
+	if rw.status == http.StatusNoContent || rw.status == http.StatusNotModified {
+		rw.body = rw.body[:0] // no body, nor its length, as net/http
+	} else {
+		b = append(b, "Content-Length: "...)
+		b = strconv.AppendInt(b, int64(len(rw.body)), 10)
+		b = append(b, "\r\n"...)
+	}
 	keys := make([]string, 0, len(hd))
 	for k := range hd {
 		keys = append(keys, k)
