@@ -386,3 +386,69 @@ func FuzzFastLaneHead(f *testing.F) {
 		}
 	})
 }
+
+// TestFastLaneConcurrent: clients on connections of their own, some
+// fast only and some handed to net/http halfway, all at once: every
+// answer is net/http's, and the lane's counts add up.
+func TestFastLaneConcurrent(t *testing.T) {
+	ix, p := dynamoExample(t)
+	query := `{"token_ids":` + tokensJSON(p) + `,"model_name":"m"}`
+	want := exchange(t, liveServer(t, NewHandler(Config{Index: ix}), ServerConfig{}, false),
+		[]string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " + fmt.Sprint(len(query)) + "\r\n\r\n" + query}, 1)[0]
+	addr, lane := laneServer(t, NewHandler(Config{Index: ix}), ServerConfig{})
+	const clients, requests = 8, 50
+	var wg sync.WaitGroup
+	errs := make(chan error, clients)
+	for i := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				errs <- err
+				return
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(time.Minute))
+			br := bufio.NewReader(c)
+			for j := range requests {
+				req := "POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " + fmt.Sprint(len(query)) + "\r\n\r\n" + query
+				if i%2 == 1 && j == requests/2 {
+					req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" // the connection goes to net/http
+				}
+				if _, err := io.WriteString(c, req); err != nil {
+					errs <- err
+					return
+				}
+				resp, err := http.ReadResponse(br, nil)
+				if err != nil {
+					errs <- fmt.Errorf("client %d, request %d: %v", i, j, err)
+					return
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if strings.HasPrefix(req, "GET") {
+					if resp.StatusCode != 200 {
+						errs <- fmt.Errorf("client %d: /health %d", i, resp.StatusCode)
+						return
+					}
+					continue
+				}
+				if got := fmt.Sprintf("%s close=%v Content-Type: %s; Content-Length: %s\n%s", resp.Status, resp.Close,
+					resp.Header.Get("Content-Type"), resp.Header.Get("Content-Length"), b); got != want {
+					errs <- fmt.Errorf("client %d, request %d: %q, want %q", i, j, clipped(got), clipped(want))
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	st := lane.Stats()
+	if fast := int64(clients/2*requests + clients/2*requests/2); st.Served != fast || st.Handoffs["method"] != clients/2 {
+		t.Errorf("served %d, handed off %v; want %d served and %d handed off for method", st.Served, st.Handoffs, fast, clients/2)
+	}
+}
