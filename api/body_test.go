@@ -21,14 +21,23 @@ import (
 // until the test ends: through a FastLane, as the daemon does, if lane.
 func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr string) {
 	t.Helper()
+	addr, _ = serveLive(t, h, cfg, lane)
+	return addr
+}
+
+// serveLive is liveServer, also returning the lane (nil without).
+func serveLive(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (string, *FastLane) {
+	t.Helper()
 	var ln net.Listener
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := NewServer(h, cfg)
+	var fl *FastLane
 	if lane {
-		ln = NewFastLane(srv, ln)
+		fl = NewFastLane(srv, ln)
+		ln = fl
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
@@ -39,7 +48,7 @@ func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return ln.Addr().String()
+	return ln.Addr().String(), fl
 }
 
 // rawPost opens a connection and sends the headers of a POST to path

@@ -16,28 +16,14 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // laneServer serves h through NewServer and a FastLane on a loopback
 // listener until the test ends, and returns its address and the lane.
 func laneServer(t *testing.T, h http.Handler, cfg ServerConfig) (string, *FastLane) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := NewServer(h, cfg)
-	lane := NewFastLane(srv, ln)
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- httpserve.Serve(ctx, srv, lane, 10*time.Second) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return ln.Addr().String(), lane
+	return serveLive(t, h, cfg, true)
 }
 
 // exchange writes each of parts to a new connection to addr, in turn,
@@ -282,7 +268,7 @@ func TestFastLanePanic(t *testing.T) {
 		}
 		io.WriteString(w, "ok")
 	})
-	var logged syncBuffer
+	var logged testsupport.Buffer
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -313,24 +299,6 @@ func TestFastLanePanic(t *testing.T) {
 	if !strings.Contains(out, "http: panic serving 127.0.0.1:") || !strings.Contains(out, "boom") || strings.Count(out, "http: panic") != 1 {
 		t.Errorf("log: %q", out)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestFastLaneAcceptError: a listener that fails for good fails the

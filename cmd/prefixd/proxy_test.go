@@ -5,7 +5,6 @@ import (
 	"context"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,31 +34,13 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 	}
 }
 
-// syncBuffer is a bytes.Buffer safe for a logger and a reader at once.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestProxyServes: prefixd proxy starts against a prefixd API, says so,
 // serves /health and stops with its context.
 func TestProxyServes(t *testing.T) {
 	srv := httptest.NewServer(api.NewHandler(api.Config{Index: indexer.New(indexer.Options{})}))
 	defer srv.Close()
 	var out bytes.Buffer
-	var errOut syncBuffer
+	var errOut testsupport.Buffer
 	cmd := newRootCommand(&out, &errOut)
 	cmd.SetArgs([]string{"proxy", "--server", srv.URL, "--listen", "127.0.0.1:0", "--disagg"})
 	ctx, cancel := context.WithCancel(context.Background())

@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -187,7 +185,7 @@ func TestStatusAgainstDaemon(t *testing.T) {
 
 	// Refreshing: not a terminal, so frames follow one another, with no
 	// control sequences, until the context ends.
-	var live lockedBuffer
+	var live testsupport.Buffer
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	cmd := newRootCommand(&live, &live)
@@ -209,22 +207,4 @@ func TestStatusAgainstDaemon(t *testing.T) {
 	if s := live.String(); !strings.HasPrefix(s, "prefixd "+url) || strings.Contains(s, "\x1b") {
 		t.Fatalf("frames:\n%q", s)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for a writer and a reader.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 const (
@@ -73,28 +74,10 @@ type Pub struct {
 	stdin          io.WriteCloser
 	lines          chan string   // stdout lines; closed at EOF
 	stop           chan struct{} // closed at cleanup: stop delivering lines
-	stderr         *buffer
+	stderr         *testsupport.Buffer
 	exited         bool
 	Endpoint       string // PUB endpoint as bound (LAST_ENDPOINT)
 	ReplayEndpoint string // ROUTER endpoint as bound; "" without one
-}
-
-// buffer is a bytes.Buffer safe for the exec copier and the test.
-type buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *buffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *buffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // Start starts pypub.py bound to ephemeral loopback ports (PUB and
@@ -111,7 +94,7 @@ func Start(t testing.TB, args ...string) *Pub {
 		cmd:    cmd,
 		lines:  make(chan string, 16),
 		stop:   make(chan struct{}),
-		stderr: &buffer{},
+		stderr: &testsupport.Buffer{},
 	}
 	cmd.Stderr = p.stderr
 	stdin, err := cmd.StdinPipe()
