@@ -59,7 +59,9 @@ import (
 // its own connections, and logs a handler's panic to its ErrorLog as
 // net/http does. Closing it (the server's Shutdown or Close does) stops
 // accepting and closes its idle connections; Drain then waits for the
-// requests in flight. A TLS connection goes to the server untouched.
+// requests in flight. A TLS connection goes to the server untouched. The
+// server's ConnState and ConnContext hooks, and SetKeepAlivesEnabled, see
+// only the connections the lane hands over.
 type FastLane struct {
 	ln      net.Listener
 	srv     *http.Server
