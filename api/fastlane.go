@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -33,9 +34,9 @@ import (
 // each wakeup is an exit, net/http and the kernel cost POST /query about
 // 120 µs of CPU a request against 65 µs for a plain read-parse-write loop
 // on the same socket (docs/benchmarks.md). The fast lane is that loop, for
-// the requests a router sends at rate: a POST to one of its paths, in
-// HTTP/1.1 with a Content-Length, whose head it reads itself and checks
-// strictly. It then calls the server's handler as net/http would, with an
+// the requests a router sends at rate: a GET, POST or DELETE to one of its
+// paths (FastLanePaths: the routes answered from memory), in HTTP/1.1,
+// whose head it reads itself and checks strictly. It then calls the server's handler as net/http would, with an
 // http.Request and a ResponseWriter that buffers the response and writes
 // it, head and body, in one system call.
 //
@@ -48,11 +49,11 @@ import (
 // answers are the handler's, and TestFastLaneTransparent sends the same
 // bytes to both and compares.
 //
-// Differences from net/http on the fast requests, none visible to a
-// handler of the query routes: the request's context is not canceled when
+// Differences from net/http on the fast requests, none visible to the
+// handlers of FastLanePaths: the request's context is not canceled when
 // the client leaves (the handlers take microseconds and do not look), and
-// the handler's response is buffered whole (the score responses are
-// bounded by the fleet's ranks) and sent with its Content-Length.
+// the handler's response is buffered whole (the score and plan responses
+// are bounded by the fleet's ranks) and sent with its Content-Length.
 //
 // The lane is a net.Listener for the server: Serve the server on it. It
 // applies the server's ReadHeaderTimeout, ReadTimeout and IdleTimeout to
@@ -65,7 +66,7 @@ import (
 type FastLane struct {
 	ln      net.Listener
 	srv     *http.Server
-	paths   map[string]bool
+	paths   lanePaths
 	maxHead int // the longest head the lane reads: laneBuf, or the server's MaxHeaderBytes if less
 	handoff chan net.Conn
 	ctx     context.Context // the requests' context: the server's keys, canceled by Close
@@ -86,24 +87,33 @@ type FastLane struct {
 	handoffs [numHandoffReasons]atomic.Int64
 }
 
-// FastLanePaths are the paths NewFastLane serves by default: the queries
-// and the selection a router sends for every request it routes.
-var FastLanePaths = []string{"/query", "/query_by_hash", "/select"}
+// FastLanePaths are the paths NewFastLane serves by default: every route
+// whose handler answers from memory in microseconds — the queries, the
+// selections and bookings a router or prefixd proxy makes for every
+// request it routes, and the probes. Not /register and /unregister (they
+// write etcd under the request's context), /workers, /dump or /metrics.
+var FastLanePaths = []string{"/query", "/query_by_hash", "/select", "/select_and_reserve",
+	"/reservations", "/reservations/", "/disagg/plans", "/disagg/plans/", "/health", "/ready"}
 
-// NewFastLane returns a FastLane accepting on ln for srv, serving POSTs
-// to paths (FastLanePaths if none) with srv.Handler, and starts
-// accepting. Serve srv on the lane (srv.Serve(lane), or httpserve.Serve,
-// which also drains it).
+// NewFastLane returns a FastLane accepting on ln for srv, serving the GET,
+// POST and DELETE requests to paths (FastLanePaths if none) with
+// srv.Handler, and starts accepting. A path ending in a slash names the
+// paths below it, as in a ServeMux pattern. Serve srv on the lane
+// (srv.Serve(lane), or httpserve.Serve, which also drains it).
 func NewFastLane(srv *http.Server, ln net.Listener, paths ...string) *FastLane {
 	if len(paths) == 0 {
 		paths = FastLanePaths
 	}
 	l := &FastLane{
-		ln: ln, srv: srv, paths: make(map[string]bool, len(paths)), handoff: make(chan net.Conn),
+		ln: ln, srv: srv, paths: lanePaths{exact: make(map[string]bool, len(paths))}, handoff: make(chan net.Conn),
 		done: make(chan struct{}), failed: make(chan struct{}), conns: make(map[*laneConn]bool),
 	}
 	for _, p := range paths {
-		l.paths[p] = true
+		if strings.HasSuffix(p, "/") {
+			l.paths.prefixes = append(l.paths.prefixes, p)
+		} else {
+			l.paths.exact[p] = true
+		}
 	}
 	l.maxHead = laneBuf
 	if srv.MaxHeaderBytes > 0 {
@@ -462,7 +472,7 @@ func (c *laneConn) next() (keep, give bool) {
 func (c *laneConn) serveRequest() (ok bool) {
 	h := &c.h
 	req := &http.Request{
-		Method:        http.MethodPost,
+		Method:        h.method,
 		URL:           &url.URL{Path: h.path},
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
@@ -718,6 +728,7 @@ func headerTimeout(s *http.Server) time.Duration {
 
 // head is a fast request's head, as parse reads it.
 type head struct {
+	method string
 	path   string
 	host   string
 	length int64
@@ -728,12 +739,13 @@ type head struct {
 // parse reads a request head from b. It returns the head's length once
 // b holds all of it (0 while it does not), or ok false and the reason the
 // request goes to net/http. It accepts only what net/http reads the same
-// way: CRLF line ends, a request line "POST <path> HTTP/1.1" with path one
-// of paths, header names of token characters, values without control
-// characters, no continuation lines, exactly one Host and one
-// Content-Length of decimal digits, a Connection of close or keep-alive,
-// and no Transfer-Encoding, Expect, Upgrade or Trailer.
-func (h *head) parse(b []byte, paths map[string]bool) (end int, why handoffReason, ok bool) {
+// way: CRLF line ends, a request line "<method> <path> HTTP/1.1" with a
+// method of laneMethod and a path paths match, header names of token
+// characters, values without control characters, no continuation lines,
+// exactly one Host, at most one Content-Length, of decimal digits (none:
+// no body), a Connection of close or keep-alive, and no
+// Transfer-Encoding, Expect, Upgrade or Trailer.
+func (h *head) parse(b []byte, paths lanePaths) (end int, why handoffReason, ok bool) {
 	line, rest, found := cutLine(b)
 	if !found {
 		if line == nil {
@@ -741,23 +753,24 @@ func (h *head) parse(b []byte, paths map[string]bool) (end int, why handoffReaso
 		}
 		// The request line is incomplete; it can still go either way,
 		// unless what arrived already decides.
-		if len(b) >= 5 && string(b[:5]) != "POST " {
+		if m, _, sp := bytes.Cut(b, []byte{' '}); sp && laneMethod(m) == "" || !sp && len(b) > len("DELETE") {
 			return 0, handoffMethod, false
 		}
 		return 0, 0, true
 	}
-	method, target, proto, ok3 := splitRequestLine(line)
+	m, target, proto, ok3 := splitRequestLine(line)
+	method := laneMethod(m)
 	switch {
 	case !ok3:
 		return 0, handoffProto, false
-	case method != "POST":
+	case method == "":
 		return 0, handoffMethod, false
-	case !paths[string(target)]:
+	case !paths.match(target):
 		return 0, handoffPath, false
 	case proto != "HTTP/1.1":
 		return 0, handoffProto, false
 	}
-	*h = head{path: string(target), length: -1}
+	*h = head{method: method, path: string(target), length: -1}
 	hosts := 0
 	for i := 0; ; i++ {
 		line, rest, found = cutLine(rest)
@@ -820,7 +833,7 @@ func (h *head) parse(b []byte, paths map[string]bool) (end int, why handoffReaso
 		return 0, handoffHeader, false
 	}
 	if h.length < 0 {
-		return 0, handoffLength, false
+		h.length = 0 // no Content-Length and no Transfer-Encoding: no body
 	}
 	if h.header == nil {
 		h.header = make(http.Header)
@@ -843,13 +856,57 @@ func cutLine(b []byte) (line, rest []byte, found bool) {
 
 // splitRequestLine splits "METHOD SP target SP proto", each part
 // non-empty and without further spaces.
-func splitRequestLine(line []byte) (method string, target []byte, proto string, ok bool) {
+func splitRequestLine(line []byte) (method, target []byte, proto string, ok bool) {
 	m, rest, ok1 := bytes.Cut(line, []byte{' '})
 	t, p, ok2 := bytes.Cut(rest, []byte{' '})
 	if !ok1 || !ok2 || len(m) == 0 || len(t) == 0 || bytes.IndexByte(p, ' ') >= 0 {
-		return "", nil, "", false
+		return nil, nil, "", false
 	}
-	return string(m), t, string(p), true
+	return m, t, string(p), true
+}
+
+// laneMethod returns m if the lane serves it (GET, POST, DELETE), else "".
+// HEAD goes to net/http, which answers it without a body.
+func laneMethod(m []byte) string {
+	switch string(m) {
+	case http.MethodPost:
+		return http.MethodPost
+	case http.MethodGet:
+		return http.MethodGet
+	case http.MethodDelete:
+		return http.MethodDelete
+	}
+	return ""
+}
+
+// lanePaths are the paths a lane serves: exact ones, and the paths below
+// prefixes (each ending in a slash).
+type lanePaths struct {
+	exact    map[string]bool
+	prefixes []string
+}
+
+// match reports whether target is a path the lane serves: one of its
+// paths, of letters, digits and "-._~/" only (no escapes, no query, no
+// dot segments: what net/http would not read as it stands goes there).
+func (p lanePaths) match(target []byte) bool {
+	if len(target) == 0 || target[0] != '/' || bytes.Contains(target, []byte("/.")) || bytes.Contains(target, []byte("//")) {
+		return false
+	}
+	for _, ch := range target {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~' || ch == '/') {
+			return false
+		}
+	}
+	if p.exact[string(target)] {
+		return true
+	}
+	for _, pre := range p.prefixes {
+		if len(target) > len(pre) && string(target[:len(pre)]) == pre {
+			return true
+		}
+	}
+	return false
 }
 
 // parseLength parses a Content-Length: 1 to 18 decimal digits.

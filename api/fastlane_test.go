@@ -88,6 +88,9 @@ func TestFastLaneTransparent(t *testing.T) {
 		reason string
 		cfg    Config
 		srv    ServerConfig
+		// selector gives each server a fakeSelector of its own (the
+		// bookings are state).
+		selector bool
 	}
 	long := post("/query", query, "X-Pad: "+strings.Repeat("p", laneBuf))
 	cases := []tc{
@@ -105,12 +108,29 @@ func TestFastLaneTransparent(t *testing.T) {
 		{name: "over the limit, then another", parts: []string{post("/query", query) + post("/query", query)}, n: 2, served: 2, cfg: Config{MaxBodyBytes: 100}},
 		{name: "unauthorized", parts: []string{post("/query", query)}, n: 1, served: 1, cfg: Config{ReadToken: "r"}},
 		{name: "authorized", parts: []string{post("/query", query, "Authorization: Bearer r")}, n: 1, served: 1, cfg: Config{ReadToken: "r"}},
-		{name: "select", parts: []string{post("/select", `{"model_name":"m"}`)}, n: 1, served: 1},
-		{name: "fast, then GET", parts: []string{post("/query", query), get("/health"), post("/query", query)}, n: 3, served: 1, reason: "method"},
-		{name: "fast, then GET, pipelined", parts: []string{post("/query", query) + get("/workers") + post("/query", query)}, n: 3, served: 1, reason: "method"},
+		{name: "fast, then /workers", parts: []string{post("/query", query), get("/workers"), post("/query", query)}, n: 3, served: 1, reason: "path"},
+		{name: "fast, then /workers, pipelined", parts: []string{post("/query", query) + get("/workers") + post("/query", query)}, n: 3, served: 1, reason: "path"},
+		{name: "GET /health", parts: []string{get("/health")}, n: 1, served: 1},
+		{name: "GET /health in pieces", parts: []string{"GE", "T /health HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, served: 1},
+		{name: "GET /ready, then a query", parts: []string{get("/ready") + post("/query", query)}, n: 2, served: 2},
+		{name: "select", parts: []string{post("/select", `{"model_name":"m","token_ids":[1,2]}`)}, n: 1, served: 1, selector: true},
+		{name: "reservations", parts: []string{post("/select_and_reserve", `{"model_name":"m","token_ids":[1,2],"selection_id":"r1"}`),
+			post("/select_and_reserve", `{"model_name":"m","token_ids":[1,2],"selection_id":"r1"}`), post("/reservations/r1/prefill_complete", ""),
+			"DELETE /reservations/r1 HTTP/1.1\r\nHost: x\r\n\r\n", "DELETE /reservations/r1 HTTP/1.1\r\nHost: x\r\n\r\n",
+			post("/reservations/r1", "")}, n: 6, served: 6, selector: true},
+		{name: "plans", parts: []string{post("/disagg/plans", `{"request_id":"p1","model_name":"m","token_ids":[1,2,3,4]}`), get("/disagg/plans/p1"),
+			post("/disagg/plans/p1/prefill_complete", ""), post("/disagg/plans/p1/decode", ""), "DELETE /disagg/plans/p1 HTTP/1.1\r\nHost: x\r\n\r\n"},
+			n: 5, served: 5, selector: true},
+		{name: "a GET with a body", parts: []string{strings.Replace(post("/health", "{}"), "POST", "GET", 1)}, n: 1, served: 1},
 
-		{name: "GET", parts: []string{get("/health")}, n: 1, reason: "method"},
-		{name: "GET in pieces", parts: []string{"GE", "T /health HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "method"},
+		{name: "GET /workers", parts: []string{get("/workers")}, n: 1, reason: "path"},
+		{name: "GET /metrics in pieces", parts: []string{"GE", "T /metrics HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "path"},
+		{name: "OPTIONS in pieces", parts: []string{"OPTIO", "NS /query HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "method"},
+		{name: "a long method", parts: []string{"PROPFIND /query HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "method"},
+		{name: "dot segments", parts: []string{strings.Replace(post("/query", query), "/query", "/reservations/../query", 1)}, n: 1, reason: "path"},
+		{name: "an escape", parts: []string{strings.Replace(post("/query", query), "/query", "/quer%79", 1)}, n: 1, reason: "path"},
+		{name: "two slashes", parts: []string{strings.Replace(post("/query", query), "/query", "//query", 1)}, n: 1, reason: "path"},
+		{name: "a prefix alone", parts: []string{strings.Replace(post("/query", query), "/query", "/disagg/plans/", 1)}, n: 1, reason: "path"},
 		{name: "PUT", parts: []string{strings.Replace(post("/query", query), "POST", "PUT", 1)}, n: 1, reason: "method"},
 		{name: "other path", parts: []string{post("/register", `{}`)}, n: 1, reason: "path"},
 		{name: "query string", parts: []string{post("/query?x=1", query)}, n: 1, reason: "path"},
@@ -126,7 +146,7 @@ func TestFastLaneTransparent(t *testing.T) {
 		{name: "two lengths", parts: []string{post("/query", query, fmt.Sprintf("Content-Length: %d", len(query)))}, n: 1, reason: "length"},
 		{name: "two different lengths", parts: []string{post("/query", query, "Content-Length: 3")}, n: 1, reason: "length"},
 		{name: "signed length", parts: []string{strings.Replace(post("/query", query), "Length: ", "Length: +", 1)}, n: 1, reason: "length"},
-		{name: "no length", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, reason: "length"},
+		{name: "no length", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n\r\n"}, n: 1, served: 1},
 		{name: "no host", parts: []string{strings.Replace(post("/query", query), "Host: prefixd\r\n", "", 1)}, n: 1, reason: "header"},
 		{name: "two hosts", parts: []string{post("/query", query, "Host: other")}, n: 1, reason: "header"},
 		{name: "odd host", parts: []string{strings.Replace(post("/query", query), "Host: prefixd", "Host: a b", 1)}, n: 1, reason: "header"},
@@ -144,11 +164,16 @@ func TestFastLaneTransparent(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := tc.cfg
-			cfg.Index = ix
-			h := NewHandler(cfg)
-			plain := liveServer(t, h, tc.srv, false)
-			fast, lane := laneServer(t, h, tc.srv)
+			handler := func() http.Handler {
+				cfg := tc.cfg
+				cfg.Index = ix
+				if tc.selector {
+					cfg.Selector = newFakeSelector()
+				}
+				return NewHandler(cfg)
+			}
+			plain := liveServer(t, handler(), tc.srv, false)
+			fast, lane := laneServer(t, handler(), tc.srv)
 			want := exchange(t, plain, tc.parts, tc.n)
 			got := exchange(t, fast, tc.parts, tc.n)
 			if len(want) != tc.n {
@@ -332,10 +357,13 @@ func FuzzFastLaneHead(f *testing.F) {
 		"POST /select HTTP/1.1\r\nHost: [::1]:8080\r\nContent-Length: 007\r\nAuthorization: Bearer t\r\nX-A: 1\r\nx-a: 2\r\n\r\n",
 		"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\nTransfer-Encoding: chunked\r\n\r\n",
 		"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nX-A: \t\r\n\r\n",
+		"GET /select HTTP/1.1\r\nHost: x\r\n\r\n",
+		"DELETE /reservations/7 HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n",
+		"DELETE /reservations/../query HTTP/1.1\r\nHost: x\r\n\r\n",
 	} {
 		f.Add([]byte(s))
 	}
-	paths := map[string]bool{"/query": true, "/select": true}
+	paths := lanePaths{exact: map[string]bool{"/query": true, "/select": true}, prefixes: []string{"/reservations/"}}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var h head
 		end, _, ok := h.parse(b, paths)
@@ -347,10 +375,10 @@ func FuzzFastLaneHead(f *testing.F) {
 			t.Fatalf("the lane accepts %q; net/http: %v", b[:end], err)
 		}
 		delete(r.Header, "Host") // ReadRequest keeps it; a server removes it
-		if r.Method != http.MethodPost || r.URL.Path != h.path || r.URL.RawQuery != "" || r.Host != h.host ||
+		if r.Method != h.method || r.URL.Path != h.path || r.URL.RawPath != "" || r.URL.RawQuery != "" || r.Host != h.host ||
 			r.ContentLength != h.length || r.Close != h.close || len(r.TransferEncoding) != 0 || fmt.Sprint(r.Header) != fmt.Sprint(h.header) {
 			t.Fatalf("%q:\nlane     %s %s host %q length %d close %v %v\nnet/http %s %s host %q length %d close %v %v",
-				b[:end], "POST", h.path, h.host, h.length, h.close, h.header, r.Method, r.URL, r.Host, r.ContentLength, r.Close, r.Header)
+				b[:end], h.method, h.path, h.host, h.length, h.close, h.header, r.Method, r.URL, r.Host, r.ContentLength, r.Close, r.Header)
 		}
 	})
 }
@@ -382,7 +410,7 @@ func TestFastLaneConcurrent(t *testing.T) {
 			for j := range requests {
 				req := "POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: " + fmt.Sprint(len(query)) + "\r\n\r\n" + query
 				if i%2 == 1 && j == requests/2 {
-					req = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n" // the connection goes to net/http
+					req = "GET /workers HTTP/1.1\r\nHost: x\r\n\r\n" // the connection goes to net/http
 				}
 				if _, err := io.WriteString(c, req); err != nil {
 					errs <- err
@@ -397,7 +425,7 @@ func TestFastLaneConcurrent(t *testing.T) {
 				resp.Body.Close()
 				if strings.HasPrefix(req, "GET") {
 					if resp.StatusCode != 200 {
-						errs <- fmt.Errorf("client %d: /health %d", i, resp.StatusCode)
+						errs <- fmt.Errorf("client %d: /workers %d", i, resp.StatusCode)
 						return
 					}
 					continue
@@ -416,7 +444,7 @@ func TestFastLaneConcurrent(t *testing.T) {
 		t.Error(err)
 	}
 	st := lane.Stats()
-	if fast := int64(clients/2*requests + clients/2*requests/2); st.Served != fast || st.Handoffs["method"] != clients/2 {
-		t.Errorf("served %d, handed off %v; want %d served and %d handed off for method", st.Served, st.Handoffs, fast, clients/2)
+	if fast := int64(clients/2*requests + clients/2*requests/2); st.Served != fast || st.Handoffs["path"] != clients/2 {
+		t.Errorf("served %d, handed off %v; want %d served and %d handed off for path", st.Served, st.Handoffs, fast, clients/2)
 	}
 }

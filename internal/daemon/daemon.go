@@ -64,7 +64,8 @@ type Config struct {
 	// ShutdownTimeout bounds draining in-flight HTTP requests (default 10 s).
 	ShutdownTimeout time.Duration
 	// NoFastLane serves every request through net/http alone, without the
-	// api.FastLane that serves the queries and /select by default.
+	// api.FastLane that by default serves the routes answered from
+	// memory (api.FastLanePaths).
 	NoFastLane bool
 	// MaxConcurrentReplays bounds replay attempts running at once over all
 	// streams (default 8; negative = unbounded).
