@@ -26,7 +26,7 @@ func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr
 }
 
 // serveLive is liveServer, also returning the lane (nil without).
-func serveLive(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (string, *FastLane) {
+func serveLive(t testing.TB, h http.Handler, cfg ServerConfig, lane bool) (string, *FastLane) {
 	t.Helper()
 	var ln net.Listener
 	ln, err := net.Listen("tcp", "127.0.0.1:0")

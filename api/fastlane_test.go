@@ -448,3 +448,31 @@ func TestFastLaneConcurrent(t *testing.T) {
 		t.Errorf("served %d, handed off %v; want %d served and %d handed off for path", st.Served, st.Handoffs, fast, clients/2)
 	}
 }
+
+// BenchmarkQuery8KServer sends /query with the 8,192-token prompt over
+// one keep-alive connection, one request at a time (rawSender, which
+// allocates nothing), to the daemon's server (NewServer behind a
+// FastLane) and to net/http alone: what each server costs a request in
+// time and allocations, the handler included (BenchmarkQuery8KHandler is
+// the handler alone).
+func BenchmarkQuery8KServer(b *testing.B) {
+	ix, p := benchIndex(b)
+	body := benchBody(b, p)
+	for _, lane := range []bool{true, false} {
+		b.Run(map[bool]string{true: "lane", false: "net-http"}[lane], func(b *testing.B) {
+			addr, _ := serveLive(b, NewHandler(Config{Index: ix}), ServerConfig{}, lane)
+			s, err := newRawSender("http://"+addr+"/query", body)
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer s.close()
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if err := s.send(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
