@@ -498,7 +498,11 @@ func (c *laneConn) serveRequest() (ok bool) {
 			ok = false
 		}
 	}()
-	c.l.srv.Handler.ServeHTTP(&c.rw, req)
+	handler := c.l.srv.Handler
+	if handler == nil {
+		handler = http.DefaultServeMux // as net/http
+	}
+	handler.ServeHTTP(&c.rw, req)
 	c.l.served.Add(1)
 	return c.write(h.close || c.settle())
 }

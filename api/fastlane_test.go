@@ -476,3 +476,14 @@ func BenchmarkQuery8KServer(b *testing.B) {
 		})
 	}
 }
+
+// TestFastLaneNilHandler: a server without a Handler serves
+// http.DefaultServeMux on the lane too, as net/http does.
+func TestFastLaneNilHandler(t *testing.T) {
+	parts := []string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}"}
+	want := exchange(t, liveServer(t, nil, ServerConfig{}, false), parts, 1)
+	addr, lane := laneServer(t, nil, ServerConfig{})
+	if got := exchange(t, addr, parts, 1); got[0] != want[0] || lane.Stats().Served != 1 {
+		t.Fatalf("lane %q (served %d), net/http %q", got, lane.Stats().Served, want)
+	}
+}
