@@ -485,6 +485,9 @@ func (c *laneConn) serveRequest() (ok bool) {
 		RemoteAddr:    c.remote,
 		RequestURI:    h.path,
 	}
+	if h.length == 0 {
+		req.Body = http.NoBody // as net/http
+	}
 	req = req.WithContext(c.l.ctx)
 	h.header = nil // the request owns it now
 	c.rw.reset()
