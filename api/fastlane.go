@@ -332,6 +332,7 @@ type laneConn struct {
 	remote string
 	buf    []byte // the head buffer; buf[r:w] is read and not consumed
 	r, w   int
+	kept   bool // it has answered a request and stays open for the next
 
 	h    head
 	body laneBody
@@ -386,7 +387,13 @@ func (c *laneConn) next() (keep, give bool) {
 		if !c.setIdle(true) {
 			return false, false
 		}
-		if d := idleTimeout(srv); d > 0 {
+		// A new connection gets the header timeout for its first
+		// request, as net/http's; a kept one the idle timeout.
+		d := idleTimeout(srv)
+		if !c.kept {
+			d = headerTimeout(srv)
+		}
+		if d > 0 {
 			c.conn.SetReadDeadline(time.Now().Add(d))
 		} else {
 			c.conn.SetReadDeadline(time.Time{})
@@ -463,6 +470,7 @@ func (c *laneConn) next() (keep, give bool) {
 		c.linger()
 		return false, false
 	}
+	c.kept = true
 	return true, false
 }
 

@@ -156,6 +156,7 @@ func TestFastLaneTransparent(t *testing.T) {
 		{name: "upgrade", parts: []string{post("/query", query, "Connection: Upgrade", "Upgrade: h2c")}, n: 1, reason: "header"},
 		{name: "long head", parts: []string{long}, n: 1, reason: "size"},
 		{name: "over MaxHeaderBytes", parts: []string{post("/query", query, "X-Pad: "+strings.Repeat("p", 70<<10))}, n: 1, reason: "size"},
+		{name: "nothing sent", parts: nil, n: 1, srv: ServerConfig{ReadHeaderTimeout: 100 * time.Millisecond, IdleTimeout: time.Hour}},
 		{name: "head not in time", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n"}, n: 1, srv: ServerConfig{ReadHeaderTimeout: 100 * time.Millisecond}},
 		{name: "body not in time", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}"}, n: 1, served: 1, srv: ServerConfig{ReadTimeout: 100 * time.Millisecond}},
 		{name: "idle", parts: []string{post("/query", query)}, n: 2, served: 1, srv: ServerConfig{IdleTimeout: 100 * time.Millisecond}},
