@@ -56,8 +56,8 @@ import (
 // are bounded by the fleet's ranks) and sent with its Content-Length.
 //
 // The lane is a net.Listener for the server: Serve the server on it. It
-// applies the server's ReadHeaderTimeout, ReadTimeout and IdleTimeout to
-// its own connections, and logs a handler's panic to its ErrorLog as
+// applies the server's ReadHeaderTimeout, ReadTimeout, WriteTimeout and
+// IdleTimeout to its own connections, and logs a handler's panic to its ErrorLog as
 // net/http does. Closing it (the server's Shutdown or Close does) stops
 // accepting and closes its idle connections; Drain then waits for the
 // requests in flight. A TLS connection goes to the server untouched. The
@@ -462,6 +462,9 @@ func (c *laneConn) next() (keep, give bool) {
 		} else {
 			c.conn.SetReadDeadline(time.Time{})
 		}
+	}
+	if d := srv.WriteTimeout; d > 0 {
+		c.conn.SetWriteDeadline(time.Now().Add(d)) // from the end of the head, as net/http
 	}
 	if !c.serveRequest() {
 		return false, false
