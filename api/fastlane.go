@@ -88,12 +88,13 @@ type FastLane struct {
 }
 
 // FastLanePaths are the paths NewFastLane serves by default: every route
-// whose handler answers from memory in microseconds — the queries, the
-// selections and bookings a router or prefixd proxy makes for every
-// request it routes, and the probes. Not /register and /unregister (they
-// write etcd under the request's context), /workers, /dump or /metrics.
+// whose handler answers from memory — the queries, the selections and
+// bookings a router or prefixd proxy makes for every request it routes,
+// the fleet view (/workers) it refreshes, and the probes. Not /register
+// and /unregister (they write etcd under the request's context), /dump
+// (a stream) or /metrics.
 var FastLanePaths = []string{"/query", "/query_by_hash", "/select", "/select_and_reserve",
-	"/reservations", "/reservations/", "/disagg/plans", "/disagg/plans/", "/health", "/ready"}
+	"/reservations", "/reservations/", "/disagg/plans", "/disagg/plans/", "/workers", "/health", "/ready"}
 
 // NewFastLane returns a FastLane accepting on ln for srv, serving the GET,
 // POST and DELETE requests to paths (FastLanePaths if none) with
@@ -484,7 +485,7 @@ func (c *laneConn) serveRequest() (ok bool) {
 	h := &c.h
 	req := &http.Request{
 		Method:        h.method,
-		URL:           &url.URL{Path: h.path},
+		URL:           &url.URL{Path: h.path, RawQuery: h.query},
 		Proto:         "HTTP/1.1",
 		ProtoMajor:    1,
 		ProtoMinor:    1,
@@ -494,7 +495,7 @@ func (c *laneConn) serveRequest() (ok bool) {
 		Host:          h.host,
 		Close:         h.close,
 		RemoteAddr:    c.remote,
-		RequestURI:    h.path,
+		RequestURI:    h.target,
 	}
 	if h.length == 0 {
 		req.Body = http.NoBody // as net/http
@@ -747,7 +748,9 @@ func headerTimeout(s *http.Server) time.Duration {
 // head is a fast request's head, as parse reads it.
 type head struct {
 	method string
+	target string // as sent: path, and ?query if any
 	path   string
+	query  string
 	host   string
 	length int64
 	close  bool // the client sent Connection: close
@@ -778,17 +781,21 @@ func (h *head) parse(b []byte, paths lanePaths) (end int, why handoffReason, ok 
 	}
 	m, target, proto, ok3 := splitRequestLine(line)
 	method := laneMethod(m)
-	switch {
-	case !ok3:
+	if !ok3 {
 		return 0, handoffProto, false
-	case method == "":
+	}
+	if method == "" {
 		return 0, handoffMethod, false
-	case !paths.match(target):
+	}
+	path, query, okPath := paths.match(target)
+	switch {
+	case !okPath:
 		return 0, handoffPath, false
 	case proto != "HTTP/1.1":
 		return 0, handoffProto, false
 	}
-	*h = head{method: method, path: string(target), length: -1}
+	*h = head{method: method, target: string(target), length: -1}
+	h.path, h.query = h.target[:len(path)], h.target[len(h.target)-len(query):]
 	hosts := 0
 	for i := 0; ; i++ {
 		line, rest, found = cutLine(rest)
@@ -904,27 +911,38 @@ type lanePaths struct {
 	prefixes []string
 }
 
-// match reports whether target is a path the lane serves: one of its
-// paths, of letters, digits and "-._~/" only (no escapes, no query, no
-// dot segments: what net/http would not read as it stands goes there).
-func (p lanePaths) match(target []byte) bool {
-	if len(target) == 0 || target[0] != '/' || bytes.Contains(target, []byte("/.")) || bytes.Contains(target, []byte("//")) {
-		return false
+// match reports whether target is a path the lane serves, with an
+// optional query: one of its paths, of letters, digits and "-._~/" only
+// (no escapes, no dot segments), and a query of letters, digits and
+// "-._~=&%+,:" (what net/http would not read as it stands goes there).
+// The query is kept as sent, as net/http's URL.RawQuery.
+func (p lanePaths) match(target []byte) (path, query []byte, ok bool) {
+	path, query, q := bytes.Cut(target, []byte{'?'})
+	if q && len(query) == 0 {
+		return nil, nil, false // net/http's URL would say ForceQuery
 	}
-	for _, ch := range target {
+	if len(path) == 0 || path[0] != '/' || bytes.Contains(path, []byte("/.")) || bytes.Contains(path, []byte("//")) {
+		return nil, nil, false
+	}
+	for _, ch := range path {
 		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || ch == '-' || ch == '.' || ch == '_' || ch == '~' || ch == '/') {
-			return false
+			return nil, nil, false
 		}
 	}
-	if p.exact[string(target)] {
-		return true
+	for _, ch := range query {
+		if !(ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || strings.IndexByte("-._~=&%+,:", ch) >= 0) {
+			return nil, nil, false
+		}
+	}
+	if p.exact[string(path)] {
+		return path, query, true
 	}
 	for _, pre := range p.prefixes {
-		if len(target) > len(pre) && string(target[:len(pre)]) == pre {
-			return true
+		if len(path) > len(pre) && string(path[:len(pre)]) == pre {
+			return path, query, true
 		}
 	}
-	return false
+	return nil, nil, false
 }
 
 // parseLength parses a Content-Length: 1 to 18 decimal digits.

@@ -64,7 +64,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
-	fs.BoolVar(&o.noFastLane, "no-fast-lane", false, "serve every HTTP request through net/http alone (by default a fast lane serves the routes answered from memory: the queries, selections, reservations, plans and probes)")
+	fs.BoolVar(&o.noFastLane, "no-fast-lane", false, "serve every HTTP request through net/http alone (by default a fast lane serves the routes answered from memory: the queries, selections, reservations, plans, /workers and the probes)")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	fs.Int64Var(&o.maxMessage, "max-message-bytes", o.maxMessage, "largest KV-event message accepted from an engine; a bigger frame closes that connection before anything is allocated for it")
 	fs.DurationVar(&o.handshake, "handshake-timeout", o.handshake, "an engine socket that has not completed the ZMTP handshake after this long is closed and retried")
