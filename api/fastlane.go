@@ -57,8 +57,8 @@ import (
 //
 // The lane is a net.Listener for the server: Serve the server on it. It
 // applies the server's ReadHeaderTimeout, ReadTimeout, WriteTimeout and
-// IdleTimeout to its own connections, and logs a handler's panic to its ErrorLog as
-// net/http does. Closing it (the server's Shutdown or Close does) stops
+// IdleTimeout to its own connections, and logs a handler's panic to its
+// ErrorLog, as net/http does. Closing it (the server's Shutdown or Close does) stops
 // accepting and closes its idle connections; Drain then waits for the
 // requests in flight. A TLS connection goes to the server untouched. The
 // server's ConnState and ConnContext hooks, and SetKeepAlivesEnabled, see
@@ -69,7 +69,7 @@ type FastLane struct {
 	paths   lanePaths
 	maxHead int // the longest head the lane reads: laneBuf, or the server's MaxHeaderBytes if less
 	handoff chan net.Conn
-	ctx     context.Context // the requests' context: the server's keys, canceled by Close
+	ctx     context.Context // the requests' context: the server's keys, canceled by Drain
 	cancel  context.CancelFunc
 
 	done      chan struct{} // closed by Close
