@@ -2,6 +2,7 @@ package indexer
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -95,7 +96,7 @@ type leaf struct {
 func (t *Tree) appendLeaves(dst []leaf, part, now uint32) []leaf {
 	if t.gentries > 0 {
 		if n := t.orphans(); n > 0 {
-			dst = append(dst, leaf{age: orphanAge, entries: uint32(min(n, 1<<32-1)), part: part})
+			dst = append(dst, leaf{age: orphanAge, entries: uint32(min(uint64(n), math.MaxUint32)), part: part})
 		}
 	}
 	for id := 1; id < len(t.nodes); id++ {

@@ -1,6 +1,7 @@
 package indexer_test
 
 import (
+	"math"
 	"runtime"
 	"testing"
 
@@ -14,7 +15,7 @@ func TestMaxEntriesForMemory(t *testing.T) {
 		want   int
 	}{
 		{-1, 0}, {0, 0}, {1, 1}, {indexer.MemoryPerEntry, 1}, {2*indexer.MemoryPerEntry - 1, 1},
-		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 256}, {1 << 62, (1 << 62) / 256},
+		{1000 * indexer.MemoryPerEntry, 1000}, {1 << 30, (1 << 30) / 256}, {1 << 62, int(min(int64(1<<62)/256, math.MaxInt))},
 	} {
 		if got := indexer.MaxEntriesForMemory(c.budget); got != c.want {
 			t.Errorf("MaxEntriesForMemory(%d) = %d, want %d", c.budget, got, c.want)

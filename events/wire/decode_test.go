@@ -358,7 +358,7 @@ func TestDecodeErrors(t *testing.T) {
 		{"events is nil", mp([]any{ts15, nil, 0}), ReasonEnvelope, 10},
 		{"rank is a string", mp([]any{ts15, []any{}, "0"}), ReasonEnvelope, 11},
 		{"rank is a float", mp([]any{ts15, []any{}, 1.0}), ReasonEnvelope, 11},
-		{"rank overflows int32", mp([]any{ts15, []any{}, 1 << 31}), ReasonEnvelope, 11},
+		{"rank overflows int32", mp([]any{ts15, []any{}, int64(1 << 31)}), ReasonEnvelope, 11},
 		{"rank overflows int64", mp([]any{ts15, []any{}, uint64(1 << 63)}), ReasonEnvelope, 11},
 		{"map envelope without events", mp(kvs{"ts", ts15}), ReasonEnvelope, 0},
 		{"trailing bytes", append(mp([]any{ts15, []any{}, 0}), 0xc0), ReasonTrailing, 12},
