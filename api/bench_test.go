@@ -76,6 +76,8 @@ func benchBody(b *testing.B, p []uint32) []byte {
 //
 //	go test -run '^$' -bench Query8K ./api/
 //
+// The server is the daemon's: NewServer behind a FastLane.
+//
 // rate=N: open loop (openLoop) through net/http's client: a request due
 // every 1/N s, its latency from then to the last byte of the response,
 // so a late hand-out or a wait for one of the 64 senders counts;
@@ -88,11 +90,10 @@ func benchBody(b *testing.B, p []uint32) []byte {
 func BenchmarkQuery8K(b *testing.B) {
 	ix, p := benchIndex(b)
 	body := benchBody(b, p)
-	srv := httptest.NewServer(NewHandler(Config{Index: ix}))
-	defer srv.Close()
+	addr, _ := serveLive(b, NewHandler(Config{Index: ix}), ServerConfig{}, true) // the daemon's server
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, DisableCompression: true}}
 	defer client.CloseIdleConnections()
-	url := srv.URL + "/query"
+	url := "http://" + addr + "/query"
 
 	const window = 2 * time.Second
 	for _, rate := range []int{1000, 2000, 5000, 7500, 10000} {
