@@ -139,10 +139,11 @@ const (
 	handoffLength                      // no Content-Length, or one the lane does not read
 	handoffSize                        // a head over the lane's 4 KiB buffer
 	handoffTLS                         // a TLS connection
+	handoffEOF                         // the client ended inside a head
 	numHandoffReasons
 )
 
-var handoffNames = [numHandoffReasons]string{"method", "path", "proto", "header", "length", "size", "tls"}
+var handoffNames = [numHandoffReasons]string{"method", "path", "proto", "header", "length", "size", "tls", "eof"}
 
 func (r handoffReason) String() string { return handoffNames[r] }
 
@@ -334,6 +335,7 @@ type laneConn struct {
 	buf    []byte // the head buffer; buf[r:w] is read and not consumed
 	r, w   int
 	kept   bool // it has answered a request and stays open for the next
+	ended  bool // the client ended its side inside the request's body
 
 	h    head
 	body laneBody
@@ -447,9 +449,15 @@ func (c *laneConn) next() (keep, give bool) {
 		n, err := c.conn.Read(c.buf[c.w:])
 		parse = bytes.IndexByte(c.buf[c.w:c.w+n], '\n') >= 0
 		c.w += n
+		if n == 0 && errors.Is(err, io.EOF) {
+			// The client ended inside a head: net/http answers what
+			// arrived (a 400), so it gets it.
+			c.l.handoffs[handoffEOF].Add(1)
+			return false, true
+		}
 		if n == 0 && err != nil {
-			// Cut off inside a head (the client left, or the header
-			// timeout passed): closed, as net/http does.
+			// The header timeout passed, or the connection failed:
+			// closed without an answer, as net/http does.
 			return false, false
 		}
 	}
@@ -470,7 +478,7 @@ func (c *laneConn) next() (keep, give bool) {
 	if !c.serveRequest() {
 		return false, false
 	}
-	if c.rw.close {
+	if c.rw.close || c.ended {
 		c.linger()
 		return false, false
 	}
@@ -529,6 +537,11 @@ func (c *laneConn) serveRequest() (ok bool) {
 // closing.
 func (c *laneConn) settle() (closeAfter bool) {
 	switch b := &c.body; {
+	case b.err == io.ErrUnexpectedEOF:
+		// The client ended its side inside the body: the connection
+		// ends with this answer, which says nothing of it, as
+		// net/http's.
+		c.ended = true
 	case b.err != nil, b.left >= laneMaxDiscard:
 		return true
 	case b.left > 0:

@@ -26,6 +26,9 @@ func laneServer(t *testing.T, h http.Handler, cfg ServerConfig) (string, *FastLa
 	return serveLive(t, h, cfg, true)
 }
 
+// halfClose, as a part of exchange, closes the connection's write side.
+const halfClose = "\x00half-close"
+
 // exchange writes each of parts to a new connection to addr, in turn,
 // and then reads n responses: each as its status, body and the headers
 // that both servers must agree on, with Date cleared.
@@ -38,6 +41,10 @@ func exchange(t *testing.T, addr string, parts []string, n int) []string {
 	defer c.Close()
 	c.SetDeadline(time.Now().Add(time.Minute)) // only keeps a broken server from hanging the test
 	for _, p := range parts {
+		if p == halfClose {
+			c.(*net.TCPConn).CloseWrite()
+			continue
+		}
 		if _, err := io.WriteString(c, p); err != nil {
 			t.Fatal(err)
 		}
@@ -160,6 +167,9 @@ func TestFastLaneTransparent(t *testing.T) {
 		{name: "upgrade", parts: []string{post("/query", query, "Connection: Upgrade", "Upgrade: h2c")}, n: 1, reason: "header"},
 		{name: "long head", parts: []string{long}, n: 1, reason: "size"},
 		{name: "over MaxHeaderBytes", parts: []string{post("/query", query, "X-Pad: "+strings.Repeat("p", 70<<10))}, n: 1, reason: "size"},
+		{name: "body cut short", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}", halfClose}, n: 1, served: 1},
+		{name: "head cut short", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n", halfClose}, n: 1, reason: "eof"},
+		{name: "a query, then the client half-closes", parts: []string{post("/query", query), halfClose}, n: 2, served: 1},
 		{name: "nothing sent", parts: nil, n: 1, srv: ServerConfig{ReadHeaderTimeout: 100 * time.Millisecond, IdleTimeout: time.Hour}},
 		{name: "head not in time", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\n"}, n: 1, srv: ServerConfig{ReadHeaderTimeout: 100 * time.Millisecond}},
 		{name: "body not in time", parts: []string{"POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}"}, n: 1, served: 1, srv: ServerConfig{ReadTimeout: 100 * time.Millisecond}},
