@@ -98,7 +98,7 @@ func BenchmarkQuery8K(b *testing.B) {
 	const window = 2 * time.Second
 	for _, rate := range []int{1000, 2000, 5000, 7500, 10000} {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
-			r := openLoop(func() (sender, error) { return httpSender{client, url, body}, nil }, rate, window)
+			r := openLoop(func() (sender, error) { return httpSender{client, url, body}, nil }, rate, 0, window)
 			if r.Failed > 0 {
 				b.Fatalf("%d requests failed", r.Failed)
 			}

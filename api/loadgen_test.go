@@ -220,9 +220,13 @@ type loadResult struct {
 	// when its sender began writing it: a late hand-out, a busy sender
 	// pool or a generator short of CPU. They are part of Latencies.
 	Waits   []time.Duration
-	Elapsed time.Duration
+	Elapsed time.Duration // of the measured part
 	Dropped int64
 	Failed  int64
+	// Warmup is how many requests were sent, on the same connections,
+	// before the measured ones (openLoop's warm); they are not in
+	// Latencies.
+	Warmup int
 }
 
 func (r *loadResult) report(b interface{ ReportMetric(float64, string) }) {
@@ -236,7 +240,9 @@ func (r *loadResult) report(b interface{ ReportMetric(float64, string) }) {
 // senders is the size of openLoop's sender pool.
 const senders = 64
 
-// openLoop sends at rate requests/s for window, each request by one of
+// openLoop sends at rate requests/s for warm and then window, measuring
+// the requests due in window only (warm lets a run's connections reach
+// their steady state first), each request by one of
 // a pool of 64 senders made by newSender before the first is due (a
 // rawSender dials its connection then). Request i is due at
 // start + i/rate and is handed out at that time (a waker's: Go's timers
@@ -249,7 +255,7 @@ const senders = 64
 // The pacer writes a splitSender's request itself (pacedWrites) while
 // the sender's goroutine waits for the response; any other sender is
 // handed its requests through a queue (queued).
-func openLoop(newSender func() (sender, error), rate int, window time.Duration) loadResult {
+func openLoop(newSender func() (sender, error), rate int, warm, window time.Duration) loadResult {
 	pool := make([]sender, senders)
 	for i := range pool {
 		s, err := newSender()
@@ -262,11 +268,11 @@ func openLoop(newSender func() (sender, error), rate int, window time.Duration) 
 		pool[i] = s
 	}
 	interval := time.Second / time.Duration(rate)
-	n := int(window / interval)
-	if n*int(interval) < int(window) {
+	n := int((warm + window) / interval)
+	if n*int(interval) < int(warm+window) {
 		n++
 	}
-	lg := &loadgen{interval: interval, n: n}
+	lg := &loadgen{interval: interval, n: n, warm: warm}
 	lg.lat.d = make([]time.Duration, 0, n)
 	lg.waits.d = make([]time.Duration, 0, n)
 	split := make([]splitSender, 0, len(pool))
@@ -276,6 +282,7 @@ func openLoop(newSender func() (sender, error), rate int, window time.Duration) 
 		}
 	}
 	lg.start = time.Now()
+	lg.from = lg.start.Add(warm)
 	if len(split) == len(pool) {
 		lg.pacedWrites(split)
 	} else {
@@ -284,7 +291,7 @@ func openLoop(newSender func() (sender, error), rate int, window time.Duration) 
 	for _, s := range pool {
 		s.close()
 	}
-	return loadResult{Latencies: lg.lat.d, Waits: lg.waits.d, Elapsed: time.Since(lg.start), Dropped: lg.dropped.Load(), Failed: lg.failed.Load()}
+	return loadResult{Latencies: lg.lat.d, Waits: lg.waits.d, Elapsed: time.Since(lg.from), Dropped: lg.dropped.Load(), Failed: lg.failed.Load(), Warmup: lg.warmups}
 }
 
 // A splitSender writes a request and reads its response apart.
@@ -297,6 +304,9 @@ type splitSender interface {
 // loadgen is one run of openLoop.
 type loadgen struct {
 	start    time.Time
+	warm     time.Duration // requests due before from are sent but not measured
+	from     time.Time
+	warmups  int // requests due before from (the pacer's count)
 	interval time.Duration
 	n        int // requests due
 	lat      latencies
@@ -327,6 +337,9 @@ func (lg *loadgen) pace(f func(at time.Time), stop func() bool) {
 		if time.Since(at) > time.Second {
 			lg.dropped.Add(1)
 			continue
+		}
+		if at.Before(lg.from) {
+			lg.warmups++
 		}
 		f(at)
 	}
@@ -369,7 +382,9 @@ func (lg *loadgen) pacedWrites(pool []splitSender) {
 					free <- -1
 					return
 				}
-				mine = append(mine, time.Since(at))
+				if !at.Before(lg.from) {
+					mine = append(mine, time.Since(at))
+				}
 				if !keep {
 					s.close()
 					free <- -1
@@ -385,7 +400,9 @@ func (lg *loadgen) pacedWrites(pool []splitSender) {
 			k := <-free
 			if k >= 0 {
 				dues[k] <- at
-				lg.waits.d = append(lg.waits.d, time.Since(at))
+				if !at.Before(lg.from) {
+					lg.waits.d = append(lg.waits.d, time.Since(at))
+				}
 				if pool[k].write() != nil {
 					fail() // and the sender's read fails too
 				}
@@ -424,12 +441,15 @@ func (lg *loadgen) queued(pool []sender) {
 			mine := make([]time.Duration, 0, 2*lg.n/len(pool))
 			waited := make([]time.Duration, 0, cap(mine))
 			for at := range due {
-				waited = append(waited, time.Since(at))
+				w := time.Since(at)
 				if err := s.send(); err != nil {
 					lg.failed.Add(1)
 					continue
 				}
-				mine = append(mine, time.Since(at))
+				if !at.Before(lg.from) {
+					waited = append(waited, w)
+					mine = append(mine, time.Since(at))
+				}
 			}
 			lg.lat.add(mine)
 			lg.waits.add(waited)
