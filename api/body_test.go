@@ -28,15 +28,14 @@ func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr
 // serveLive is liveServer, also returning the lane (nil without).
 func serveLive(t testing.TB, h http.Handler, cfg ServerConfig, lane bool) (string, *FastLane) {
 	t.Helper()
-	var ln net.Listener
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	tcp, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := NewServer(h, cfg)
-	var fl *FastLane
+	ln, fl := tcp, (*FastLane)(nil)
 	if lane {
-		fl = NewFastLane(srv, ln)
+		fl = NewFastLane(srv, tcp)
 		ln = fl
 	}
 	ctx, cancel := context.WithCancel(context.Background())

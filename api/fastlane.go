@@ -132,11 +132,11 @@ func NewFastLane(srv *http.Server, ln net.Listener, paths ...string) *FastLane {
 type handoffReason uint8
 
 const (
-	handoffMethod handoffReason = iota // not a POST
-	handoffPath                        // not a lane path (a query string too)
+	handoffMethod handoffReason = iota // not a GET, POST or DELETE
+	handoffPath                        // not a lane path, or one (or a query) it does not read
 	handoffProto                       // not HTTP/1.1, or a malformed request line
 	handoffHeader                      // a header the lane leaves to net/http, or a malformed one
-	handoffLength                      // no Content-Length, or one the lane does not read
+	handoffLength                      // two Content-Lengths, or one the lane does not read
 	handoffSize                        // a head over the lane's 4 KiB buffer
 	handoffTLS                         // a TLS connection
 	handoffEOF                         // the client ended inside a head
@@ -832,8 +832,9 @@ func (h *head) parse(b []byte, paths lanePaths) (end int, why handoffReason, ok 
 		if !validValue(value) {
 			return 0, handoffHeader, false
 		}
-		switch {
-		case asciiEqualFold(string(name), "Content-Length"):
+		k := http.CanonicalHeaderKey(string(name)) // a token: ASCII case only
+		switch k {
+		case "Content-Length":
 			if h.length >= 0 {
 				return 0, handoffLength, false
 			}
@@ -842,13 +843,13 @@ func (h *head) parse(b []byte, paths lanePaths) (end int, why handoffReason, ok 
 				return 0, handoffLength, false
 			}
 			h.length = n
-		case asciiEqualFold(string(name), "Host"):
+		case "Host":
 			if hosts++; hosts > 1 || !validHost(value) {
 				return 0, handoffHeader, false
 			}
 			h.host = string(value)
 			continue // net/http moves it to Request.Host
-		case asciiEqualFold(string(name), "Connection"):
+		case "Connection":
 			switch {
 			case asciiEqualFold(string(value), "close"):
 				h.close = true
@@ -856,15 +857,12 @@ func (h *head) parse(b []byte, paths lanePaths) (end int, why handoffReason, ok 
 			default:
 				return 0, handoffHeader, false
 			}
-		case asciiEqualFold(string(name), "Transfer-Encoding"), asciiEqualFold(string(name), "Expect"),
-			asciiEqualFold(string(name), "Upgrade"), asciiEqualFold(string(name), "Trailer"),
-			asciiEqualFold(string(name), "TE"):
+		case "Transfer-Encoding", "Expect", "Upgrade", "Trailer", "Te":
 			return 0, handoffHeader, false
 		}
 		if h.header == nil {
 			h.header = make(http.Header, 8)
 		}
-		k := http.CanonicalHeaderKey(string(name))
 		h.header[k] = append(h.header[k], string(value))
 	}
 	if hosts != 1 {
