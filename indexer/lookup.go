@@ -66,7 +66,8 @@ import (
 // its slot and uncounts itself from the groups it had passed. So deletes
 // leave no tombstones, and a sub-table is rebuilt only when its entries
 // fill 6 of its 7 slots per group: it then grows (twice as large up to 32
-// groups, then a quarter larger, lookupGrow), or at its most groups
+// groups, then a quarter larger, lookupGrow; the only sub-table doubles up
+// to lookupMaxGroups, see makeRoom), or at its most groups
 // splits, each part sized for its entries at 70 % of the slots. A
 // sub-table that fills while the lookup is below its peak (its share of
 // the rank's entries fluctuating) grows by a sixteenth only (makeRoom).
@@ -516,6 +517,15 @@ func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
 	switch {
 	case groups < limit && drift:
 		groups = min(groups+max(groups/16, 1), limit)
+	case groups < limit && lk.dir == nil && groups < lk.maxGroups():
+		// The only sub-table doubles up to lookupMaxGroups groups (384
+		// entries): growing by a quarter from 32 groups, a rank growing
+		// from 193 to 384 entries (a rank joining a cached prefix, or a
+		// new one) is rebuilt three times more. Doubling costs a rank
+		// that stops there up to 2 KiB; most of a fleet's entries are in
+		// ranks with a directory, whose sub-tables still grow by a
+		// quarter.
+		groups = max(2*groups, 1)
 	case groups < limit:
 		groups = grownTo(groups, limit)
 	case lk.canSplit(tb):

@@ -330,6 +330,34 @@ func TestLookupSmallHasNoDirectory(t *testing.T) {
 	}
 }
 
+// TestLookupSmallDoubles checks how a lookup without a directory grows:
+// it doubles up to lookupMaxGroups groups, so a rank growing to 384
+// entries (a rank joining a cached prefix) is rebuilt 6 times, and then
+// grows by about a quarter, so a large rank's single table stays close to
+// its entries.
+func TestLookupSmallDoubles(t *testing.T) {
+	h := newLookupHarness(0)
+	rng := rand.New(rand.NewPCG(9, 9))
+	var sizes []int
+	for h.lk.dir == nil {
+		h.insert(rng.Uint64())
+		if g := len(h.lk.one.g); h.lk.dir == nil && (len(sizes) == 0 || g != sizes[len(sizes)-1]) {
+			sizes = append(sizes, g)
+		}
+	}
+	h.checkAll(t)
+	if want := []int{1, 2, 4, 8, 16, 32, lookupMaxGroups}; len(sizes) < len(want) || !slices.Equal(sizes[:len(want)], want) {
+		t.Fatalf("sizes %v, want them to begin %v", sizes, want)
+	}
+	for i := 7; i < len(sizes); i++ {
+		// fill takes the groups the allocator rounds a quarter's growth to.
+		g := sizes[i-1]
+		if most := cap(slices.Grow([]group(nil), g+g/4)); sizes[i] > most {
+			t.Errorf("sizes %v: %d groups grew to %d, more than a quarter's %d", sizes, g, sizes[i], most)
+		}
+	}
+}
+
 // unhash returns the key whose lk.hash is y (the mix is a bijection; this
 // is its inverse).
 func unhash(lk *lookup, y uint64) uint64 {
