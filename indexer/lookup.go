@@ -519,12 +519,13 @@ func (lk *lookup) makeRoom(t *Tree, rid uint32, tb *table, h uint64, skip ref) {
 		groups = min(groups+max(groups/16, 1), limit)
 	case groups < limit && lk.dir == nil && groups < lk.maxGroups():
 		// The only sub-table doubles up to lookupMaxGroups groups (384
-		// entries): growing by a quarter from 32 groups, a rank growing
-		// from 193 to 384 entries (a rank joining a cached prefix, or a
-		// new one) is rebuilt three times more. Doubling costs a rank
-		// that stops there up to 2 KiB; most of a fleet's entries are in
-		// ranks with a directory, whose sub-tables still grow by a
-		// quarter.
+		// entries): growing by a quarter from 32 groups (42 and 54
+		// groups after the allocator's rounding), a rank growing from
+		// 193 to 384 entries (a rank joining a cached prefix, or a new
+		// one) is rebuilt twice more, at 252 and 324 entries. Doubling
+		// costs a rank that stops there up to 2 KiB; most of a fleet's
+		// entries are in ranks with a directory, whose sub-tables still
+		// grow by a quarter.
 		groups = max(2*groups, 1)
 	case groups < limit:
 		groups = grownTo(groups, limit)
