@@ -85,6 +85,10 @@ type FastLane struct {
 
 	served   atomic.Int64
 	handoffs [numHandoffReasons]atomic.Int64
+
+	// testHookIdle, if set, runs when a connection has been marked idle,
+	// before it waits for its next request.
+	testHookIdle func()
 }
 
 // FastLanePaths are the paths NewFastLane serves by default: every route
@@ -102,12 +106,17 @@ var FastLanePaths = []string{"/query", "/query_by_hash", "/select", "/select_and
 // paths below it, as in a ServeMux pattern. Serve srv on the lane
 // (srv.Serve(lane), or httpserve.Serve, which also drains it).
 func NewFastLane(srv *http.Server, ln net.Listener, paths ...string) *FastLane {
+	return newFastLane(srv, ln, nil, paths...)
+}
+
+// newFastLane is NewFastLane with testHookIdle set before it accepts.
+func newFastLane(srv *http.Server, ln net.Listener, testHookIdle func(), paths ...string) *FastLane {
 	if len(paths) == 0 {
 		paths = FastLanePaths
 	}
 	l := &FastLane{
 		ln: ln, srv: srv, paths: lanePaths{exact: make(map[string]bool, len(paths))}, handoff: make(chan net.Conn),
-		done: make(chan struct{}), failed: make(chan struct{}), conns: make(map[*laneConn]bool),
+		done: make(chan struct{}), failed: make(chan struct{}), conns: make(map[*laneConn]bool), testHookIdle: testHookIdle,
 	}
 	for _, p := range paths {
 		if strings.HasSuffix(p, "/") {
@@ -387,11 +396,10 @@ func (c *laneConn) next() (keep, give bool) {
 	srv := c.l.srv
 	if c.r == c.w {
 		c.r, c.w = 0, 0
-		if !c.setIdle(true) {
-			return false, false
-		}
 		// A new connection gets the header timeout for its first
-		// request, as net/http's; a kept one the idle timeout.
+		// request, as net/http's; a kept one the idle timeout. Set
+		// before c is marked idle: from then on Close may set a
+		// deadline in the past, which this one must not replace.
 		d := idleTimeout(srv)
 		if !c.kept {
 			d = headerTimeout(srv)
@@ -400,6 +408,12 @@ func (c *laneConn) next() (keep, give bool) {
 			c.conn.SetReadDeadline(time.Now().Add(d))
 		} else {
 			c.conn.SetReadDeadline(time.Time{})
+		}
+		if !c.setIdle(true) {
+			return false, false
+		}
+		if c.l.testHookIdle != nil {
+			c.l.testHookIdle()
 		}
 		n, _ := c.conn.Read(c.buf)
 		c.w = n

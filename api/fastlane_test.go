@@ -300,6 +300,54 @@ func TestFastLaneShutdown(t *testing.T) {
 	}
 }
 
+// TestFastLaneCloseWhileGoingIdle: a lane closed just as a kept
+// connection becomes idle (after it is marked idle, before it reads)
+// still closes that connection at once, not when its idle timeout (2
+// minutes) passes: the connection's own read deadline must not replace
+// the one Close sets.
+func TestFastLaneCloseWhileGoingIdle(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.WriteString(w, "done")
+	}), ServerConfig{})
+	var lane *FastLane
+	laneSet := make(chan struct{})
+	idles := 0
+	hook := func() { // runs on the connection's goroutine
+		if idles++; idles == 2 { // the first is before its first request
+			<-laneSet
+			lane.Close()
+		}
+	}
+	lane = newFastLane(srv, ln, hook, "/q")
+	close(laneSet)
+	defer lane.Close()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second)) // far below the idle timeout
+	io.WriteString(c, "GET /q HTTP/1.1\r\nHost: x\r\n\r\n")
+	r := bufio.NewReader(c)
+	resp, err := http.ReadResponse(r, nil)
+	if err != nil || resp.StatusCode != 200 || resp.Close {
+		t.Fatalf("request: %v %v", resp, err)
+	}
+	io.ReadAll(resp.Body)
+	if rest, err := io.ReadAll(r); err != nil || len(rest) > 0 {
+		t.Fatalf("connection after Close: %q %v, want EOF", rest, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := lane.Drain(ctx); err != nil {
+		t.Fatalf("Drain = %v", err)
+	}
+}
+
 // TestFastLanePanic: a handler's panic on the lane is logged as net/http
 // logs it and closes that connection only; http.ErrAbortHandler closes it
 // silently.
