@@ -76,7 +76,7 @@ func benchBody(b *testing.B, p []uint32) []byte {
 //
 //	go test -run '^$' -bench Query8K ./api/
 //
-// The server is the daemon's: NewServer behind a FastLane.
+// The server is the daemon's: NewServer.
 //
 // rate=N: open loop (openLoop) through net/http's client: a request due
 // every 1/N s, its latency from then to the last byte of the response,
@@ -90,7 +90,7 @@ func benchBody(b *testing.B, p []uint32) []byte {
 func BenchmarkQuery8K(b *testing.B) {
 	ix, p := benchIndex(b)
 	body := benchBody(b, p)
-	addr, _ := serveLive(b, NewHandler(Config{Index: ix}), ServerConfig{}, true) // the daemon's server
+	addr := liveServer(b, NewHandler(Config{Index: ix}), ServerConfig{}) // the daemon's server
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512, DisableCompression: true}}
 	defer client.CloseIdleConnections()
 	url := "http://" + addr + "/query"

@@ -18,26 +18,14 @@ import (
 )
 
 // liveServer serves h through NewServer(h, cfg) on a loopback listener
-// until the test ends: through a FastLane, as the daemon does, if lane.
-func liveServer(t *testing.T, h http.Handler, cfg ServerConfig, lane bool) (addr string) {
+// until the test ends, as the daemon does.
+func liveServer(t testing.TB, h http.Handler, cfg ServerConfig) (addr string) {
 	t.Helper()
-	addr, _ = serveLive(t, h, cfg, lane)
-	return addr
-}
-
-// serveLive is liveServer, also returning the lane (nil without).
-func serveLive(t testing.TB, h http.Handler, cfg ServerConfig, lane bool) (string, *FastLane) {
-	t.Helper()
-	tcp, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	srv := NewServer(h, cfg)
-	ln, fl := tcp, (*FastLane)(nil)
-	if lane {
-		fl = NewFastLane(srv, tcp)
-		ln = fl
-	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error, 1)
 	go func() { served <- httpserve.Serve(ctx, srv, ln, 10*time.Second) }()
@@ -47,7 +35,7 @@ func serveLive(t testing.TB, h http.Handler, cfg ServerConfig, lane bool) (strin
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return ln.Addr().String(), fl
+	return ln.Addr().String()
 }
 
 // rawPost opens a connection and sends the headers of a POST to path
@@ -115,20 +103,6 @@ func (f *firstRead) Read(b []byte) (int, error) {
 // served meanwhile, every slow body must be cut off with a 408 once the
 // read timeout passes, and the body budget must be whole again after.
 func TestSlowBodies(t *testing.T) {
-	for _, lane := range []bool{false, true} {
-		t.Run(serverName(lane), func(t *testing.T) { testSlowBodies(t, lane) })
-	}
-}
-
-// serverName names a server of liveServer in subtests.
-func serverName(lane bool) string {
-	if lane {
-		return "fastlane"
-	}
-	return "net/http"
-}
-
-func testSlowBodies(t *testing.T, lane bool) {
 	const (
 		conns   = 250
 		claimed = 8 << 20
@@ -137,7 +111,7 @@ func testSlowBodies(t *testing.T, lane bool) {
 	ix, p := dynamoExample(t)
 	h, mux := newHandler(Config{Index: ix})
 	probe := &bodyProbe{next: mux}
-	addr := liveServer(t, probe, ServerConfig{ReadTimeout: timeout}, lane)
+	addr := liveServer(t, probe, ServerConfig{ReadTimeout: timeout})
 
 	var before, during runtime.MemStats
 	runtime.GC()
@@ -186,15 +160,9 @@ func testSlowBodies(t *testing.T, lane bool) {
 // flight past MaxInflightBodyBytes is refused with a 503, and what a
 // request held is given back when it ends, success or error.
 func TestBodyBudget(t *testing.T) {
-	for _, lane := range []bool{false, true} {
-		t.Run(serverName(lane), func(t *testing.T) { testBodyBudget(t, lane) })
-	}
-}
-
-func testBodyBudget(t *testing.T, lane bool) {
 	ix, p := dynamoExample(t)
 	h, mux := newHandler(Config{Index: ix, MaxBodyBytes: 40 << 10, MaxInflightBodyBytes: 64 << 10})
-	addr := liveServer(t, mux, ServerConfig{}, lane)
+	addr := liveServer(t, mux, ServerConfig{})
 	query := `{"token_ids":` + tokensJSON(p) + `,"model_name":"m"}`
 	pad := func(n int) string {
 		return query[:len(query)-1] + `,"pad":"` + strings.Repeat("x", n-len(query)-9) + `"}`
@@ -275,7 +243,7 @@ func TestServerLongResponse(t *testing.T) {
 			w.WriteHeader(http.StatusRequestTimeout)
 		}
 	})
-	addr := liveServer(t, mux, ServerConfig{ReadTimeout: 300 * time.Millisecond}, false)
+	addr := liveServer(t, mux, ServerConfig{ReadTimeout: 300 * time.Millisecond})
 	got := make(chan string, 1)
 	go func() {
 		resp, err := http.Get("http://" + addr + "/long")

@@ -149,12 +149,10 @@ func cpuTime() time.Duration {
 // net/http's client instead of rawSender; -external.gen-cpus runs the
 // generator under taskset -c.
 //
-// The server is the daemon's, NewServer behind a FastLane (lane/…), and
-// net/http alone beside it (net-http/…, at 5,000 req/s). The control,
-// floor: the /query body to a handler that reads it and writes /query's
-// response as canned bytes — what the server, the kernel and the machine
-// cost a request without prefixd's decoding, matching and scoring, on
-// the lane and on net/http.
+// The server is the daemon's, NewServer. The control, floor: the /query
+// body to a handler that reads it and writes /query's response as canned
+// bytes — what net/http, the kernel and the machine cost a request
+// without prefixd's decoding, matching and scoring.
 func BenchmarkQuery8KExternal(b *testing.B) {
 	ix, p := benchIndex(b)
 	h := NewHandler(Config{Index: ix})
@@ -176,18 +174,7 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(canned)))
 		w.Write(canned)
 	})
-	// The daemon's server: NewServer behind a FastLane (with /floor on
-	// the lane too); and net/http alone, to compare.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := NewServer(mux, ServerConfig{})
-	go srv.Serve(NewFastLane(srv, ln, "/query", "/query_by_hash", "/floor"))
-	defer srv.Close()
-	plain := httptest.NewServer(mux)
-	defer plain.Close()
-	urls := map[string]string{"lane": "http://" + ln.Addr().String(), "net-http": plain.URL}
+	url := "http://" + liveServer(b, mux, ServerConfig{})
 	dir := b.TempDir()
 	bodies := map[string][]byte{"query": queryBody, "query_by_hash": byHashBody(p), "floor": queryBody}
 	for route, body := range bodies {
@@ -196,23 +183,21 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 		}
 	}
 	runs := []struct {
-		server, route string
-		rates         []int
+		route string
+		rates []int
 	}{
-		{"lane", "query", []int{2000, 5000, 7500}},
-		{"lane", "query_by_hash", []int{2000, 5000, 7500}},
-		{"lane", "floor", []int{5000}},
-		{"net-http", "query", []int{5000}},
-		{"net-http", "floor", []int{5000}},
+		{"query", []int{2000, 5000, 7500}},
+		{"query_by_hash", []int{2000, 5000, 7500}},
+		{"floor", []int{5000}},
 	}
 	for _, run := range runs {
 		for _, rate := range run.rates {
-			b.Run(fmt.Sprintf("%s/%s/rate=%d", run.server, run.route, rate), func(b *testing.B) {
+			b.Run(fmt.Sprintf("%s/rate=%d", run.route, rate), func(b *testing.B) {
 				// The machine's own pauses just before, with the server
 				// idle: a pause of 250 µs or more takes a quarter of
 				// the p99 goal from every request it catches.
 				w := pauses.Watch(300 * time.Millisecond)
-				cmd := loadgenCmd(urls[run.server], run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient)
+				cmd := loadgenCmd(url, run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient)
 				cpu0 := cpuTime()
 				out, err := cmd.Output()
 				srvCPU := cpuTime() - cpu0

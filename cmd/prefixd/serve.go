@@ -64,7 +64,10 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
-	fs.BoolVar(&o.noFastLane, "no-fast-lane", false, "serve every HTTP request through net/http alone (by default a fast lane serves the routes answered from memory: the queries, selections, reservations, plans, /workers and the probes)")
+	// The fast lane is gone; a command line that still asks for it is
+	// told so rather than refused as an unknown flag.
+	fs.BoolVar(&o.noFastLane, "no-fast-lane", false, "removed: net/http serves every route")
+	fs.MarkHidden("no-fast-lane")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	fs.Int64Var(&o.maxMessage, "max-message-bytes", o.maxMessage, "largest KV-event message accepted from an engine; a bigger frame closes that connection before anything is allocated for it")
 	fs.DurationVar(&o.handshake, "handshake-timeout", o.handshake, "an engine socket that has not completed the ZMTP handshake after this long is closed and retried")
@@ -98,6 +101,9 @@ func fromEnv(fs *pflag.FlagSet) error {
 }
 
 func (o *serveOptions) Validate() error {
+	if o.noFastLane {
+		return fmt.Errorf("--no-fast-lane: the fast lane was removed and net/http serves every route; drop the flag")
+	}
 	if o.indexShards < 0 || o.indexShards > indexer.MaxShards {
 		return fmt.Errorf("--index-shards %d: want 0 (one per core) to %d", o.indexShards, indexer.MaxShards)
 	}
@@ -164,7 +170,7 @@ func newServeCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
-				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, NoFastLane: o.noFastLane, Logger: log,
+				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}

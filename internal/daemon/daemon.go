@@ -63,10 +63,6 @@ type Config struct {
 	ReadyTimeout time.Duration
 	// ShutdownTimeout bounds draining in-flight HTTP requests (default 10 s).
 	ShutdownTimeout time.Duration
-	// NoFastLane serves every request through net/http alone, without the
-	// api.FastLane that by default serves the routes answered from
-	// memory (api.FastLanePaths).
-	NoFastLane bool
 	// MaxConcurrentReplays bounds replay attempts running at once over all
 	// streams (default 8; negative = unbounded).
 	MaxConcurrentReplays int
@@ -273,14 +269,8 @@ func Run(ctx context.Context, cfg Config) error {
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
 	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
-	var httpLn net.Listener = ln
-	if !cfg.NoFastLane {
-		lane := api.NewFastLane(srv, ln)
-		reg.MustRegister(lane)
-		httpLn = lane
-	}
-	g.Go(func() error { return httpserve.Serve(gctx, srv, httpLn, cfg.ShutdownTimeout) }) // drains in-flight requests
-	log.Info("prefixd serving", "http", ln.Addr().String(), "fast_lane", !cfg.NoFastLane)
+	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
+	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
 		cfg.OnReady(ln.Addr().String())
 	}

@@ -107,21 +107,7 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 	if code != 200 || !bytes.Contains(body, []byte(`"instance_id":42`)) || !bytes.Contains(body, []byte(`"status":"active"`)) {
 		t.Fatalf("workers: %d %s", code, body)
 	}
-	// A connection of its own, as a router's, is served by the fast lane
-	// (the pooled connection above went to net/http with /register).
-	lanePost, _ := json.Marshal(query)
-	own := &http.Client{Transport: &http.Transport{}}
-	resp, err := own.Post(d.url+"/query", "application/json", bytes.NewReader(lanePost))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	own.CloseIdleConnections()
 	code, body = call(t, "GET", d.url+"/metrics", "", nil)
-	if lane := regexp.MustCompile(`(?m)^prefixd_http_fast_lane_requests_total ([1-9]\d*)$`); resp.StatusCode != 200 || !lane.Match(body) {
-		t.Fatalf("/query on a connection of its own: %d; the fast lane's count in /metrics:\n%s", resp.StatusCode, regexp.MustCompile(`(?m)^prefixd_http_fast_lane.*$`).FindAll(body, -1))
-	}
 	if code != 200 || !bytes.Contains(body, []byte(`prefixd_stream_batches_total{rank="0",status="applied",worker="42"} 1`)) ||
 		!bytes.Contains(body, []byte(`prefixd_index_entries{model="meta-llama/Llama-3-8B",routing_group="default"} 4`)) {
 		t.Fatalf("metrics: %d\n%s", code, body)
@@ -374,16 +360,16 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 	}
 }
 
-// TestDaemonNoFastLane: under NoFastLane (serve --no-fast-lane) net/http
-// serves everything: the queries answer, and the lane's metrics are absent.
-func TestDaemonNoFastLane(t *testing.T) {
+// TestDaemonRequestMetrics: a query the daemon answers with a 404 is
+// counted in its request latency histogram, by route, method and status.
+func TestDaemonRequestMetrics(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
-	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.NoFastLane = true })
+	d := startDaemonWith(t, etcd.Endpoints(), nil)
 	code, body := call(t, "POST", d.url+"/query", "", map[string]any{"token_ids": []int{1, 2}, "model_name": "m"})
 	if code != http.StatusNotFound || !bytes.Contains(body, []byte("no indexer for model=m")) {
 		t.Fatalf("/query: %d %s", code, body)
 	}
-	if code, body := call(t, "GET", d.url+"/metrics", "", nil); code != 200 || bytes.Contains(body, []byte("prefixd_http_fast_lane")) ||
+	if code, body := call(t, "GET", d.url+"/metrics", "", nil); code != 200 ||
 		!bytes.Contains(body, []byte(`prefixd_http_request_duration_seconds_count{code="404",handler="/query",method="post"} 1`)) {
 		t.Fatalf("metrics: %d; its prefixd_http series:\n%s", code, bytes.Join(regexp.MustCompile(`(?m)^prefixd_http.*$`).FindAll(body, -1), []byte("\n")))
 	}

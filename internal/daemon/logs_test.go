@@ -3,6 +3,7 @@ package daemon
 import (
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
 	const wait = 20 * time.Second
 	logs.Wait(t, wait, "index shards: each partition's ranks spread over this many trees, written in parallel", fmt.Sprintf("shards=%d", indexer.DefaultShards()))
-	logs.Wait(t, wait, "prefixd serving", "fast_lane=true")
+	if rec := logs.Wait(t, wait, "prefixd serving"); !strings.HasPrefix(rec.Attrs["http"], "127.0.0.1:") {
+		t.Errorf("prefixd serving: http=%q, want the listen address", rec.Attrs["http"])
+	}
 	logs.Wait(t, wait, "catalog synced", "workers=0")
 
 	e := publishtest.Start(t, 0)

@@ -12,37 +12,21 @@ import (
 )
 
 // Serve serves srv on ln until ctx ends, then shuts it down, letting
-// requests in flight finish for at most drain. A listener that serves
-// connections of its own (api.FastLane: a Drainer) is drained in the same
-// time. It returns when the server has stopped: Serve's error, or
-// Shutdown's.
+// requests in flight finish for at most drain. It returns when the server
+// has stopped: Serve's error, or Shutdown's.
 func Serve(ctx context.Context, srv *http.Server, ln net.Listener, drain time.Duration) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
 	select {
 	case err := <-served:
-		if d, ok := ln.(Drainer); ok { // srv.Serve closed it
-			sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
-			defer cancel()
-			err = errors.Join(err, d.Drain(sctx))
-		}
 		return err // never ErrServerClosed: only Shutdown below closes it
 	case <-ctx.Done():
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), drain)
 	defer cancel()
 	err := srv.Shutdown(sctx)
-	if d, ok := ln.(Drainer); ok {
-		err = errors.Join(err, d.Drain(sctx))
-	}
 	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
 		err = errors.Join(err, serr)
 	}
 	return err
-}
-
-// A Drainer is a listener that serves connections itself: after it is
-// closed, Drain waits for their requests in flight, or until ctx ends.
-type Drainer interface {
-	Drain(ctx context.Context) error
 }

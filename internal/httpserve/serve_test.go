@@ -7,7 +7,6 @@ import (
 	"net"
 	"net/http"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -91,41 +90,5 @@ func TestServeListenerError(t *testing.T) {
 	ln.Close()
 	if err := Serve(context.Background(), &http.Server{}, ln, time.Second); err == nil || errors.Is(err, http.ErrServerClosed) {
 		t.Fatalf("Serve = %v, want the listener's error", err)
-	}
-}
-
-// drainListener is a listener whose Accept fails with err, and which
-// records its Drain (as api.FastLane drains the connections it serves).
-type drainListener struct {
-	net.Listener
-	err     error
-	drained chan struct{}
-}
-
-func (l *drainListener) Accept() (net.Conn, error) { return nil, l.err }
-
-func (l *drainListener) Drain(ctx context.Context) error {
-	close(l.drained)
-	return errors.New("drain: one request still in flight")
-}
-
-// TestServeDrainsOnAcceptError: when the server stops on its own (the
-// listener failed), Serve still drains a Drainer listener before it
-// returns, and returns both errors.
-func TestServeDrainsOnAcceptError(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	dl := &drainListener{Listener: ln, err: errors.New("accept: too many open files, for good"), drained: make(chan struct{})}
-	err = Serve(context.Background(), &http.Server{}, dl, time.Second)
-	select {
-	case <-dl.drained:
-	default:
-		t.Fatal("Serve returned without draining the listener")
-	}
-	if err == nil || !errors.Is(err, dl.err) || !strings.Contains(err.Error(), "drain:") {
-		t.Fatalf("Serve = %v, want the accept error and the drain's", err)
 	}
 }

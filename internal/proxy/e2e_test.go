@@ -817,34 +817,3 @@ func TestIncompleteKVTransferMetadata(t *testing.T) {
 	}
 	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Linked", "PrefillReleased", "Released")
 }
-
-// TestProxyOnTheFastLane: the proxy's calls to prefixd — its bookings
-// and the fleet view it lists every 50 ms — keep its connections on
-// prefixd's fast lane: over 20 completions the lane's count of requests
-// grows by the three calls each makes (select_and_reserve,
-// prefill_complete, the release), which it would not if a connection had
-// gone to net/http.
-func TestProxyOnTheFastLane(t *testing.T) {
-	s := startStack(t, proxy.Config{Prefixd: client.New("http://unused", "")}, coordinator.CoordinatorConfig{},
-		spec{id: 1, role: catalog.RoleAggregated})
-	served := func() float64 { // scraped on a connection of its own
-		resp, err := http.Get(s.prefixd.BaseURL + "/metrics")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return gauge(string(b), "prefixd_http_fast_lane_requests_total")
-	}
-	before := served()
-	const n = 20
-	for i := range n {
-		if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": longPrompt(i), "max_tokens": 2}); code != 200 {
-			t.Fatalf("completion %d: %d %s", i, code, body)
-		}
-	}
-	s.checkNoBookings() // every release has reached prefixd
-	if grew := served() - before; grew < 3*n {
-		t.Fatalf("prefixd's fast lane served %v requests during %d completions, want at least %d", grew, n, 3*n)
-	}
-}
