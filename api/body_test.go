@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 

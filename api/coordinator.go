@@ -8,7 +8,7 @@ import (
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // The mapping between the selection routes' bodies and the coordinator's

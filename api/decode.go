@@ -17,7 +17,7 @@ import (
 	"sync/atomic"
 	"unicode"
 
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // The hot request bodies, /query and /query_by_hash, are read by lexer, a

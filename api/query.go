@@ -8,7 +8,7 @@ import (
 	"slices"
 
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // QueryRequest is the body of POST /query. Unknown fields are ignored.

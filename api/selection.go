@@ -7,7 +7,7 @@ import (
 	"strings"
 
 	"github.com/prefixd/prefixd/coordinator"
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // Selector is what the selection routes need from the coordinator

@@ -3,7 +3,7 @@ package api
 import (
 	"math"
 
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // Limits of the selection and plan bodies, checked while a body is read,

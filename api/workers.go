@@ -16,7 +16,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // Workers is what the API needs from the worker catalog and the stream

@@ -8,7 +8,7 @@ import (
 	"math"
 	"slices"
 
-	"github.com/prefixd/prefixd/internal/clip"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // ErrConflict: a registration contradicts the record or partition it

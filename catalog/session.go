@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prefixd/prefixd/internal/retry"
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // DefaultSessionTTL is the lease TTL of a Session registered with ttl 0.

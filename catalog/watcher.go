@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/prefixd/prefixd/internal/retry"
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // ChangeKind says how a worker record changed.

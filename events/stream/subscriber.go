@@ -19,7 +19,7 @@ import (
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
 
-	"github.com/prefixd/prefixd/internal/retry"
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // Source is one engine publisher: the live socket of one worker rank.

@@ -24,7 +24,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
-	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/peer"
 )
 

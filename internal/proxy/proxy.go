@@ -27,7 +27,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
-	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 )
 
 // Policy is how the proxy chooses an engine for an aggregated request.

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/internal/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 )
 
 // Fleet runs mock engines registered in one catalog store, starting and
