@@ -21,7 +21,7 @@ BENCH ?= .
 BENCHTIME ?= 1s
 
 # Fuzzing: each entry is package:FuzzTarget; `make fuzz FUZZTIME=5m`.
-FUZZ_TARGETS ?= ./events/wire:FuzzDecode ./indexer:FuzzLookup ./events/zmtp:FuzzStream ./internal/sim/mocker:FuzzTokenize ./internal/sim/mocker:FuzzGenerationRequest ./api:FuzzLexer
+FUZZ_TARGETS ?= ./events/wire:FuzzDecode ./indexer:FuzzLookup ./events/zmtp:FuzzStream ./internal/sim/mocker:FuzzTokenize ./internal/sim/mocker:FuzzGenerationRequest ./internal/leaf/jsonlex:FuzzLexer ./api:FuzzDecode
 FUZZTIME ?= 20s
 
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
@@ -41,8 +41,8 @@ test: deps
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	# The portable token reader, as on platforms without scanBlocks.
-	$(GO) vet -tags purego ./api
-	$(GO) test -race -count=1 -tags purego -run 'Token|Lexer|Decode|Hostile' ./api
+	$(GO) vet -tags purego ./internal/leaf/jsonlex
+	$(GO) test -race -count=1 -tags purego ./internal/leaf/jsonlex
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // QueryRequest is the body of POST /query. Unknown fields are ignored.
@@ -277,37 +278,41 @@ var pow10u = [20]uint64{1, 1e1, 1e2, 1e3, 1e4, 1e5, 1e6, 1e7, 1e8, 1e9, 1e10, 1e
 const digitPairs = "00010203040506070809" + "10111213141516171819" + "20212223242526272829" + "30313233343536373839" + "40414243444546474849" +
 	"50515253545556575859" + "60616263646566676869" + "70717273747576777879" + "80818283848586878889" + "90919293949596979899"
 
+// hotKeys are the keys of the hot bodies, which the lexer reads without
+// allocating.
+var hotKeys = []string{"token_ids", "model_name", "block_hashes", "routing_group", "lora_name", "cache_salt"}
+
 // decodeQuery reads a /query body, appending the tokens to tokens (the
 // returned request's TokenIDs, also on error, so the caller can reuse it).
 func decodeQuery(body []byte, tokens []uint32, limit int) (QueryRequest, error) {
 	req := QueryRequest{TokenIDs: tokens}
 	var haveTokens bool
-	l := &lexer{data: body}
-	err := l.document(func(key string) error {
+	l := jsonlex.New(body, hotKeys...)
+	err := l.Document(func(key string) error {
 		var err error
 		switch key {
 		case "token_ids":
 			var isNull bool
-			if isNull, err = l.null(); !isNull && err == nil {
-				req.TokenIDs, err = l.tokens(key, tokens[:0], limit)
+			if isNull, err = l.Null(); !isNull && err == nil {
+				req.TokenIDs, err = l.Tokens(key, tokens[:0], limit)
 			}
 			haveTokens = !isNull
 		case "model_name":
-			req.ModelName, err = l.string(key, false)
+			req.ModelName, err = l.String(key, false)
 		case "routing_group":
-			req.RoutingGroup, err = l.string(key, true)
+			req.RoutingGroup, err = l.String(key, true)
 		case "lora_name":
-			req.LoraName, err = l.string(key, true)
+			req.LoraName, err = l.String(key, true)
 		case "cache_salt":
-			req.CacheSalt, err = l.string(key, true)
+			req.CacheSalt, err = l.String(key, true)
 		default:
-			err = l.skip(clip.N(key, maxEcho), 1) // unknown: tolerated for forward compatibility
+			err = l.Skip(clip.N(key, maxEcho), 1) // unknown: tolerated for forward compatibility
 		}
 		return err
 	})
 	switch {
 	case err != nil:
-		return req, err
+		return req, lexErrorOf(err)
 	case !haveTokens:
 		return req, badRequest("token_ids", "required")
 	case req.ModelName == "":
@@ -324,33 +329,33 @@ func decodeQuery(body []byte, tokens []uint32, limit int) (QueryRequest, error) 
 func decodeQueryByHash(body []byte, hashes []uint64, limit int) (indexer.PartitionKey, []uint64, error) {
 	var k indexer.PartitionKey
 	var have bool
-	l := &lexer{data: body}
-	err := l.document(func(key string) error {
+	l := jsonlex.New(body, hotKeys...)
+	err := l.Document(func(key string) error {
 		var err error
 		switch key {
 		case "block_hashes":
 			var isNull bool
-			if isNull, err = l.null(); !isNull && err == nil {
-				hashes, err = l.hashes(key, hashes[:0], limit)
+			if isNull, err = l.Null(); !isNull && err == nil {
+				hashes, err = l.Hashes(key, hashes[:0], limit)
 			}
 			have = !isNull
 		case "model_name":
-			k.Model, err = l.string(key, false)
+			k.Model, err = l.String(key, false)
 		case "routing_group":
-			k.Group, err = l.string(key, true)
+			k.Group, err = l.String(key, true)
 		case "cache_salt":
 			var isNull bool
-			if isNull, err = l.null(); !isNull && err == nil {
+			if isNull, err = l.Null(); !isNull && err == nil {
 				err = badRequest(key, "must be omitted or null: block hashes are already salted")
 			}
 		default:
-			err = l.skip(clip.N(key, maxEcho), 1)
+			err = l.Skip(clip.N(key, maxEcho), 1)
 		}
 		return err
 	})
 	switch {
 	case err != nil:
-		return k, hashes, err
+		return k, hashes, lexErrorOf(err)
 	case !have:
 		return k, hashes, badRequest("block_hashes", "required")
 	case k.Model == "":

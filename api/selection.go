@@ -8,6 +8,7 @@ import (
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // Selector is what the selection routes need from the coordinator
@@ -65,9 +66,9 @@ type Prompt struct {
 }
 
 // TokenIDs are a prompt's token ids: on the wire a JSON array of integers
-// in [0, 2^32−1]. The routes read a body's token_ids with the package's
-// lexer before encoding/json sees the body (decodeJSON); UnmarshalJSON
-// reads them with the same lexer (no []any or float64 per element) where
+// in [0, 2^32−1]. The server reads a body's token_ids with jsonlex
+// before encoding/json sees the body; UnmarshalJSON reads them with
+// jsonlex too (no []any or float64 per element) where
 // a TokenIDs is decoded by encoding/json alone, and stops at
 // DefaultMaxTokens (413).
 type TokenIDs []uint32
@@ -76,20 +77,20 @@ type TokenIDs []uint32
 // the interface's convention. Errors name the element ("token_ids[3]: -1
 // is out of range …").
 func (t *TokenIDs) UnmarshalJSON(b []byte) error {
-	l := lexer{data: b}
-	if isNull, err := l.null(); isNull || err != nil {
+	l := jsonlex.New(b)
+	if isNull, err := l.Null(); isNull || err != nil {
 		return err
 	}
-	v, err := l.tokens("token_ids", nil, DefaultMaxTokens)
+	v, err := l.Tokens("token_ids", nil, DefaultMaxTokens)
 	*t = v
-	return l.end("token_ids", err)
+	return l.End("token_ids", err)
 }
 
 // HashList decodes JSON integers as uint64 hashes: signed int64 values are
 // reinterpreted (Dynamo's convention), unsigned values up to 2^64−1 are
-// taken as they are. The routes read a body's block_hashes with the
-// package's lexer, as /query_by_hash does, before encoding/json sees the
-// body (decodeJSON); UnmarshalJSON reads them with the same lexer where a
+// taken as they are. The server reads a body's block_hashes with jsonlex,
+// as /query_by_hash does, before encoding/json sees the body;
+// UnmarshalJSON reads them with jsonlex too where a
 // HashList is decoded by encoding/json alone, and stops at
 // DefaultMaxBlockHashes (413).
 type HashList []uint64
@@ -98,13 +99,13 @@ type HashList []uint64
 // the interface's convention. Errors name the element ("block_hashes[1]:
 // … is out of range [-2^63, 2^64-1]").
 func (h *HashList) UnmarshalJSON(b []byte) error {
-	l := lexer{data: b}
-	if isNull, err := l.null(); isNull || err != nil {
+	l := jsonlex.New(b)
+	if isNull, err := l.Null(); isNull || err != nil {
 		return err
 	}
-	v, err := l.hashes("block_hashes", nil, DefaultMaxBlockHashes)
+	v, err := l.Hashes("block_hashes", nil, DefaultMaxBlockHashes)
 	*h = v
-	return l.end("block_hashes", err)
+	return l.End("block_hashes", err)
 }
 
 // WorkerRef names one (worker id, dp rank).

@@ -1,14 +1,16 @@
 package api
 
 import (
+	"fmt"
 	"math"
 
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // Limits of the selection and plan bodies, checked while a body is read,
 // before anything is allocated for the value (docs/api.md lists them all):
-// the bounded lists read themselves with the lexer, in their UnmarshalJSON;
+// the bounded lists read themselves with jsonlex, in their UnmarshalJSON;
 // promptBounds checks the configured limits after decoding.
 const (
 	// DefaultMaxBlockHashes is Config.MaxBlockHashes' default: block hashes
@@ -35,20 +37,20 @@ type WorkerIDs []uint64
 // UnmarshalJSON implements json.Unmarshaler.
 func (ids *WorkerIDs) UnmarshalJSON(b []byte) error {
 	const field = "allowed_worker_ids"
-	l := lexer{data: b}
+	l := jsonlex.New(b)
 	*ids = nil
-	if isNull, err := l.null(); isNull || err != nil {
+	if isNull, err := l.Null(); isNull || err != nil {
 		return err
 	}
-	err := l.array(field, 1, func(i int) error {
+	err := l.Array(field, 1, func(i int) error {
 		if i == MaxAllowedWorkerIDs {
-			return tooLarge(field, "more than %d worker ids", MaxAllowedWorkerIDs)
+			return &jsonlex.Error{Field: field, Problem: fmt.Sprintf("more than %d worker ids", MaxAllowedWorkerIDs), Over: true}
 		}
-		v, err := l.uint(at(field, i), math.MaxUint64)
+		v, err := l.Uint(jsonlex.At(field, i), math.MaxUint64)
 		*ids = append(*ids, v)
 		return err
 	})
-	return l.end(field, err)
+	return l.End(field, err)
 }
 
 // RequiredTaints are routing_constraints.required_taints: at most
@@ -59,10 +61,10 @@ type RequiredTaints []string
 // UnmarshalJSON implements json.Unmarshaler.
 func (t *RequiredTaints) UnmarshalJSON(b []byte) error {
 	const field = "routing_constraints.required_taints"
-	l := lexer{data: b}
-	v, err := l.strings(field, MaxTaints, MaxTaintBytes)
+	l := jsonlex.New(b)
+	v, err := l.Strings(field, MaxTaints, MaxTaintBytes)
 	*t = v
-	return l.end(field, err)
+	return l.End(field, err)
 }
 
 // TaintWeights are routing_constraints.preferred_taints: at most MaxTaints
@@ -73,30 +75,30 @@ type TaintWeights map[string]float64
 // UnmarshalJSON implements json.Unmarshaler.
 func (m *TaintWeights) UnmarshalJSON(b []byte) error {
 	const field = "routing_constraints.preferred_taints"
-	l := lexer{data: b}
+	l := jsonlex.New(b)
 	*m = nil
-	if isNull, err := l.null(); isNull || err != nil {
+	if isNull, err := l.Null(); isNull || err != nil {
 		return err
 	}
 	out := TaintWeights{}
 	n := 0
-	err := l.object(field, 1, func(taint string) error {
+	err := l.Object(field, 1, func(taint string) error {
 		if n++; n > MaxTaints {
-			return tooLarge(field, "more than %d taints", MaxTaints)
+			return &jsonlex.Error{Field: field, Problem: fmt.Sprintf("more than %d taints", MaxTaints), Over: true}
 		}
 		name := field + "." + clip.N(taint, maxEcho)
 		if len(taint) > MaxTaintBytes {
-			return badRequest(name, "the taint is longer than %d bytes", MaxTaintBytes)
+			return &jsonlex.Error{Field: name, Problem: fmt.Sprintf("the taint is longer than %d bytes", MaxTaintBytes)}
 		}
-		w, err := l.float(name)
+		w, err := l.Float(name)
 		if err == nil && math.Abs(w) > MaxTaintWeight {
-			return badRequest(name, "%v is out of range [-%d, %d]", w, MaxTaintWeight, MaxTaintWeight)
+			return &jsonlex.Error{Field: name, Problem: fmt.Sprintf("%v is out of range [-%d, %d]", w, MaxTaintWeight, MaxTaintWeight)}
 		}
 		out[taint] = w
 		return err
 	})
 	*m = out
-	return l.end(field, err)
+	return l.End(field, err)
 }
 
 // promptBounds checks what the arrays' UnmarshalJSON cannot know: the

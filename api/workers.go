@@ -17,6 +17,7 @@ import (
 	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // Workers is what the API needs from the worker catalog and the stream
@@ -438,12 +439,12 @@ func decodeRegister(body []byte) (RegisterRequest, error) {
 	}{RegisterRequest: &req}, map[string]uint64{"data_parallel_size": MaxDataParallelSize},
 		// At most MaxTaints each, counted before they are allocated (413
 		// beyond).
-		ownField{"taints", func(l *lexer) (err error) {
-			req.Taints, err = l.strings("taints", MaxTaints, 0)
+		ownField{"taints", func(l *jsonlex.Lexer) (err error) {
+			req.Taints, err = l.Strings("taints", MaxTaints, 0)
 			return err
 		}},
-		ownField{"topology_domains", func(l *lexer) (err error) {
-			req.TopologyDomains, err = l.stringMap("topology_domains", MaxTaints)
+		ownField{"topology_domains", func(l *jsonlex.Lexer) (err error) {
+			req.TopologyDomains, err = l.StringMap("topology_domains", MaxTaints)
 			return err
 		}})
 	if err != nil {

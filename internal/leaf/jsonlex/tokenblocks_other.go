@@ -1,6 +1,6 @@
 //go:build !amd64 || purego
 
-package api
+package jsonlex
 
 const haveBlocks = false
 

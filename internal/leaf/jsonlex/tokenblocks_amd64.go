@@ -1,6 +1,6 @@
 //go:build !purego
 
-package api
+package jsonlex
 
 // scanBlocks reads the token ids of nb 64-byte blocks at p, each with 8
 // readable bytes after it, into out, which has room for 32·nb+1 ids. p
