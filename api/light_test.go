@@ -6,8 +6,9 @@ import (
 	"github.com/prefixd/prefixd/internal/testsupport/importcheck"
 )
 
-// TestLight keeps etcd and ZMQ out of api's dependencies
-// (importcheck.Light).
+// TestLight keeps what a router must not link out of api's dependencies:
+// etcd, ZMQ, Prometheus and the daemon's own packages
+// (importcheck.ForRouters).
 func TestLight(t *testing.T) {
-	importcheck.Light(t, "github.com/prefixd/prefixd/api")
+	importcheck.ForRouters(t, "github.com/prefixd/prefixd/api")
 }

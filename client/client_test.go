@@ -15,9 +15,10 @@ import (
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
-// records is an api.Workers keeping registrations in memory.
+// records is an apiserver.Workers keeping registrations in memory.
 type records struct {
 	mu  sync.Mutex
 	reg []catalog.Registration
@@ -34,12 +35,12 @@ func (r *records) Unregister(_ context.Context, model, group string, id uint64, 
 	return &catalog.NotRegisteredError{Msg: "instance_id: 9 is not registered for model " + model}
 }
 
-func (r *records) List(string, string) []api.WorkerState {
+func (r *records) List(string, string) []apiserver.WorkerState {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var out []api.WorkerState
+	var out []apiserver.WorkerState
 	for _, reg := range r.reg {
-		out = append(out, api.WorkerState{Record: catalog.Worker{WorkerID: reg.WorkerID, ModelName: reg.Model, RoutingGroup: reg.Group,
+		out = append(out, apiserver.WorkerState{Record: catalog.Worker{WorkerID: reg.WorkerID, ModelName: reg.Model, RoutingGroup: reg.Group,
 			BlockSize: reg.BlockSize, EventsEndpoint: reg.EventsEndpoint, DataParallelSize: 1}})
 	}
 	return out
@@ -75,7 +76,7 @@ func fixture(t *testing.T, readToken string) *httptest.Server {
 			t.Fatal(err)
 		}
 	}
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc, Workers: &records{}, APIToken: "w", ReadToken: readToken,
+	srv := httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: ix, Selector: svc, Workers: &records{}, APIToken: "w", ReadToken: readToken,
 		Metrics: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("up 1\n")) })}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -193,7 +194,7 @@ func TestDeferredDecode(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc}))
+	srv := httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: ix, Selector: svc}))
 	defer srv.Close()
 	c, ctx := client.New(srv.URL, ""), context.Background()
 	svc.RemoveRecord(rec(3, catalog.RoleDecode).Key()) // no decode worker at plan time

@@ -11,6 +11,7 @@ import (
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
 // exampleServer is a prefixd API in process with engines 1 (aggregated),
@@ -26,7 +27,7 @@ func exampleServer() *httptest.Server {
 			panic(err)
 		}
 	}
-	return httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: svc}))
+	return httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: ix, Selector: svc}))
 }
 
 // A request served by one aggregated engine: choose and book a worker,

@@ -7,20 +7,20 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events/streamstate"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
-type fixedWorkers []api.WorkerState
+type fixedWorkers []apiserver.WorkerState
 
 func (f fixedWorkers) Register(context.Context, catalog.Registration) error { return nil }
 func (f fixedWorkers) Unregister(context.Context, string, string, uint64, *uint32) error {
 	return nil
 }
-func (f fixedWorkers) List(model, group string) []api.WorkerState {
-	var out []api.WorkerState
+func (f fixedWorkers) List(model, group string) []apiserver.WorkerState {
+	var out []apiserver.WorkerState
 	for _, w := range f {
 		if (model == "" || w.Record.ModelName == model) && (group == "" || w.Record.RoutingGroup == group) {
 			out = append(out, w)
@@ -50,8 +50,8 @@ func TestWorkersAndQueryCommands(t *testing.T) {
 	}
 	workers := fixedWorkers{{Record: catalog.Worker{WorkerID: 3, ModelName: "m", RoutingGroup: "default", BlockSize: 4,
 		EventsEndpoint: "tcp://10.0.0.3:5557", DataParallelSize: 1},
-		Streams: map[uint32]streamstate.Rank{0: {Running: true, State: streamstate.State{Connected: true, Synced: true}}}}}
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Workers: workers}))
+		Streams: map[uint32]stream.Rank{0: {Running: true, State: stream.State{Connected: true, Synced: true}}}}}
+	srv := httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: ix, Workers: workers}))
 	defer srv.Close()
 
 	got, err := runCommand(t, "workers", "--server", srv.URL)

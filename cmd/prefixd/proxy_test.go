@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -37,7 +37,7 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 // TestProxyServes: prefixd proxy starts against a prefixd API, says so,
 // serves /health and stops with its context.
 func TestProxyServes(t *testing.T) {
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: indexer.New(indexer.Options{})}))
+	srv := httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: indexer.New(indexer.Options{})}))
 	defer srv.Close()
 	var out bytes.Buffer
 	var errOut testsupport.Buffer

@@ -10,7 +10,6 @@ import (
 	"slices"
 	"sync"
 
-	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -439,12 +438,12 @@ func (s *Manager) reap(k rankKey) {
 
 // Status reports every wanted rank, ordered by worker and rank: its
 // stream's state, or why it has none.
-func (s *Manager) Status() []streamstate.Rank {
+func (s *Manager) Status() []Rank {
 	s.mu.Lock()
-	out := make([]streamstate.Rank, 0, len(s.subs))
+	out := make([]Rank, 0, len(s.subs))
 	for id, w := range s.workers {
 		for _, src := range w.Sources {
-			rs := streamstate.Rank{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
+			rs := Rank{Worker: id, Rank: src.Rank, Partition: w.Partition, Endpoint: src.Endpoint}
 			st := s.subs[rankKey{id, src.Rank}]
 			if st != nil && !st.stopping && sameSource(src, st.src) && st.part == w.Partition {
 				rs.State, rs.Running = st.sub.State(), true
@@ -460,7 +459,7 @@ func (s *Manager) Status() []streamstate.Rank {
 			out[i].Blocks, out[i].Truncated, out[i].DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
 		}
 	}
-	slices.SortFunc(out, func(a, b streamstate.Rank) int {
+	slices.SortFunc(out, func(a, b Rank) int {
 		return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 	})
 	return out

@@ -11,7 +11,6 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/events/cursor"
-	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
@@ -191,7 +190,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	}
 	testsupport.Eventually(t, waitFor, "the rogues to hold every slot", func() bool {
 		for _, s := range subs {
-			if s.s.State().Replay != streamstate.ReplayRunning {
+			if s.s.State().Replay != ReplayRunning {
 				return false
 			}
 		}
@@ -202,8 +201,8 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	var queued atomic.Bool
 	good := startSubscriber(t, Source{Worker: 50, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
 		SubscriberConfig{ReplaySlots: slots, IdleTimeout: time.Second, Cursor: cursor.Config{Deadline: 6 * time.Second},
-			OnStateChange: func(st streamstate.State) {
-				if st.Replay == streamstate.ReplayQueued && !st.ReplayQueuedSince.IsZero() {
+			OnStateChange: func(st State) {
+				if st.Replay == ReplayQueued && !st.ReplayQueuedSince.IsZero() {
 					queued.Store(true)
 				}
 			}})
@@ -227,7 +226,7 @@ func TestSubscriberSlowReplayPreempted(t *testing.T) {
 	for i, s := range subs {
 		testsupport.Eventually(t, 20*time.Second, "a rogue rank's session to hit its deadline", func() bool {
 			st := s.s.State()
-			return st.Degraded && st.Replay == streamstate.ReplayNone
+			return st.Degraded && st.Replay == ReplayNone
 		})
 		if st := s.s.State().Stats; st.ReplaysFailed == 0 {
 			t.Errorf("rogue %d: %+v", i, st)

@@ -14,7 +14,6 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/prefixd/prefixd/events/cursor"
-	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
@@ -114,10 +113,10 @@ type SubscriberConfig struct {
 	// dropped{reason="oversize"}) and the ZMTP handshake time. Zero
 	// fields take zmtp's defaults (16 MiB, 10 s).
 	Limits        zmtp.Limits
-	Logger        *slog.Logger            // default slog.Default()
-	Metrics       *Metrics                // nil: no metrics
-	OnStateChange func(streamstate.State) // called (from the Subscriber's goroutine) whenever State changes; may be nil
-	ReplaySlots   *ReplaySlots            // shared bound on concurrent replay attempts; nil = unbounded
+	Logger        *slog.Logger // default slog.Default()
+	Metrics       *Metrics     // nil: no metrics
+	OnStateChange func(State)  // called (from the Subscriber's goroutine) whenever State changes; may be nil
+	ReplaySlots   *ReplaySlots // shared bound on concurrent replay attempts; nil = unbounded
 }
 
 func (c *SubscriberConfig) defaults() {
@@ -156,7 +155,7 @@ type Subscriber struct {
 	cfg SubscriberConfig
 
 	mu    sync.Mutex // guards state
-	state streamstate.State
+	state State
 	// ranks is the worker's registered ranks (Source.Ranks, changed by
 	// SetRanks without a restart).
 	ranks atomic.Pointer[[]uint32]
@@ -187,7 +186,7 @@ func (s *Subscriber) SetRanks(ranks []uint32) {
 }
 
 // State returns the latest state. Safe for concurrent use.
-func (s *Subscriber) State() streamstate.State {
+func (s *Subscriber) State() State {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.state
@@ -814,12 +813,12 @@ func (r *run) publish() {
 	r.armDeadline()
 	seq, ok := c.Applied()
 	live, hasLive := c.LastLive()
-	next := streamstate.State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
+	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
 		LastLive: live, HasLive: hasLive, Degraded: degraded, Synced: r.synced, Stats: st}
 	if c.Mode() == cursor.ModeReplay || c.Mode() == cursor.ModeVerify {
-		next.Replay = streamstate.ReplayRunning
+		next.Replay = ReplayRunning
 		if !r.queuedSince.IsZero() {
-			next.Replay, next.ReplayQueuedSince = streamstate.ReplayQueued, r.queuedSince
+			next.Replay, next.ReplayQueuedSince = ReplayQueued, r.queuedSince
 		}
 	}
 	r.s.mu.Lock()

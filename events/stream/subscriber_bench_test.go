@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/events/cursor"
-	"github.com/prefixd/prefixd/events/streamstate"
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
@@ -106,7 +105,7 @@ func ingestOnce(b *testing.B, payloads [][]byte) (time.Duration, uint64) {
 	var syncOnce, appliedOnce sync.Once
 	sub, err := NewSubscriber(Source{Worker: 1, Endpoint: pub.Endpoint(), ReplayEndpoint: pub.ReplayEndpoint()},
 		&IndexApplier{Index: ix, Partition: key}, SubscriberConfig{LiveQueue: 1 << 16, ProbeInterval: 100 * time.Millisecond,
-			OnStateChange: func(s streamstate.State) {
+			OnStateChange: func(s State) {
 				if s.Synced {
 					syncOnce.Do(func() { close(synced) })
 				}

@@ -18,12 +18,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
-	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/peer"
 )
@@ -264,11 +264,11 @@ func Run(ctx context.Context, cfg Config) error {
 		}
 		return false, "streams still replaying"
 	}
-	handler := api.NewHandler(api.Config{
+	handler := apiserver.NewHandler(apiserver.Config{
 		Index: ix, Predicted: pred, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
 		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 	})
-	srv := api.NewServer(handler, api.ServerConfig{Logger: log})
+	srv := apiserver.NewServer(handler, apiserver.ServerConfig{Logger: log})
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
@@ -302,7 +302,7 @@ type workerView struct {
 	known map[catalog.Key]catalog.Worker
 }
 
-var _ api.Workers = (*workerView)(nil)
+var _ apiserver.Workers = (*workerView)(nil)
 
 // apply turns a catalog change into pool and stream changes, and logs it.
 // It runs on the watcher's goroutine and returns at once.

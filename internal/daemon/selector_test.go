@@ -18,6 +18,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
 // testSelector is the coordinator service as the daemon wires it: over
@@ -54,7 +55,7 @@ func newSelectorAPI(t *testing.T, workers ...catalog.Worker) *selectorAPI {
 		s.setWorker(w)
 	}
 	var logs bytes.Buffer
-	srv := httptest.NewServer(api.NewHandler(api.Config{Index: ix, Selector: s.svc, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
+	srv := httptest.NewServer(apiserver.NewHandler(apiserver.Config{Index: ix, Selector: s.svc, Logger: slog.New(slog.NewTextHandler(&logs, nil))}))
 	t.Cleanup(srv.Close)
 	return &selectorAPI{t: t, sel: s, url: srv.URL, logs: &logs}
 }

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events/streamstate"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
@@ -45,20 +45,20 @@ func (v *workerView) Unregister(ctx context.Context, model, group string, id uin
 }
 
 // List returns the known workers with their streams' state.
-func (v *workerView) List(model, group string) []api.WorkerState {
-	streams := map[uint64]map[uint32]streamstate.Rank{}
+func (v *workerView) List(model, group string) []apiserver.WorkerState {
+	streams := map[uint64]map[uint32]stream.Rank{}
 	for _, st := range v.streams.Status() {
 		if streams[st.Worker] == nil {
-			streams[st.Worker] = map[uint32]streamstate.Rank{}
+			streams[st.Worker] = map[uint32]stream.Rank{}
 		}
 		streams[st.Worker][st.Rank] = st
 	}
 	v.mu.Lock()
 	defer v.mu.Unlock()
-	out := make([]api.WorkerState, 0, len(v.known))
+	out := make([]apiserver.WorkerState, 0, len(v.known))
 	for k, w := range v.known {
 		if (model == "" || k.Model == model) && (group == "" || k.Group == group) {
-			out = append(out, api.WorkerState{Record: w, Streams: streams[w.WorkerID]})
+			out = append(out, apiserver.WorkerState{Record: w, Streams: streams[w.WorkerID]})
 		}
 	}
 	return out

@@ -12,8 +12,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -46,7 +46,7 @@ func bootstrapSource(t *testing.T, n int) *indexer.Index {
 // peer serves a prefixd API for ix that requires token on every request
 // (as /dump will), or serves body as the /dump when body is not empty.
 func peer(t *testing.T, ix *indexer.Index, token, body string) *httptest.Server {
-	h := api.NewHandler(api.Config{Index: ix})
+	h := apiserver.NewHandler(apiserver.Config{Index: ix})
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if token != "" && r.Header.Get("Authorization") != "Bearer "+token {
 			http.Error(w, `{"error":"authorization: missing bearer token"}`, http.StatusUnauthorized)
@@ -84,7 +84,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // dumpBody is ix's GET /dump.
 func dumpBody(ix *indexer.Index) []byte {
 	rec := httptest.NewRecorder()
-	api.NewHandler(api.Config{Index: ix}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/dump", nil))
+	apiserver.NewHandler(apiserver.Config{Index: ix}).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/dump", nil))
 	return rec.Body.Bytes()
 }
 

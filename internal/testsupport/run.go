@@ -6,9 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/prefixd/prefixd/events/cursor"
-	"github.com/prefixd/prefixd/events/streamstate"
 )
 
 // StopTimeout bounds how long a component started by Go or Ready may take
@@ -88,16 +85,16 @@ func (r *running) stop() error {
 }
 
 // CaughtUp waits (up to 30 s) until a stream's subscriber, whose state
-// returns, is live and has applied seq last; on timeout it fails t with
-// the state and detail() (what the publisher says, say).
-func CaughtUp(t testing.TB, state func() streamstate.State, last uint64, detail func() string) {
+// returns (a stream.State), is live and has applied seq last; on timeout
+// it fails t with the state and detail() (what the publisher says, say).
+func CaughtUp[S interface{ CaughtUp(seq uint64) bool }](t testing.TB, state func() S, last uint64, detail func() string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	tick := time.NewTicker(2 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		st := state()
-		if st.Mode == cursor.ModeLive && st.HasApplied && st.Applied == last {
+		if st.CaughtUp(last) {
 			return
 		}
 		if time.Now().After(deadline) {

@@ -23,6 +23,25 @@ func Forbidden(t testing.TB, pkg string) { check(t, pkg, Offends, "must not impo
 // the daemon's machinery.
 func Light(t testing.TB, pkg string) { check(t, pkg, Heavy, "must not import") }
 
+// ForRouters fails t if the package pkg transitively imports what a
+// router linking prefixd's public packages (api, client) must not carry:
+// etcd, ZMQ, Prometheus, or the daemon's own machinery (the index, the
+// coordinator, the event streams, the API's server, the daemon, the lab).
+func ForRouters(t testing.TB, pkg string) { check(t, pkg, NotForRouters, "must not import") }
+
+// NotForRouters reports whether path is a package ForRouters refuses.
+func NotForRouters(path string) bool {
+	if Heavy(path) || strings.Contains(path, "github.com/prometheus") {
+		return true
+	}
+	for _, p := range []string{"indexer", "coordinator", "events", "internal/apiserver", "internal/daemon", "internal/sim"} {
+		if path == "github.com/prefixd/prefixd/"+p || strings.HasPrefix(path, "github.com/prefixd/prefixd/"+p+"/") {
+			return true
+		}
+	}
+	return false
+}
+
 // Heavy reports whether path is etcd or ZMQ.
 func Heavy(path string) bool {
 	return strings.Contains(path, "go.etcd.io") || strings.Contains(path, "zmq")

@@ -29,6 +29,29 @@ func TestOffends(t *testing.T) {
 	}
 }
 
+func TestNotForRouters(t *testing.T) {
+	for path, want := range map[string]bool{
+		"github.com/prefixd/prefixd/catalog":            false,
+		"github.com/prefixd/prefixd/api":                false,
+		"github.com/prefixd/prefixd/internal/leaf/clip": false,
+		"net/http":                                       false,
+		"github.com/prefixd/prefixd/indexer":             true,
+		"github.com/prefixd/prefixd/indexer/workload":    true,
+		"github.com/prefixd/prefixd/indexerx":            false,
+		"github.com/prefixd/prefixd/coordinator":         true,
+		"github.com/prefixd/prefixd/events/stream":       true,
+		"github.com/prefixd/prefixd/internal/apiserver":  true,
+		"github.com/prefixd/prefixd/internal/sim/mocker": true,
+		"github.com/prometheus/client_golang/prometheus": true,
+		"go.etcd.io/etcd/client/v3":                      true,
+		"github.com/go-zeromq/zmq4":                      true,
+	} {
+		if got := NotForRouters(path); got != want {
+			t.Errorf("NotForRouters(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
 func TestOffenders(t *testing.T) {
 	// a -> b -> net/http -> net
 	// a -> c -> net

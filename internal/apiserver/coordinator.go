@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"cmp"
@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
@@ -37,14 +38,14 @@ func nameError(field string, err error) *httpError {
 	return badRequest(field, "%q: want %s", clip.N(ne.Name, maxEcho), ne.Want())
 }
 
-func constraints(rc *RoutingConstraints) coordinator.Constraints {
+func constraints(rc *api.RoutingConstraints) coordinator.Constraints {
 	if rc == nil {
 		return coordinator.Constraints{}
 	}
 	return coordinator.Constraints{Required: rc.RequiredTaints, Preferred: rc.PreferredTaints}
 }
 
-func rank(r *WorkerRef) *indexer.Rank {
+func rank(r *api.WorkerRef) *indexer.Rank {
 	if r == nil {
 		return nil
 	}
@@ -52,14 +53,14 @@ func rank(r *WorkerRef) *indexer.Rank {
 }
 
 // selectRequest maps a validated /select or /select_and_reserve body.
-func selectRequest(r *SelectRequest, role coordinator.Role) coordinator.SelectRequest {
+func selectRequest(r *api.SelectRequest, role coordinator.Role) coordinator.SelectRequest {
 	return coordinator.SelectRequest{ID: r.SelectionID, Pool: coordinator.PoolKey{Model: r.ModelName, Group: r.RoutingGroup, Role: role},
 		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Hashes: r.BlockHashes, PromptTokens: r.ISLTokens,
 		Pin: rank(r.PinnedWorker), Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints), Temperature: r.Temperature}
 }
 
 // reserveRequest maps a validated /reservations body.
-func reserveRequest(r *ReserveRequest, role coordinator.Role) coordinator.SelectRequest {
+func reserveRequest(r *api.ReserveRequest, role coordinator.Role) coordinator.SelectRequest {
 	return coordinator.SelectRequest{ID: r.SelectionID, Pool: coordinator.PoolKey{Model: r.ModelName, Group: r.RoutingGroup, Role: role},
 		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Hashes: r.BlockHashes, PromptTokens: r.ISLTokens,
 		Pin: &indexer.Rank{WorkerID: *r.WorkerID, DPRank: r.DPRank}}
@@ -67,11 +68,11 @@ func reserveRequest(r *ReserveRequest, role coordinator.Role) coordinator.Select
 
 // selection renders a choice; a booked one also says its prompt length
 // and whether it holds prefill load.
-func selection(r *SelectRequest, c coordinator.Choice, booked bool) Selection {
+func selection(r *api.SelectRequest, c coordinator.Choice, booked bool) api.Selection {
 	bs := c.BlockSize
-	out := Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
+	out := api.Selection{SelectionID: r.SelectionID, ModelName: r.ModelName, RoutingGroup: r.RoutingGroup,
 		WorkerID: c.Rank.WorkerID, DPRank: c.Rank.DPRank, Endpoint: c.Endpoint, BlockSize: bs,
-		Overlap: OverlapInfo{LongestMatched: int(c.Overlap.Disk) * bs, GPU: int(c.Overlap.Device) * bs,
+		Overlap: api.OverlapInfo{LongestMatched: int(c.Overlap.Disk) * bs, GPU: int(c.Overlap.Device) * bs,
 			CPU: int(c.Overlap.Host) * bs, Disk: int(c.Overlap.Disk) * bs},
 		EffectivePrefillTokens: c.EffectivePrefillTokens, PotentialDecodeBlocks: c.PotentialDecodeBlocks}
 	if booked {
@@ -83,7 +84,7 @@ func selection(r *SelectRequest, c coordinator.Choice, booked bool) Selection {
 
 // planRequest maps a /disagg/plans body whose partition and prompt are
 // checked, validating its policy fields.
-func planRequest(r *PlanRequest) (coordinator.Request, *httpError) {
+func planRequest(r *api.PlanRequest) (coordinator.Request, *httpError) {
 	out := coordinator.Request{ID: r.ID, Model: r.ModelName, PrefillGroup: cmp.Or(r.PrefillRoutingGroup, r.RoutingGroup), DecodeGroup: r.RoutingGroup,
 		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Hashes: r.BlockHashes, PromptTokens: r.ISLTokens,
 		PinnedPrefill: rank(r.PinnedPrefillWorker), Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints)}
@@ -119,7 +120,7 @@ func planRequest(r *PlanRequest) (coordinator.Request, *httpError) {
 
 // planPolicy maps a per-request policy onto the coordinator's: zero
 // thresholds of isl_bounding keep the defaults.
-func planPolicy(p *PlanPolicy) (coordinator.Policy, *httpError) {
+func planPolicy(p *api.PlanPolicy) (coordinator.Policy, *httpError) {
 	pol := coordinator.DefaultPolicy()
 	if err := pol.Kind.UnmarshalText([]byte(p.Kind)); err != nil {
 		return pol, nameError("policy.kind", err)
@@ -148,7 +149,7 @@ func planPolicy(p *PlanPolicy) (coordinator.Policy, *httpError) {
 
 // promptLen is a plan request's prompt length in tokens, -1 if only the
 // plan's signals know it (block hashes without isl_tokens).
-func promptLen(p *Prompt) int {
+func promptLen(p *api.Prompt) int {
 	if len(p.BlockHashes) > 0 {
 		return cmp.Or(p.ISLTokens, -1)
 	}
@@ -157,31 +158,31 @@ func promptLen(p *Prompt) int {
 
 // planInfo renders a plan; tokens < 0 means unknown (taken from the
 // decode signals when present).
-func planInfo(p coordinator.Plan, tokens int) PlanInfo {
+func planInfo(p coordinator.Plan, tokens int) api.PlanInfo {
 	if tokens < 0 && p.Signals != nil {
 		tokens = p.Signals.PromptTokens
 	}
 	tokens = max(tokens, 0)
-	out := PlanInfo{ID: p.ID, Order: p.Order.String(), State: p.State.String(), Transitions: []PlanTransition{}}
-	booking := func(b *coordinator.Booking) *PlanBooking {
+	out := api.PlanInfo{ID: p.ID, Order: p.Order.String(), State: p.State.String(), Transitions: []api.PlanTransition{}}
+	booking := func(b *coordinator.Booking) *api.PlanBooking {
 		if b == nil {
 			return nil
 		}
-		return &PlanBooking{WorkerID: b.Rank.WorkerID, DPRank: b.Rank.DPRank, Endpoint: b.Endpoint, Tokens: tokens}
+		return &api.PlanBooking{WorkerID: b.Rank.WorkerID, DPRank: b.Rank.DPRank, Endpoint: b.Endpoint, Tokens: tokens}
 	}
 	out.Decode, out.Prefill = booking(p.Decode), booking(p.Prefill)
 	if w := p.PrefillWorker; w != nil {
-		out.PrefillWorker = &WorkerRef{WorkerID: w.WorkerID, DPRank: w.DPRank}
+		out.PrefillWorker = &api.WorkerRef{WorkerID: w.WorkerID, DPRank: w.DPRank}
 	}
 	if d := p.Decision; d != nil {
 		kind := "remote_prefill"
 		if d.Bypass || p.IsBypass() {
 			kind = "bypass"
 		}
-		out.Decision = &PlanDecision{Kind: kind, PolicySaysBypass: d.PolicySaysBypass, PrefillBusy: d.PrefillBusy.String(), DecodeBusy: d.DecodeBusy.String()}
+		out.Decision = &api.PlanDecision{Kind: kind, PolicySaysBypass: d.PolicySaysBypass, PrefillBusy: d.PrefillBusy.String(), DecodeBusy: d.DecodeBusy.String()}
 	}
 	for _, t := range p.Transitions {
-		out.Transitions = append(out.Transitions, PlanTransition{From: t.From.String(), To: t.To.String(), Reason: t.Reason})
+		out.Transitions = append(out.Transitions, api.PlanTransition{From: t.From.String(), To: t.To.String(), Reason: t.Reason})
 	}
 	return out
 }
@@ -215,7 +216,7 @@ func coordinatorError(err error) error {
 		case len(pe.Models) == 0:
 			what = "no such model (no model has workers)"
 		}
-		return fmt.Errorf("%w: model_name=%s routing_group=%s: %s", sentinel, Clip(pe.Model), Clip(pe.Group), what)
+		return fmt.Errorf("%w: model_name=%s routing_group=%s: %s", sentinel, clip.String(pe.Model), clip.String(pe.Group), what)
 	case errors.As(err, &ne):
 		return fmt.Errorf("%w: worker %d of pool %s is registered without an engine_endpoint: indexed, but not schedulable",
 			sentinel, ne.WorkerID, poolName(ne.Pool))
@@ -267,7 +268,7 @@ const maxListed = 8
 func listed(sorted []string) string {
 	out := make([]string, 0, min(len(sorted), maxListed)+1)
 	for _, n := range sorted[:min(len(sorted), maxListed)] {
-		out = append(out, Clip(n))
+		out = append(out, clip.String(n))
 	}
 	if len(sorted) > maxListed {
 		out = append(out, fmt.Sprintf("… %d more", len(sorted)-maxListed))
@@ -277,7 +278,7 @@ func listed(sorted []string) string {
 
 // poolName renders a pool for an error, its names clipped.
 func poolName(k coordinator.PoolKey) string {
-	return Clip(k.Model) + "/" + Clip(k.Group) + "/" + k.Role.String()
+	return clip.String(k.Model) + "/" + clip.String(k.Group) + "/" + k.Role.String()
 }
 
 // countWorkers renders "1 worker", "2 workers".

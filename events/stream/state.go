@@ -1,8 +1,4 @@
-// Package streamstate holds what the KV-event streams report about
-// themselves (events/stream's subscribers and manager): plain values,
-// without I/O, so that the API's types can carry them without linking
-// the sockets.
-package streamstate
+package stream
 
 import (
 	"time"
@@ -35,6 +31,11 @@ type State struct {
 	Replay            ReplayPhase
 	ReplayQueuedSince time.Time
 	Stats             cursor.Stats
+}
+
+// CaughtUp reports whether the stream is live and has applied seq.
+func (s State) CaughtUp(seq uint64) bool {
+	return s.Mode == cursor.ModeLive && s.HasApplied && s.Applied == seq
 }
 
 // ReplayPhase says what a rank's replay is doing.

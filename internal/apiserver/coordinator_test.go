@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // TestCoordinatorErrors: each of the coordinator's errors has its status,
@@ -39,8 +40,8 @@ func TestCoordinatorErrors(t *testing.T) {
 		{coordinator.ErrMissingTopologyDomain, 409, "conflict: kv-transfer domain has no topology value"},
 		{coordinator.ErrMissingEnforcement, 409, "conflict: kv-transfer domain has no enforcement"},
 		{coordinator.ErrMissingPreferredWeight, 409, "conflict: preferred kv-transfer enforcement has no weight"},
-		{&coordinator.PartitionError{Model: huge, Group: "g"}, 404, "not found: model_name=" + Clip(huge) + " routing_group=g: no such model (no model has workers)"},
-		{&coordinator.PartitionError{Model: "n", Group: "g", Models: []string{"a", huge}}, 404, "not found: model_name=n routing_group=g: no such model (known models: a, " + Clip(huge) + ")"},
+		{&coordinator.PartitionError{Model: huge, Group: "g"}, 404, "not found: model_name=" + clip.String(huge) + " routing_group=g: no such model (no model has workers)"},
+		{&coordinator.PartitionError{Model: "n", Group: "g", Models: []string{"a", huge}}, 404, "not found: model_name=n routing_group=g: no such model (known models: a, " + clip.String(huge) + ")"},
 		{&coordinator.PartitionError{Model: "m", Group: "h", Groups: []string{"g", "g2"}}, 404, "not found: model_name=m routing_group=h: no such routing group (routing groups of the model: g, g2)"},
 		{&coordinator.NoEndpointError{Pool: pool, WorkerID: 3}, 404, "not found: worker 3 of pool m/g/decode is registered without an engine_endpoint: indexed, but not schedulable"},
 		{&coordinator.EmptyPoolError{Pool: pool}, 503, "temporarily unavailable: pool m/g/decode has no workers"},

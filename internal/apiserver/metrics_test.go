@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"net/http"
@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -17,7 +18,7 @@ import (
 // by handler, method and status code.
 func TestRequestMetrics(t *testing.T) {
 	ix := indexer.New(indexer.Options{})
-	if err := ix.AddPartition(indexer.PartitionKey{Model: "m", Group: DefaultRoutingGroup}, 4); err != nil {
+	if err := ix.AddPartition(indexer.PartitionKey{Model: "m", Group: api.DefaultRoutingGroup}, 4); err != nil {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"crypto/subtle"
@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
@@ -22,7 +23,6 @@ import (
 // Defaults for the zero values of Config's limits.
 const (
 	DefaultMaxBodyBytes         = 8 << 20   // as Dynamo's selection service
-	DefaultMaxTokens            = 1_000_000 // token ids per request
 	DefaultMaxInflightBodyBytes = 256 << 20 // request bodies held at once, over all requests
 )
 
@@ -125,10 +125,10 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 		cfg.Now = time.Now
 	}
 	if cfg.MaxTokens <= 0 {
-		cfg.MaxTokens = DefaultMaxTokens
+		cfg.MaxTokens = api.DefaultMaxTokens
 	}
 	if cfg.MaxBlockHashes <= 0 {
-		cfg.MaxBlockHashes = DefaultMaxBlockHashes
+		cfg.MaxBlockHashes = api.DefaultMaxBlockHashes
 	}
 	if cfg.MaxInflightBodyBytes <= 0 {
 		cfg.MaxInflightBodyBytes = DefaultMaxInflightBodyBytes
@@ -331,13 +331,6 @@ const (
 	maxEcho       = clip.Echo
 	maxErrorBytes = 1024
 )
-
-// Clip shortens a value a client sent for an error message (clip.String):
-// a value of up to 64 bytes is returned as is, a longer one as its first
-// 64 bytes followed by "… (N bytes)". Every error the API writes quotes
-// client values through it; Selector and Workers implementations should
-// do the same.
-func Clip(s string) string { return clip.String(s) }
 
 // fail writes err: an *httpError as is, anything else as a 500 that is
 // logged (its text still goes to the client).

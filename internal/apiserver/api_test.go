@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"bytes"
@@ -19,8 +19,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
-	"github.com/prefixd/prefixd/events/streamstate"
+	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 )
 
@@ -57,15 +58,15 @@ func TestQueryDynamoExample(t *testing.T) {
 	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
 		`{"scores":{"1":{"0":32,"1":16}},"frequencies":[],"instances":{"1":{"longest_matched":48,"gpu":32,"dp":{"0":32,"1":16},"cpu":48,"disk":48}}}`)
 	// The same through the exported response type.
-	var got ScoreResponse
+	var got api.ScoreResponse
 	r := s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m","routing_group":"default"}`)
 	if err := json.Unmarshal([]byte(r.body), &got); err != nil {
 		t.Fatal(err)
 	}
-	want := ScoreResponse{
+	want := api.ScoreResponse{
 		Scores:      map[uint64]map[uint32]uint64{1: {0: 32, 1: 16}},
 		Frequencies: []uint64{},
-		Instances:   map[uint64]InstanceScore{1: {LongestMatched: 48, GPU: 32, DP: map[uint32]uint64{0: 32, 1: 16}, CPU: 48, Disk: 48}},
+		Instances:   map[uint64]api.InstanceScore{1: {LongestMatched: 48, GPU: 32, DP: map[uint32]uint64{0: 32, 1: 16}, CPU: 48, Disk: 48}},
 	}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("got %+v\nwant %+v", got, want)
@@ -116,7 +117,7 @@ func TestQueryHybrid(t *testing.T) {
 	}
 	s := newServer(t, Config{Index: ix, Workers: &fakeWorkers{list: []WorkerState{{
 		Record:  catalog.Worker{WorkerID: 1, ModelName: "m", RoutingGroup: "default", BlockSize: 16, EventsEndpoint: "tcp://h:1", DataParallelSize: 1},
-		Streams: map[uint32]streamstate.Rank{0: {Running: true, State: streamstate.State{Connected: true, Synced: true}}}}}}})
+		Streams: map[uint32]stream.Rank{0: {Running: true, State: stream.State{Connected: true, Synced: true}}}}}}})
 	s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).expect(t, 200,
 		`{"scores":{"1":{"0":32}},"frequencies":[],"instances":{"1":{"longest_matched":32,"gpu":32,"dp":{"0":32},"cpu":32,"disk":32}}}`)
 	// /workers lists the groups the index learned, by group_idx.
@@ -198,7 +199,7 @@ func TestQueryByHash(t *testing.T) {
 		s.post("/query_by_hash", `{"block_hashes":[`+strings.Join(form, ",")+`],"model_name":"m","cache_salt":null}`).expect(t, 200, want)
 	}
 	// The exported request type marshals the signed form.
-	req := QueryByHashRequest{ModelName: "m"}
+	req := api.QueryByHashRequest{ModelName: "m"}
 	for _, h := range hs {
 		req.BlockHashes = append(req.BlockHashes, int64(h))
 	}
@@ -356,10 +357,10 @@ func TestRegisterExtensions(t *testing.T) {
 	fw := &fakeWorkers{}
 	s := newServer(t, Config{Index: newIndex(t), Workers: fw})
 	weight := 0.25
-	req := RegisterRequest{
+	req := api.RegisterRequest{
 		InstanceID: 9, Endpoint: "inproc://w9", ModelName: "m", BlockSize: 64, RoutingGroup: "g", DPRank: 4,
 		ReplayEndpoint: "tcp://w9:6000",
-		Extensions: Extensions{
+		Extensions: api.Extensions{
 			DataParallelSize: 4, EngineEndpoint: "http://w9:8000",
 			Attributes: catalog.Attributes{
 				Role: "prefill", Topic: "kv", TotalKVBlocks: 123456, HostKVBlocks: 7, DiskKVBlocks: 8, MaxNumBatchedTokens: 8192,
@@ -456,13 +457,13 @@ func TestWorkers(t *testing.T) {
 				EventsEndpoints:  map[uint32]string{0: "tcp://10.0.0.1:5557", 1: "tcp://10.0.0.1:5558"},
 				ReplayEndpoints:  map[uint32]string{0: "tcp://10.0.0.1:6000", 1: "tcp://10.0.0.1:6001"},
 				DataParallelSize: 2, Attributes: catalog.Attributes{Role: "decode", TotalKVBlocks: 1000}},
-			Streams: map[uint32]streamstate.Rank{
-				0: {Running: true, State: streamstate.State{Connected: true, Synced: true, HasLive: true, LastLive: seen}},
-				1: {Running: true, State: streamstate.State{Degraded: true}},
+			Streams: map[uint32]stream.Rank{
+				0: {Running: true, State: stream.State{Connected: true, Synced: true, HasLive: true, LastLive: seen}},
+				1: {Running: true, State: stream.State{Degraded: true}},
 			},
 		},
 		{Record: catalog.Worker{WorkerID: 4, ModelName: "other", RoutingGroup: "g", BlockSize: 32, EventsEndpoint: "tcp://10.0.0.4:5557", DataParallelSize: 1},
-			Streams: map[uint32]streamstate.Rank{0: {Err: "block_size: 32 conflicts with block size 16 of model=other routing_group=g"}}},
+			Streams: map[uint32]stream.Rank{0: {Err: "block_size: 32 conflicts with block size 16 of model=other routing_group=g"}}},
 	}}
 	s := newServer(t, Config{Index: ix, Workers: fw})
 	w1 := `{"instance_id":1,"source":"zmq","status":"pending","model_name":"m","routing_group":"default","block_size":16,` +
@@ -482,7 +483,7 @@ func TestWorkers(t *testing.T) {
 		t.Errorf("list args %v, want %v", fw.listArgs, want)
 	}
 	// The response decodes into the exported type.
-	var got []WorkerInfo
+	var got []api.WorkerInfo
 	if err := json.Unmarshal([]byte(s.get("/workers?model_name=m").body), &got); err != nil || len(got) != 1 || got[0].Listeners[0].Blocks != 3 || *got[0].Listeners[0].LastSeq != 7 ||
 		*got[0].Listeners[0].LastSeenSeq != 9 || got[0].Listeners[1].LastSeenSeq != nil {
 		t.Errorf("decode: %v %+v", err, got)
@@ -568,7 +569,7 @@ func TestQueryPredicted(t *testing.T) {
 		byHash.WriteString(strconv.FormatInt(int64(h), 10))
 	}
 	s.post("/query_by_hash", `{"block_hashes":[`+byHash.String()+`],"model_name":"m"}`).expect(t, 200, want)
-	var got ScoreResponse
+	var got api.ScoreResponse
 	if err := json.Unmarshal([]byte(s.post("/query", `{"token_ids":`+tokensJSON(p)+`,"model_name":"m"}`).body), &got); err != nil {
 		t.Fatal(err)
 	}

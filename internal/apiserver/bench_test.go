@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"bytes"
@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -212,7 +213,7 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 			b.ReportAllocs()
 			var toks []uint32
 			for b.Loop() {
-				req, err := decodeQuery(c.body, toks[:0], DefaultMaxTokens)
+				req, err := decodeQuery(c.body, toks[:0], api.DefaultMaxTokens)
 				if err != nil || len(req.TokenIDs) != 8192 {
 					b.Fatal(err)
 				}
@@ -224,7 +225,7 @@ func BenchmarkDecodeQuery8K(b *testing.B) {
 		b.SetBytes(int64(len(body)))
 		b.ReportAllocs()
 		for b.Loop() {
-			var req QueryRequest
+			var req api.QueryRequest
 			if err := json.Unmarshal(body, &req); err != nil || len(req.TokenIDs) != 8192 {
 				b.Fatal(err)
 			}
@@ -262,7 +263,7 @@ func BenchmarkDecodePlan8K(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		var req PlanRequest
+		var req api.PlanRequest
 		if _, err := decodeJSON(body, &req, nil, defaultHot(&req.Prompt)...); err != nil || len(req.TokenIDs) != 8192 {
 			b.Fatal(err)
 		}
@@ -279,7 +280,7 @@ func BenchmarkDecodeQueryByHash8K(b *testing.B) {
 	b.ReportAllocs()
 	var dst []uint64
 	for b.Loop() {
-		_, got, err := decodeQueryByHash(body, dst[:0], DefaultMaxBlockHashes)
+		_, got, err := decodeQueryByHash(body, dst[:0], api.DefaultMaxBlockHashes)
 		if err != nil || len(got) != 512 {
 			b.Fatal(err)
 		}

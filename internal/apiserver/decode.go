@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"encoding/json"
@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"unicode"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
@@ -210,7 +211,7 @@ type ownField struct {
 
 // promptFields are the hot arrays of a selection or plan body's prompt p,
 // read within the route's limits.
-func promptFields(p *Prompt, maxTokens, maxHashes int) []ownField {
+func promptFields(p *api.Prompt, maxTokens, maxHashes int) []ownField {
 	return []ownField{
 		{"token_ids", func(l *jsonlex.Lexer) error {
 			if isNull, err := l.Null(); isNull || err != nil {

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"context"
@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/indexer"
 )
@@ -178,6 +179,6 @@ func tokensJSON(tokens []uint32) string {
 }
 
 // defaultHot reads p's hot arrays within the default limits.
-func defaultHot(p *Prompt) []ownField {
-	return promptFields(p, DefaultMaxTokens, DefaultMaxBlockHashes)
+func defaultHot(p *api.Prompt) []ownField {
+	return promptFields(p, api.DefaultMaxTokens, api.DefaultMaxBlockHashes)
 }

@@ -1,4 +1,4 @@
-package api
+package apiserver
 
 import (
 	"fmt"
@@ -7,14 +7,15 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/indexer"
 )
 
 // TestLimitsMatchCatalog: the API refuses what the catalog would.
 func TestLimitsMatchCatalog(t *testing.T) {
-	if MaxDataParallelSize != catalog.MaxDataParallelSize {
-		t.Errorf("MaxDataParallelSize %d, catalog.MaxDataParallelSize %d", MaxDataParallelSize, catalog.MaxDataParallelSize)
+	if api.MaxDataParallelSize != catalog.MaxDataParallelSize {
+		t.Errorf("MaxDataParallelSize %d, catalog.MaxDataParallelSize %d", api.MaxDataParallelSize, catalog.MaxDataParallelSize)
 	}
 }
 
@@ -62,10 +63,10 @@ func TestRegisterBounds(t *testing.T) {
 		{`,"dp_rank":4294967295,"data_parallel_size":2`, 400, `{"error":"data_parallel_size: 2 ranks from dp_rank 4294967295 run past the last dp rank, 4294967295"}`},
 		{`,"dp_rank":4294963200,"data_parallel_size":4096`, 201, `{"status":"ok"}`},
 		{`,"dp_rank":4294963201,"data_parallel_size":4096`, 400, `{"error":"data_parallel_size: 4096 ranks from dp_rank 4294963201 run past the last dp rank, 4294967295"}`},
-		{`,"taints":` + list(MaxTaints, `"t"`), 201, `{"status":"ok"}`},
-		{`,"taints":` + list(MaxTaints+1, `"t"`), 413, `{"error":"taints: more than 256 strings"}`},
-		{`,"topology_domains":` + object(MaxTaints, "d", `"v"`), 201, `{"status":"ok"}`},
-		{`,"topology_domains":` + object(MaxTaints+1, "d", `"v"`), 413, `{"error":"topology_domains: more than 256 entries"}`},
+		{`,"taints":` + list(api.MaxTaints, `"t"`), 201, `{"status":"ok"}`},
+		{`,"taints":` + list(api.MaxTaints+1, `"t"`), 413, `{"error":"taints: more than 256 strings"}`},
+		{`,"topology_domains":` + object(api.MaxTaints, "d", `"v"`), 201, `{"status":"ok"}`},
+		{`,"topology_domains":` + object(api.MaxTaints+1, "d", `"v"`), 413, `{"error":"topology_domains: more than 256 entries"}`},
 	} {
 		s.post("/register", reg(c.fields)).expect(t, c.status, c.want)
 	}
@@ -83,27 +84,27 @@ func TestSelectionBounds(t *testing.T) {
 		status int
 		want   string
 	}{
-		{`"token_ids":` + list(DefaultMaxTokens, "1"), 0, ""},
-		{`"token_ids":` + list(DefaultMaxTokens+1, "1"), 413, `token_ids: more than 1000000 tokens`},
-		{hashes(DefaultMaxBlockHashes), 0, ""},
-		{hashes(DefaultMaxBlockHashes + 1), 413, `block_hashes: more than 65536 hashes`},
+		{`"token_ids":` + list(api.DefaultMaxTokens, "1"), 0, ""},
+		{`"token_ids":` + list(api.DefaultMaxTokens+1, "1"), 413, `token_ids: more than 1000000 tokens`},
+		{hashes(api.DefaultMaxBlockHashes), 0, ""},
+		{hashes(api.DefaultMaxBlockHashes + 1), 413, `block_hashes: more than 65536 hashes`},
 		{hashes(4) + `,"isl_tokens":1000000`, 0, ""},
 		{hashes(4) + `,"isl_tokens":1000001`, 400, `isl_tokens: 1000001 is out of range [0, 1000000]`},
 		{hashes(4) + `,"isl_tokens":9223372036854775807`, 400, `isl_tokens: 9223372036854775807 is out of range [0, 1000000]`},
 		{hashes(4) + `,"isl_tokens":-1`, 400, `isl_tokens: -1 is out of range [0, 1000000]`},
 		{hashes(4) + `,"isl_tokens":99999999999999999999`, 400, `isl_tokens: 99999999999999999999 is out of range [0, 1000000]`},
 		{hashes(4) + `,"isl_tokens":"64"`, 400, `isl_tokens: must be a non-negative integer, got a string`},
-		{`"token_ids":[1],"allowed_worker_ids":` + list(MaxAllowedWorkerIDs, maxU64), 0, ""},
-		{`"token_ids":[1],"allowed_worker_ids":` + list(MaxAllowedWorkerIDs+1, "1"), 413, `allowed_worker_ids: more than 4096 worker ids`},
+		{`"token_ids":[1],"allowed_worker_ids":` + list(api.MaxAllowedWorkerIDs, maxU64), 0, ""},
+		{`"token_ids":[1],"allowed_worker_ids":` + list(api.MaxAllowedWorkerIDs+1, "1"), 413, `allowed_worker_ids: more than 4096 worker ids`},
 		{`"token_ids":[1],"allowed_worker_ids":[1,-1]`, 400, `allowed_worker_ids[1]: -1 is out of range [0, 18446744073709551615]`},
-		{`"token_ids":[1],"routing_constraints":{"required_taints":` + list(MaxTaints, `"t"`) + `}`, 0, ""},
-		{`"token_ids":[1],"routing_constraints":{"required_taints":` + list(MaxTaints+1, `"t"`) + `}`, 413, `routing_constraints.required_taints: more than 256 strings`},
-		{`"token_ids":[1],"routing_constraints":{"required_taints":["` + strings.Repeat("t", MaxTaintBytes+1) + `"]}`, 400, `routing_constraints.required_taints[0]: \"tttt`},
-		{`"token_ids":[1],"routing_constraints":{"preferred_taints":` + object(MaxTaints, "t", "-1000") + `}`, 0, ""},
-		{`"token_ids":[1],"routing_constraints":{"preferred_taints":` + object(MaxTaints+1, "t", "1") + `}`, 413, `routing_constraints.preferred_taints: more than 256 taints`},
+		{`"token_ids":[1],"routing_constraints":{"required_taints":` + list(api.MaxTaints, `"t"`) + `}`, 0, ""},
+		{`"token_ids":[1],"routing_constraints":{"required_taints":` + list(api.MaxTaints+1, `"t"`) + `}`, 413, `routing_constraints.required_taints: more than 256 strings`},
+		{`"token_ids":[1],"routing_constraints":{"required_taints":["` + strings.Repeat("t", api.MaxTaintBytes+1) + `"]}`, 400, `routing_constraints.required_taints[0]: \"tttt`},
+		{`"token_ids":[1],"routing_constraints":{"preferred_taints":` + object(api.MaxTaints, "t", "-1000") + `}`, 0, ""},
+		{`"token_ids":[1],"routing_constraints":{"preferred_taints":` + object(api.MaxTaints+1, "t", "1") + `}`, 413, `routing_constraints.preferred_taints: more than 256 taints`},
 		{`"token_ids":[1],"routing_constraints":{"preferred_taints":{"gpu":1000.5}}`, 400, `routing_constraints.preferred_taints.gpu: 1000.5 is out of range [-1000, 1000]`},
 		{`"token_ids":[1],"routing_constraints":{"preferred_taints":{"gpu":1e999}}`, 400, `routing_constraints.preferred_taints.gpu: 1e999 is out of range`},
-		{`"token_ids":[1],"routing_constraints":{"preferred_taints":{"` + strings.Repeat("t", MaxTaintBytes+1) + `":1}}`, 400, `routing_constraints.preferred_taints.tttt`},
+		{`"token_ids":[1],"routing_constraints":{"preferred_taints":{"` + strings.Repeat("t", api.MaxTaintBytes+1) + `":1}}`, 400, `routing_constraints.preferred_taints.tttt`},
 		{`"token_ids":[1],"pinned_worker":{"worker_id":` + maxU64 + `,"dp_rank":4294967295}`, 0, ""},
 		{`"token_ids":[1],"pinned_worker":{"worker_id":1,"dp_rank":4294967296}`, 400, `pinned_worker.dp_rank: 4294967296 is out of range [0, 4294967295]`},
 		{`"token_ids":[1],"pinned_worker":{"worker_id":18446744073709551616}`, 400, `pinned_worker.worker_id: 18446744073709551616 is out of range [0, 18446744073709551615]`},
@@ -124,11 +125,11 @@ func TestSelectionBounds(t *testing.T) {
 	}
 	// The same decoding serves the other routes.
 	for _, c := range []struct{ path, body, want string }{
-		{"/select_and_reserve", `{"model_name":"m","selection_id":"s",` + hashes(DefaultMaxBlockHashes+1) + `}`, `{"error":"block_hashes: more than 65536 hashes"}`},
+		{"/select_and_reserve", `{"model_name":"m","selection_id":"s",` + hashes(api.DefaultMaxBlockHashes+1) + `}`, `{"error":"block_hashes: more than 65536 hashes"}`},
 		{"/reservations", `{"model_name":"m","selection_id":"s","worker_id":7,` + hashes(4) + `,"isl_tokens":9223372036854775807}`, `{"error":"isl_tokens: 9223372036854775807 is out of range [0, 1000000]"}`},
 		{"/reservations", `{"model_name":"m","selection_id":"s","worker_id":7,"dp_rank":4294967296,"token_ids":[1]}`, `{"error":"dp_rank: 4294967296 is out of range [0, 4294967295]"}`},
-		{"/disagg/plans", `{"model_name":"m","request_id":"p",` + hashes(DefaultMaxBlockHashes+1) + `}`, `{"error":"block_hashes: more than 65536 hashes"}`},
-		{"/disagg/plans", `{"model_name":"m","request_id":"p","token_ids":[1],"allowed_worker_ids":` + list(MaxAllowedWorkerIDs+1, "1") + `}`, `{"error":"allowed_worker_ids: more than 4096 worker ids"}`},
+		{"/disagg/plans", `{"model_name":"m","request_id":"p",` + hashes(api.DefaultMaxBlockHashes+1) + `}`, `{"error":"block_hashes: more than 65536 hashes"}`},
+		{"/disagg/plans", `{"model_name":"m","request_id":"p","token_ids":[1],"allowed_worker_ids":` + list(api.MaxAllowedWorkerIDs+1, "1") + `}`, `{"error":"allowed_worker_ids: more than 4096 worker ids"}`},
 		{"/disagg/plans", `{"model_name":"m","request_id":"p","token_ids":[1],"pinned_prefill_worker":{"dp_rank":-1}}`, `{"error":"pinned_prefill_worker.dp_rank: -1 is out of range [0, 4294967295]"}`},
 		{"/disagg/plans", `{"model_name":"m","request_id":"p","token_ids":[1],"policy":{"kind":"isl_bounding","eff_isl_threshold":1e999}}`, `{"error":"policy.eff_isl_threshold: 1e999 is out of range"}`},
 		{"/disagg/plans", `{"model_name":"m","request_id":"p","token_ids":[1],"routing_constraints":{"preferred_taints":{"x":-2000}}}`, `{"error":"routing_constraints.preferred_taints.x: -2000 is out of range [-1000, 1000]"}`},
