@@ -41,6 +41,11 @@ func listen(ctx context.Context, network, addr string, lim Limits) (*listener, e
 	if err != nil {
 		return nil, err
 	}
+	return newListener(ctx, inner, lim), nil
+}
+
+// newListener guards inner and starts accepting on it.
+func newListener(ctx context.Context, inner net.Listener, lim Limits) *listener {
 	l := &listener{
 		Listener: inner,
 		ctx:      ctx,
@@ -52,7 +57,7 @@ func listen(ctx context.Context, network, addr string, lim Limits) (*listener, e
 	l.wg.Add(1)
 	go l.run()
 	l.stop = context.AfterFunc(ctx, func() { _ = l.Close() })
-	return l, nil
+	return l
 }
 
 // Accept returns the next connection whose peer has completed the greeting
