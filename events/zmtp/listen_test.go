@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/retry"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -226,8 +227,8 @@ func (f *failingListener) Close() error { close(f.closed); return nil }
 
 // TestListenBacksOffOnAcceptErrors: accept errors (running out of file
 // descriptors) do not end the guard's accept loop; it accepts again after
-// backing off, 5 ms doubling: three errors wait 5 + 10 + 20 ms, less a
-// quarter at most.
+// backing off on the retry schedule, 5 ms doubling: three errors wait
+// 5 + 10 + 20 ms, less the jitter at most.
 func TestListenBacksOffOnAcceptErrors(t *testing.T) {
 	f := &failingListener{errs: 3, reached: make(chan struct{}), closed: make(chan struct{})}
 	start := time.Now()
@@ -238,7 +239,7 @@ func TestListenBacksOffOnAcceptErrors(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatalf("the guard did not accept again after %d accept errors", f.errs)
 	}
-	least := time.Duration(float64((5+10+20)*time.Millisecond) * 0.75)
+	least := time.Duration(float64((5+10+20)*time.Millisecond) * (1 - retry.Jitter))
 	if waited := time.Since(start); waited < least {
 		t.Fatalf("%d accept errors retried within %v, want at least %v of backoff", f.errs, waited, least)
 	}
