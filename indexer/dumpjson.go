@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -32,15 +33,11 @@ const jsonChunk = 32 << 10
 // tierKeyOrder lists the tiers in the order of their names, the order in
 // which encoding/json writes map keys.
 var tierKeyOrder = func() []Tier {
-	out := []Tier{}
-	for t := Tier(0); t < NumTiers; t++ {
-		out = append(out, t)
+	out := make([]Tier, NumTiers)
+	for t := range out {
+		out[t] = Tier(t)
 	}
-	for i := 1; i < len(out); i++ {
-		for j := i; j > 0 && out[j].String() < out[j-1].String(); j-- {
-			out[j], out[j-1] = out[j-1], out[j]
-		}
-	}
+	slices.SortFunc(out, func(a, b Tier) int { return strings.Compare(a.String(), b.String()) })
 	return out
 }()
 

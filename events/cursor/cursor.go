@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // Config configures a Cursor. Zero fields take the defaults noted.
@@ -27,7 +29,8 @@ type Config struct {
 	// Deadline bounds one whole replay, all attempts (default 2 min).
 	Deadline time.Duration
 	// Backoff is the delay before the first retry; it doubles per retry
-	// without progress, up to 16× (default 250 ms).
+	// without progress, up to 16×, with no jitter (retry.Interval; default
+	// 250 ms).
 	Backoff time.Duration
 }
 
@@ -632,8 +635,11 @@ func (c *Cursor) noMoreAttempts(now time.Time) bool {
 	return c.attempts >= c.cfg.MaxAttempts || !now.Before(c.deadline)
 }
 
+// backoff is the delay before the next attempt: the retry schedule's
+// interval, doubling per attempt without progress up to 16×, without
+// jitter (the cursor is deterministic).
 func (c *Cursor) backoff() time.Duration {
-	return c.cfg.Backoff << min(max(c.attempts-1, 0), 4)
+	return retry.Interval(c.cfg.Backoff, 16*c.cfg.Backoff, c.attempts-1)
 }
 
 // newIncarnation handles a reconnect whose last applied batch the engine

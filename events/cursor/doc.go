@@ -12,6 +12,7 @@
 // here: the cursor never decodes them, it only digests them (xxh3) to tell
 // a duplicate from a new engine incarnation.
 //
-// It imports the standard library and xxh3 only; TestNoIOImports fails if
+// It imports the standard library, xxh3 and internal/retry (the replay
+// backoff, retry.Interval, a pure function) only; TestNoIOImports fails if
 // it reaches ZMQ, etcd, net, net/http or Prometheus.
 package cursor

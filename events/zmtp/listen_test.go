@@ -9,11 +9,14 @@ package zmtp
 
 import (
 	"bytes"
+	"net"
 	"slices"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -195,5 +198,49 @@ func TestListenAbandonedHandshakeIsClosed(t *testing.T) {
 			p.mustBeClosed(wait)
 			serves(t, server)
 		})
+	}
+}
+
+// failingListener fails its first errs Accepts with EMFILE, reports the
+// next on reached and blocks it until Close.
+type failingListener struct {
+	net.Listener // not called
+	errs         int
+	calls        int // Accept is called from the guard's one goroutine
+	reached      chan struct{}
+	closed       chan struct{}
+}
+
+func (f *failingListener) Accept() (net.Conn, error) {
+	f.calls++
+	if f.calls <= f.errs {
+		return nil, syscall.EMFILE
+	}
+	if f.calls == f.errs+1 {
+		close(f.reached)
+	}
+	<-f.closed
+	return nil, net.ErrClosed
+}
+
+func (f *failingListener) Close() error { close(f.closed); return nil }
+
+// TestListenBacksOffOnAcceptErrors: accept errors (running out of file
+// descriptors) do not end the guard's accept loop; it accepts again after
+// backing off on the retry schedule, 5 ms doubling: three errors wait
+// 5 + 10 + 20 ms, less the jitter at most.
+func TestListenBacksOffOnAcceptErrors(t *testing.T) {
+	f := &failingListener{errs: 3, reached: make(chan struct{}), closed: make(chan struct{})}
+	start := time.Now()
+	l := newListener(t.Context(), f, LimitsFrom(t.Context()))
+	defer l.Close()
+	select {
+	case <-f.reached:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("the guard did not accept again after %d accept errors", f.errs)
+	}
+	least := time.Duration(float64((5+10+20)*time.Millisecond) * (1 - retry.Jitter))
+	if waited := time.Since(start); waited < least {
+		t.Fatalf("%d accept errors retried within %v, want at least %v of backoff", f.errs, waited, least)
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // listener accepts guarded connections. Its own goroutine accepts, and one
@@ -41,6 +43,11 @@ func listen(ctx context.Context, network, addr string, lim Limits) (*listener, e
 	if err != nil {
 		return nil, err
 	}
+	return newListener(ctx, inner, lim), nil
+}
+
+// newListener guards inner and starts accepting on it.
+func newListener(ctx context.Context, inner net.Listener, lim Limits) *listener {
 	l := &listener{
 		Listener: inner,
 		ctx:      ctx,
@@ -52,7 +59,7 @@ func listen(ctx context.Context, network, addr string, lim Limits) (*listener, e
 	l.wg.Add(1)
 	go l.run()
 	l.stop = context.AfterFunc(ctx, func() { _ = l.Close() })
-	return l, nil
+	return l
 }
 
 // Accept returns the next connection whose peer has completed the greeting
@@ -86,18 +93,19 @@ func (l *listener) Close() error {
 }
 
 // run accepts until the listener is closed, backing off on other accept
-// errors (running out of file descriptors) as net/http does.
+// errors (running out of file descriptors) as net/http does: 5 ms
+// doubling to 1 s, with the retry schedule's jitter, and from 5 ms again
+// after a connection is accepted.
 func (l *listener) run() {
 	defer l.wg.Done()
-	var backoff time.Duration
+	bo := retry.Backoff(5*time.Millisecond, time.Second)
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			t := time.NewTimer(backoff)
+			t := time.NewTimer(bo.NextBackOff())
 			select {
 			case <-t.C:
 			case <-l.done:
@@ -106,7 +114,7 @@ func (l *listener) run() {
 			}
 			continue
 		}
-		backoff = 0
+		bo.Reset()
 		g := newConn(l.ctx, c, l.lim)
 		if !l.track(g) {
 			_ = g.Close()

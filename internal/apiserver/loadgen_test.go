@@ -8,10 +8,11 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
 // The open-loop load generator of BenchmarkQuery8K (in process) and
@@ -197,18 +198,14 @@ func (l *latencies) add(d []time.Duration) {
 	l.mu.Unlock()
 }
 
-// quantile returns the f-quantile of d (sorting it) in µs, 0 if empty.
-func quantile(d []time.Duration, f float64) float64 {
-	if len(d) == 0 {
-		return 0
-	}
-	slices.Sort(d)
-	return float64(d[min(len(d)-1, int(f*float64(len(d))))].Nanoseconds()) / 1e3
+// µs returns the f-quantile of d in µs, 0 if empty.
+func µs(d []time.Duration, f float64) float64 {
+	return float64(quantile.Of(d).At(f).Nanoseconds()) / 1e3
 }
 
 func (l *latencies) report(b interface{ ReportMetric(float64, string) }, elapsed time.Duration) {
-	b.ReportMetric(quantile(l.d, 0.50), "p50-µs")
-	b.ReportMetric(quantile(l.d, 0.99), "p99-µs")
+	b.ReportMetric(µs(l.d, 0.50), "p50-µs")
+	b.ReportMetric(µs(l.d, 0.99), "p99-µs")
 	b.ReportMetric(float64(len(l.d))/elapsed.Seconds(), "req/s")
 	b.ReportMetric(0, "ns/op")
 }
@@ -232,8 +229,8 @@ type loadResult struct {
 func (r *loadResult) report(b interface{ ReportMetric(float64, string) }) {
 	l := latencies{d: r.Latencies}
 	l.report(b, r.Elapsed)
-	b.ReportMetric(quantile(r.Waits, 0.50), "wait-p50-µs")
-	b.ReportMetric(quantile(r.Waits, 0.99), "wait-p99-µs")
+	b.ReportMetric(µs(r.Waits, 0.50), "wait-p50-µs")
+	b.ReportMetric(µs(r.Waits, 0.99), "wait-p99-µs")
 	b.ReportMetric(float64(r.Dropped), "dropped")
 }
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -14,6 +13,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/proxy"
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
 // BenchmarkProxyOverhead is the latency the proxy adds to a request:
@@ -62,16 +62,13 @@ func BenchmarkProxyOverhead(b *testing.B) {
 				direct = append(direct, send(s.urls[1], body()))
 				proxied = append(proxied, send(s.url, body()))
 			}
-			slices.Sort(direct)
-			slices.Sort(proxied)
-			q := func(d []time.Duration, f float64) float64 {
-				return float64(d[min(len(d)-1, int(f*float64(len(d))))].Microseconds())
-			}
-			b.ReportMetric(q(direct, 0.5), "direct-p50-µs")
-			b.ReportMetric(q(direct, 0.99), "direct-p99-µs")
-			b.ReportMetric(q(proxied, 0.5), "proxy-p50-µs")
-			b.ReportMetric(q(proxied, 0.99), "proxy-p99-µs")
-			b.ReportMetric(q(proxied, 0.5)-q(direct, 0.5), "added-p50-µs")
+			d, p := quantile.Of(direct), quantile.Of(proxied)
+			µs := func(s quantile.Samples[time.Duration], f float64) float64 { return float64(s.At(f).Microseconds()) }
+			b.ReportMetric(µs(d, 0.5), "direct-p50-µs")
+			b.ReportMetric(µs(d, 0.99), "direct-p99-µs")
+			b.ReportMetric(µs(p, 0.5), "proxy-p50-µs")
+			b.ReportMetric(µs(p, 0.99), "proxy-p99-µs")
+			b.ReportMetric(µs(p, 0.5)-µs(d, 0.5), "added-p50-µs")
 		})
 	}
 }

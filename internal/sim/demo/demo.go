@@ -35,6 +35,7 @@ import (
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/proxy"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
 // Config sizes the demo. Zero fields take the defaults noted.
@@ -149,18 +150,12 @@ func (m ModeResult) HitRate() float64 {
 	return float64(m.CachedTokens) / float64(m.PromptTokens)
 }
 
-// Percentile returns the q-quantile of the TTFT.
-func (m ModeResult) Percentile(q float64) time.Duration { return quantile(m.TTFT, q) }
+// Percentile returns the q-quantile of the TTFT (nearest rank).
+func (m ModeResult) Percentile(q float64) time.Duration { return quantile.Of(m.TTFT).At(q) }
 
-// E2EPercentile returns the q-quantile of the end-to-end latency.
-func (m ModeResult) E2EPercentile(q float64) time.Duration { return quantile(m.E2E, q) }
-
-func quantile(sorted []time.Duration, q float64) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[min(len(sorted)-1, int(q*float64(len(sorted))))]
-}
+// E2EPercentile returns the q-quantile of the end-to-end latency (nearest
+// rank).
+func (m ModeResult) E2EPercentile(q float64) time.Duration { return quantile.Of(m.E2E).At(q) }
 
 // Report is the demo's outcome.
 type Report struct {

@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/pauses"
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
 // LatencyConfig configures Latency.
@@ -184,10 +184,9 @@ func waitErr(wg *sync.WaitGroup, err *error) error {
 	return *err
 }
 
+// quantiles returns d's p50, p99 and largest latency (nearest rank) and
+// how many there are.
 func quantiles(d []time.Duration) (p50, p99, max time.Duration, n int) {
-	if len(d) == 0 {
-		return 0, 0, 0, 0
-	}
-	slices.Sort(d)
-	return d[len(d)/2], d[len(d)*99/100], d[len(d)-1], len(d)
+	q := quantile.Of(d)
+	return q.At(0.5), q.At(0.99), q.At(1), q.Len()
 }

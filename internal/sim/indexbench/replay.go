@@ -149,11 +149,7 @@ func Replay(ctx context.Context, rec *Recording, cfg ReplayConfig) (Result, erro
 	res.Ops = res.EventOps + res.LookupOps
 	res.Achieved = float64(res.Ops) / res.Elapsed.Seconds()
 	res.Skipped = skipped.Load()
-	all := slices.Concat(lags...)
-	if len(all) > 0 {
-		slices.Sort(all)
-		res.LagP50, res.LagP99, res.LagMax = all[len(all)/2], all[len(all)*99/100], all[len(all)-1]
-	}
+	res.LagP50, res.LagP99, res.LagMax, _ = quantiles(slices.Concat(lags...))
 	return res, nil
 }
 

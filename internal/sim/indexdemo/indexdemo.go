@@ -13,6 +13,7 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
 // Options configure a run. The zero value is not valid; use NewOptions.
@@ -219,8 +220,9 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	p("ingest           %.2fM blocks/s (decode + filter + apply, one core)\n", float64(blocks)/ingest.Seconds()/1e6)
 	p("index            %d (block, rank) entries, %d distinct blocks, %d edges\n", st.Entries, st.Blocks, st.Nodes)
 	p("memory           %.1f MB heap after GC = %.1f B per entry (estimate %.1f MB)\n", float64(heap)/1e6, float64(heap)/float64(st.Entries), float64(st.Bytes)/1e6)
-	p("score, all       p50 %v  p99 %v  (%d queries, hash + match)\n", pct(lat, 50), pct(lat, 99), len(lat))
-	p("score, 8k tokens p50 %v  p99 %v\n", pct(long, 50), pct(long, 99))
+	latQ, longQ := quantile.Of(lat), quantile.Of(long)
+	p("score, all       p50 %v  p99 %v  (%d queries, hash + match)\n", pct(latQ, 0.5), pct(latQ, 0.99), len(lat))
+	p("score, 8k tokens p50 %v  p99 %v\n", pct(longQ, 0.5), pct(longQ, 0.99))
 	p("snapshot         %.1f MB JSON, %d store events, dump+restore %v\n", float64(len(raw))/1e6, len(snap.Events), snapTime)
 	p("dropped          ")
 	any := false
@@ -309,13 +311,9 @@ func sortOverlaps(s []indexer.Overlap) {
 	})
 }
 
-func pct(d []time.Duration, p int) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	s := slices.Clone(d)
-	slices.Sort(s)
-	return s[min(len(s)-1, len(s)*p/100)].Round(10 * time.Nanosecond)
+// pct is the p-quantile of d, to 10 ns.
+func pct(d quantile.Samples[time.Duration], p float64) time.Duration {
+	return d.At(p).Round(10 * time.Nanosecond)
 }
 
 func avgLen(q [][]uint32) int {

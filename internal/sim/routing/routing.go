@@ -24,6 +24,7 @@ import (
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/sim/quantile"
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
@@ -253,21 +254,17 @@ func Prompts(reqs []trace.Request, vocab uint32) [][]uint32 {
 	return out
 }
 
-// summarize returns the latency summary of ms (sorted in place).
+// summarize returns the latency summary of ms (quantiles by nearest rank).
 func summarize(ms []float64) Latency {
 	if len(ms) == 0 {
 		return Latency{}
 	}
-	slices.Sort(ms)
 	var sum float64
 	for _, v := range ms {
 		sum += v
 	}
-	q := func(p float64) float64 {
-		i := int(math.Ceil(p*float64(len(ms)))) - 1
-		return ms[min(max(i, 0), len(ms)-1)]
-	}
-	return Latency{Mean: sum / float64(len(ms)), P50: q(0.50), P90: q(0.90), P99: q(0.99)}
+	q := quantile.Of(ms)
+	return Latency{Mean: sum / float64(len(ms)), P50: q.At(0.50), P90: q.At(0.90), P99: q.At(0.99)}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

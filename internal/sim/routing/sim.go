@@ -492,6 +492,9 @@ func (s *sim) result() Result {
 	if prompt > 0 {
 		res.HitRate = float64(hit) / float64(prompt)
 	}
+	// Sorted: TTFTs feed the CDFs, and the means add up in this order.
+	slices.Sort(ttft)
+	slices.Sort(e2e)
 	res.TTFT, res.E2E = summarize(ttft), summarize(e2e)
 	res.TTFTs = ttft
 	var busy []time.Duration
