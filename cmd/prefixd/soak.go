@@ -12,6 +12,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/sim/demo"
 )
 
@@ -59,7 +60,7 @@ func newSoakCommand() *cobra.Command {
 			"by more than --max-growth after the warm-up or the index does not follow every engine at the end.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			self, err := os.Executable()
