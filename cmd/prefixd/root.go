@@ -32,10 +32,11 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		stdout, stderr)
 
 	// Subcommands, one file each; "prefixd --help" lists them by name.
-	// Register serve, demo, etc. here.
+	// What operators run goes here; the benchmark lab (routing and index
+	// benchmarks, index-demo) is cmd/prefixd-bench, kept out of this
+	// binary (TestBinaryShipsNoLab).
 	root.AddCommand(
 		cli.NewVersionCommand("prefixd", version),
-		newIndexDemoCommand(),
 		newDemoCommand(),
 		newServeCommand(),
 		newSidecarCommand(),
@@ -45,7 +46,6 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newStatusCommand(),
 		newSoakCommand(),
 		newProxyCommand(),
-		newBenchCommand(),
 	)
 	return root
 }
