@@ -33,8 +33,8 @@ STATICCHECK_VERSION := v0.8.2
 all: build
 
 # bin/prefixd is the daemon and what operators run beside it (what the image
-# ships); bin/prefixd-bench is the benchmark lab (routing, index, index-demo),
-# which links gonum/plot, its fonts and the Mooncake trace.
+# ships); bin/prefixd-bench is the benchmark lab (routing, index, index-demo,
+# soak), which links gonum/plot, its fonts and the Mooncake trace.
 build:
 	$(GOBUILD) -o bin/prefixd ./cmd/prefixd
 	$(GOBUILD) -o bin/prefixd-bench ./cmd/prefixd-bench
@@ -93,9 +93,11 @@ index-demo:
 	$(GO) run ./cmd/prefixd-bench index-demo
 
 # Soak (not in CI): `make soak SOAK_DURATION=30m`; the samples go to soak.csv.
+# The daemon under load is bin/prefixd, built first, in its own process.
 SOAK_DURATION ?= 10m
 soak:
-	$(GO) run ./cmd/prefixd soak --duration $(SOAK_DURATION) --csv soak.csv
+	$(GOBUILD) -o bin/prefixd ./cmd/prefixd
+	$(GO) run ./cmd/prefixd-bench soak --prefixd bin/prefixd --duration $(SOAK_DURATION) --csv soak.csv
 
 clean:
 	rm -rf bin

@@ -58,7 +58,7 @@ func TestHelpListsTheLab(t *testing.T) {
 	if err != nil {
 		t.Fatalf("--help: %v", err)
 	}
-	for _, want := range []string{"routing", "index", "index-demo", "version"} {
+	for _, want := range []string{"routing", "index", "index-demo", "soak", "version"} {
 		if !strings.Contains(stdout, "\n  "+want+" ") {
 			t.Errorf("--help does not list %s:\n%s", want, stdout)
 		}

@@ -17,10 +17,10 @@ import (
 // Validate; long-running ones take cmd.Context(), which main cancels on
 // SIGINT/SIGTERM; errors are returned and only main exits.
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
-	root := cli.NewRoot("prefixd-bench", "prefixd's benchmark lab: routing and index benchmarks, the index demo",
+	root := cli.NewRoot("prefixd-bench", "prefixd's benchmark lab: routing and index benchmarks, the index demo, the soak",
 		"prefixd-bench measures prefixd rather than runs it: the routing-quality and the index\n"+
-			"benchmarks on the Mooncake trace (with their charts) and the index demo. None of it is in\n"+
-			"the prefixd binary or image.",
+			"benchmarks on the Mooncake trace (with their charts), the index demo, and the soak, which\n"+
+			"loads a prefixd process for a long while. None of it is in the prefixd binary or image.",
 		stdout, stderr)
 
 	// Subcommands, one file each; "prefixd-bench --help" lists them by name.
@@ -29,6 +29,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newRoutingCommand(),
 		newIndexCommand(),
 		newIndexDemoCommand(),
+		newSoakCommand(),
 	)
 	return root
 }

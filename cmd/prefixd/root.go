@@ -33,7 +33,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 
 	// Subcommands, one file each; "prefixd --help" lists them by name.
 	// What operators run goes here; the benchmark lab (routing and index
-	// benchmarks, index-demo) is cmd/prefixd-bench, kept out of this
+	// benchmarks, index-demo, soak) is cmd/prefixd-bench, kept out of this
 	// binary (TestBinaryShipsNoLab).
 	root.AddCommand(
 		cli.NewVersionCommand("prefixd", version),
@@ -44,7 +44,6 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newQueryCommand(),
 		newMockerCommand(),
 		newStatusCommand(),
-		newSoakCommand(),
 		newProxyCommand(),
 	)
 	return root
