@@ -8,13 +8,14 @@ GO ?= go
 # internal/testsupport/pypub, the libzmq publisher the interop tests talk to.
 TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack
 
-# Set VERSION to stamp `prefixd version` (otherwise it reports the module
-# version the toolchain records, or "dev").
+# Set VERSION to stamp `prefixd version` and `prefixd-bench version`
+# (otherwise they report the module version the toolchain records, or "dev").
 VERSION ?=
 LDFLAGS := $(if $(VERSION),-X main.version=$(VERSION))
-# Record the git revision in the binary even where GOFLAGS says
+# Record the git revision in the binaries even where GOFLAGS says
 # -buildvcs=false; set BUILDVCS=false to build outside a usable checkout.
 BUILDVCS ?= auto
+GOBUILD = $(GO) build -buildvcs=$(BUILDVCS) -ldflags "$(LDFLAGS)"
 
 # Benchmarks: `make bench BENCH=Match BENCHTIME=2s`.
 BENCH ?= .
@@ -31,8 +32,12 @@ STATICCHECK_VERSION := v0.8.2
 
 all: build
 
+# bin/prefixd is the daemon and what operators run beside it (what the image
+# ships); bin/prefixd-bench is the benchmark lab (routing, index, index-demo,
+# soak), which links gonum/plot, its fonts and the Mooncake trace.
 build:
-	$(GO) build -buildvcs=$(BUILDVCS) -ldflags "$(LDFLAGS)" -o bin/prefixd ./cmd/prefixd
+	$(GOBUILD) -o bin/prefixd ./cmd/prefixd
+	$(GOBUILD) -o bin/prefixd-bench ./cmd/prefixd-bench
 
 deps:
 	scripts/test-deps.sh $(TEST_APT_PACKAGES)
@@ -52,7 +57,7 @@ bench:
 # to docs/bench/routing. About 20 minutes on 2 cores.
 ROUTING_FLAGS ?= --weights 0.5,1,2,4
 bench-routing:
-	$(GO) run ./cmd/prefixd bench routing $(ROUTING_FLAGS) --out docs/bench/routing
+	$(GO) run ./cmd/prefixd-bench routing $(ROUTING_FLAGS) --out docs/bench/routing
 
 # The index benchmark's full sweep (Dynamo's mooncake_bench shape): the
 # Mooncake trace through 64 mock engines, offered load swept at each core
@@ -61,7 +66,7 @@ bench-routing:
 # short form (BenchmarkMooncake).
 BENCH_INDEX_FLAGS ?=
 bench-index:
-	$(GO) run ./cmd/prefixd bench index $(BENCH_INDEX_FLAGS) --out docs/bench/index
+	$(GO) run ./cmd/prefixd-bench index $(BENCH_INDEX_FLAGS) --out docs/bench/index
 
 lint:
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
@@ -85,12 +90,14 @@ demo:
 	$(GO) run ./cmd/prefixd demo
 
 index-demo:
-	$(GO) run ./cmd/prefixd index-demo
+	$(GO) run ./cmd/prefixd-bench index-demo
 
 # Soak (not in CI): `make soak SOAK_DURATION=30m`; the samples go to soak.csv.
+# The daemon under load is bin/prefixd, built first, in its own process.
 SOAK_DURATION ?= 10m
 soak:
-	$(GO) run ./cmd/prefixd soak --duration $(SOAK_DURATION) --csv soak.csv
+	$(GOBUILD) -o bin/prefixd ./cmd/prefixd
+	$(GO) run ./cmd/prefixd-bench soak --prefixd bin/prefixd --duration $(SOAK_DURATION) --csv soak.csv
 
 clean:
 	rm -rf bin

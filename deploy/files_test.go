@@ -228,7 +228,8 @@ func TestQueriesParse(t *testing.T) {
 	}
 }
 
-// TestDockerfile: the image is built with go.mod's Go, statically, and
+// TestDockerfile: the image is built with go.mod's Go, statically, holds
+// ./cmd/prefixd alone (not the benchmark lab, ./cmd/prefixd-bench), and
 // runs prefixd as a non-root user; and ./cmd/prefixd builds without cgo.
 func TestDockerfile(t *testing.T) {
 	raw, err := os.ReadFile("docker/Dockerfile")
@@ -236,9 +237,16 @@ func TestDockerfile(t *testing.T) {
 		t.Fatal(err)
 	}
 	df := string(raw)
-	var froms []string
+	var froms, builds []string
 	user, entry, cmd := "", "", ""
 	for _, line := range strings.Split(df, "\n") {
+		if f := strings.Fields(line); len(f) > 0 && f[0] != "#" {
+			for _, w := range f {
+				if strings.HasPrefix(w, "./cmd/") {
+					builds = append(builds, w) // a command the image builds
+				}
+			}
+		}
 		switch f := strings.Fields(line); {
 		case len(f) >= 2 && f[0] == "FROM":
 			froms = append(froms, f[1])
@@ -262,6 +270,9 @@ func TestDockerfile(t *testing.T) {
 		if !strings.Contains(df, want) {
 			t.Errorf("Dockerfile lacks %q", want)
 		}
+	}
+	if len(builds) != 1 || builds[0] != "./cmd/prefixd" {
+		t.Errorf("the image builds %q, want ./cmd/prefixd alone", builds)
 	}
 	if entry != `["/usr/local/bin/prefixd"]` {
 		t.Errorf("ENTRYPOINT %s", entry)

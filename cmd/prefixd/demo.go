@@ -6,6 +6,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/sim/demo"
 )
 
@@ -39,7 +40,7 @@ func newDemoCommand() *cobra.Command {
 			"non-zero unless the index then matches every engine's cache exactly.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			o.Out = cmd.OutOrStdout()

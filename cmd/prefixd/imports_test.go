@@ -12,3 +12,10 @@ import (
 func TestBinaryShipsNoTestSupport(t *testing.T) {
 	importcheck.NoTestSupport(t, "github.com/prefixd/prefixd/cmd/prefixd")
 }
+
+// TestBinaryShipsNoLab: the prefixd binary (and so the image) links none
+// of the benchmark lab — gonum/plot, its fonts, the embedded trace, the
+// routing and index benchmarks, the index demo. They are cmd/prefixd-bench.
+func TestBinaryShipsNoLab(t *testing.T) {
+	importcheck.NoLab(t, "github.com/prefixd/prefixd/cmd/prefixd")
+}

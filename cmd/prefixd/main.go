@@ -1,11 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/signal"
-	"syscall"
+
+	"github.com/prefixd/prefixd/internal/cli"
 )
 
 // version is the release version reported by "prefixd version". Release
@@ -18,10 +17,7 @@ import (
 var version = "dev"
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	err := newRootCommand(os.Stdout, os.Stderr).ExecuteContext(ctx)
-	stop()
-	if err != nil {
+	if err := cli.Execute(newRootCommand(os.Stdout, os.Stderr)); err != nil {
 		fmt.Fprintf(os.Stderr, "prefixd: %v\n", err)
 		os.Exit(1)
 	}

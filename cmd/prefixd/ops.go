@@ -17,6 +17,7 @@ import (
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/client"
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/status"
 )
 
@@ -76,7 +77,7 @@ func newWorkersCommand() *cobra.Command {
 		Short: "List workers and the state of each rank's event stream",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := fromEnv(cmd.Flags()); err != nil {
+			if err := cli.FromEnv(cmd.Flags()); err != nil {
 				return err
 			}
 			c, err := o.client()
@@ -141,7 +142,7 @@ func newQueryCommand() *cobra.Command {
 		Short: "Show how many tokens of a prompt each worker rank already caches",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), &o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), &o); err != nil {
 				return err
 			}
 			c, err := o.client()

@@ -9,6 +9,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/proxy"
 )
 
@@ -55,7 +56,7 @@ func newProxyCommand() *cobra.Command {
 			"and decode pools (vLLM's KV-connector handoff). Every flag can also be set as PREFIXD_<FLAG>.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			c, err := o.server.client()

@@ -1,10 +1,11 @@
 package main
 
 import (
-	"fmt"
 	"io"
 
 	"github.com/spf13/cobra"
+
+	"github.com/prefixd/prefixd/internal/cli"
 )
 
 // newRootCommand builds the whole command tree, writing normal output to
@@ -24,30 +25,18 @@ import (
 // context from cmd.Context(), which main cancels on SIGINT/SIGTERM, and return
 // only after their goroutines exit. Subcommands return errors; only main exits.
 func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
-	root := &cobra.Command{
-		Use:   "prefixd",
-		Short: "KV-cache-aware routing daemon for vLLM and SGLang fleets",
-		Long: "prefixd tracks which prompt prefixes each engine worker holds in its KV cache,\n" +
-			"from the engines' own KV event streams, so that a router can send each request\n" +
+	root := cli.NewRoot("prefixd", "KV-cache-aware routing daemon for vLLM and SGLang fleets",
+		"prefixd tracks which prompt prefixes each engine worker holds in its KV cache,\n"+
+			"from the engines' own KV event streams, so that a router can send each request\n"+
 			"to the worker that already caches most of its prompt.",
-		// Errors are printed once, by main, and never followed by the usage
-		// text; flag errors point at --help instead (SetFlagErrorFunc below).
-		SilenceErrors: true,
-		SilenceUsage:  true,
-		// No shell-completion subcommand until someone needs it.
-		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
-	}
-	root.SetOut(stdout)
-	root.SetErr(stderr)
-	root.SetFlagErrorFunc(func(c *cobra.Command, err error) error {
-		return fmt.Errorf("%w\nRun '%s --help' for usage", err, c.CommandPath())
-	})
+		stdout, stderr)
 
 	// Subcommands, one file each; "prefixd --help" lists them by name.
-	// Register serve, demo, etc. here.
+	// What operators run goes here; the benchmark lab (routing and index
+	// benchmarks, index-demo, soak) is cmd/prefixd-bench, kept out of this
+	// binary (TestBinaryShipsNoLab).
 	root.AddCommand(
-		newVersionCommand(),
-		newIndexDemoCommand(),
+		cli.NewVersionCommand("prefixd", version),
 		newDemoCommand(),
 		newServeCommand(),
 		newSidecarCommand(),
@@ -55,9 +44,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newQueryCommand(),
 		newMockerCommand(),
 		newStatusCommand(),
-		newSoakCommand(),
 		newProxyCommand(),
-		newBenchCommand(),
 	)
 	return root
 }

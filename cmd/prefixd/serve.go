@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"math"
 	"net/url"
-	"os"
 	"strings"
 	"time"
 
@@ -16,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
 
@@ -71,33 +71,6 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	fs.Int64Var(&o.maxMessage, "max-message-bytes", o.maxMessage, "largest KV-event message accepted from an engine; a bigger frame closes that connection before anything is allocated for it")
 	fs.DurationVar(&o.handshake, "handshake-timeout", o.handshake, "an engine socket that has not completed the ZMTP handshake after this long is closed and retried")
-}
-
-// prepare reads PREFIXD_* variables into the flags not given on the
-// command line, then validates the options.
-func prepare(fs *pflag.FlagSet, o interface{ Validate() error }) error {
-	if err := fromEnv(fs); err != nil {
-		return err
-	}
-	return o.Validate()
-}
-
-// fromEnv sets every flag not given on the command line from
-// PREFIXD_<FLAG> (upper case, dashes as underscores).
-func fromEnv(fs *pflag.FlagSet) error {
-	var err error
-	fs.VisitAll(func(f *pflag.Flag) {
-		if f.Changed || err != nil {
-			return
-		}
-		name := "PREFIXD_" + strings.ToUpper(strings.ReplaceAll(f.Name, "-", "_"))
-		if v, ok := os.LookupEnv(name); ok && v != "" {
-			if e := fs.Set(f.Name, v); e != nil {
-				err = fmt.Errorf("%s=%q: %w", name, v, e)
-			}
-		}
-	})
-	return err
 }
 
 func (o *serveOptions) Validate() error {
@@ -161,7 +134,7 @@ func newServeCommand() *cobra.Command {
 			"Every flag can also be set as PREFIXD_<FLAG>, e.g. PREFIXD_ETCD_ENDPOINTS.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			var lvl slog.Level

@@ -9,6 +9,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/sidecar"
 )
 
@@ -119,7 +120,7 @@ func newSidecarCommand() *cobra.Command {
 			"lease on exit. Flags can also be set as PREFIXD_<FLAG>.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			so := o.options()

@@ -31,8 +31,9 @@ import (
 type SoakConfig struct {
 	Config // engines and workload; Requests is the length of one workload cycle
 
-	// Daemon is the prefixd binary run as `Daemon serve …` in its own
-	// process, so that its resident memory is measured alone (required).
+	// Daemon is the prefixd binary (`prefixd-bench soak --prefixd`) run
+	// as `Daemon serve …` in its own process, so that its resident memory
+	// is measured alone (required).
 	Daemon string
 	// Duration of the load (default 10 min), Sample interval (default
 	// 10 s), Rate of requests per second (default 200) over Clients

@@ -10,7 +10,7 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
-// The short form of `prefixd bench index`: the trace's first 3,000
+// The short form of `prefixd-bench index`: the trace's first 3,000
 // requests on DefaultRecordConfig's 64 engines, recorded once.
 var short struct {
 	once sync.Once

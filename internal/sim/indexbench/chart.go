@@ -59,7 +59,7 @@ func WriteReport(dir string, reports []Report, text string) ([]string, error) {
 		return nil
 	}
 	if err := write(ReportText, func(w io.Writer) error {
-		_, err := fmt.Fprintf(w, "# `prefixd bench index`\n\n```\n%s```\n", text)
+		_, err := fmt.Fprintf(w, "# `prefixd-bench index`\n\n```\n%s```\n", text)
 		return err
 	}); err != nil {
 		return files, err

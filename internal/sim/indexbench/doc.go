@@ -12,6 +12,6 @@
 // offered rates; Latency times scores (hash + match of 8,192-token
 // prompts) at idle and under saturating ingest.
 //
-// It is what `prefixd bench index` and `make bench-index` run. The
+// It is what `prefixd-bench index` and `make bench-index` run. The
 // package does no I/O beyond writing its report to an io.Writer.
 package indexbench

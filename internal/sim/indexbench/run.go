@@ -16,7 +16,7 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
-// Options configure Run, what `prefixd bench index` runs. The zero value
+// Options configure Run, what `prefixd-bench index` runs. The zero value
 // is not valid; use NewOptions.
 type Options struct {
 	Record RecordConfig

@@ -12,7 +12,7 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
-// BenchOptions are `prefixd bench routing`'s: the fleet, the trace and
+// BenchOptions are `prefixd-bench routing`'s: the fleet, the trace and
 // the sweep. Start from NewBenchOptions.
 type BenchOptions struct {
 	Config

@@ -70,6 +70,37 @@ func TestSupport(path string) bool {
 	return false
 }
 
+// NoLab fails t if the package pkg transitively imports the benchmark
+// lab (see Lab): the production binary must not carry the plotting
+// library, its fonts, the embedded trace or the benchmarks, which live in
+// cmd/prefixd-bench.
+func NoLab(t testing.TB, pkg string) {
+	check(t, pkg, Lab, "must not link the benchmark lab:")
+}
+
+// Lab reports whether path belongs to the benchmark lab: gonum.org/v1/plot
+// and below, the LaTeX text renderer it draws with (codeberg.org/go-latex),
+// any font package (a path element containing "font": the go-fonts
+// modules, golang.org/x/image's fonts, plot's own), and prefixd's lab
+// packages (internal/sim/routing, internal/sim/indexbench,
+// internal/sim/indexdemo, internal/sim/trace, each with its
+// subpackages).
+func Lab(path string) bool {
+	for _, p := range []string{"gonum.org/v1/plot", "codeberg.org/go-latex", "codeberg.org/go-fonts",
+		"github.com/prefixd/prefixd/internal/sim/routing", "github.com/prefixd/prefixd/internal/sim/indexbench",
+		"github.com/prefixd/prefixd/internal/sim/indexdemo", "github.com/prefixd/prefixd/internal/sim/trace"} {
+		if path == p || strings.HasPrefix(path, p+"/") {
+			return true
+		}
+	}
+	for elem := range strings.SplitSeq(path, "/") {
+		if strings.Contains(elem, "font") {
+			return true
+		}
+	}
+	return false
+}
+
 // check fails t for every package reached from pkg that offends.
 func check(t testing.TB, pkg string, offends func(string) bool, verb string) {
 	t.Helper()

@@ -132,3 +132,52 @@ func TestNoTestSupport(t *testing.T) {
 		t.Errorf("NoTestSupport(indexer) = %q, want no errors", r.errors)
 	}
 }
+
+func TestLab(t *testing.T) {
+	for path, want := range map[string]bool{
+		"gonum.org/v1/plot":                                      true,
+		"gonum.org/v1/plot/vg/vgsvg":                             true,
+		"codeberg.org/go-fonts/liberation/liberationsansregular": true,
+		"codeberg.org/go-latex/latex/drawtex":                    true,
+		"golang.org/x/image/font/gofont/goregular":               true,
+		"golang.org/x/image/font":                                true,
+		"github.com/example/fontconfig":                          true, // any font package
+		"github.com/prefixd/prefixd/internal/sim/routing":        true,
+		"github.com/prefixd/prefixd/internal/sim/indexbench":     true,
+		"github.com/prefixd/prefixd/internal/sim/indexdemo":      true,
+		"github.com/prefixd/prefixd/internal/sim/trace":          true,
+		"github.com/prefixd/prefixd/internal/sim/trace/mooncake": true,
+		"gonum.org/v1/gonum/stat":                                false,
+		"golang.org/x/image/vector":                              false,
+		"github.com/prefixd/prefixd/internal/sim/demo":           false,
+		"github.com/prefixd/prefixd/internal/sim/mocker":         false,
+		"github.com/prefixd/prefixd/internal/sim/routingtable":   false, // a prefix of a name is not the package
+		"github.com/prefixd/prefixd/cmd/prefixd-bench":           false,
+		"github.com/prefixd/prefixd/indexer":                     false,
+	} {
+		if got := Lab(path); got != want {
+			t.Errorf("Lab(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+// TestNoLab: a package built on the plotting library and the trace is
+// caught, with the chains and the fonts beneath; one without passes.
+func TestNoLab(t *testing.T) {
+	r := &recorder{TB: t}
+	NoLab(r, "github.com/prefixd/prefixd/internal/sim/indexbench")
+	msg := strings.Join(r.errors, "\n")
+	for _, want := range []string{
+		"must not link the benchmark lab: github.com/prefixd/prefixd/internal/sim/trace (via github.com/prefixd/prefixd/internal/sim/indexbench -> github.com/prefixd/prefixd/internal/sim/trace)",
+		"must not link the benchmark lab: gonum.org/v1/plot (via github.com/prefixd/prefixd/internal/sim/indexbench -> gonum.org/v1/plot), which also brings in codeberg.org/go-fonts/",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("NoLab(internal/sim/indexbench) lacks %q:\n%s", want, msg)
+		}
+	}
+	r = &recorder{TB: t}
+	NoLab(r, "github.com/prefixd/prefixd/indexer")
+	if len(r.errors) != 0 {
+		t.Errorf("NoLab(indexer) = %q, want no errors", r.errors)
+	}
+}

@@ -29,7 +29,7 @@ var Rooms = []Room{
 	{"public", []string{"api", "client"}},
 	{"adapters", []string{"internal/apiserver", "internal/daemon", "internal/peer", "internal/proxy", "internal/sidecar", "internal/status"}},
 	{"lab", []string{"internal/sim/..."}},
-	{"commands", []string{"cmd/...", "deploy"}},
+	{"commands", []string{"cmd/...", "internal/cli", "deploy"}},
 	// Test support, imported only by tests (NoTestSupport keeps it out of
 	// what ships), may use anything.
 	{"test support", []string{"internal/testsupport/...", "catalog/storetest", "events/wire/wiretest", "internal/sim/mocker/publishtest"}},

@@ -10,21 +10,21 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/routing"
 )
 
-type benchRoutingOptions struct {
+type routingOptions struct {
 	routing.BenchOptions
 	policies []string
 	quiet    bool
 }
 
-func newBenchRoutingOptions() *benchRoutingOptions {
-	o := &benchRoutingOptions{BenchOptions: routing.NewBenchOptions()}
+func newRoutingOptions() *routingOptions {
+	o := &routingOptions{BenchOptions: routing.NewBenchOptions()}
 	for _, p := range o.Policies {
 		o.policies = append(o.policies, string(p))
 	}
 	return o
 }
 
-func (o *benchRoutingOptions) AddFlags(fs *pflag.FlagSet) {
+func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.Trace, "trace", o.Trace, "Mooncake-format trace (JSONL, gzipped or not; default: the shipped FAST'25 conversation trace)")
 	fs.IntVar(&o.Requests, "requests", o.Requests, "replay only the trace's first N requests (0: all)")
 	fs.StringSliceVar(&o.policies, "policies", o.policies, "policies to compare, comma-separated")
@@ -44,7 +44,7 @@ func (o *benchRoutingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.quiet, "quiet", o.quiet, "no progress line per run on stderr")
 }
 
-func (o *benchRoutingOptions) Validate() error {
+func (o *routingOptions) Validate() error {
 	o.Policies = nil
 	for _, s := range o.policies {
 		p, err := routing.ParsePolicy(strings.TrimSpace(s))
@@ -56,12 +56,12 @@ func (o *benchRoutingOptions) Validate() error {
 	return o.BenchOptions.Validate()
 }
 
-func newBenchRoutingCommand() *cobra.Command {
-	o := newBenchRoutingOptions()
+func newRoutingCommand() *cobra.Command {
+	o := newRoutingOptions()
 	cmd := &cobra.Command{
 		Use:   "routing",
 		Short: "Compare routing policies on a request trace replayed against a simulated fleet",
-		Long: "bench routing replays a Mooncake-format trace on a virtual clock against a fleet of mock\n" +
+		Long: "routing replays a Mooncake-format trace on a virtual clock against a fleet of mock\n" +
 			"engines (prefix cache with LRU eviction, continuous batching, the H100 Llama-3.1-8B timing),\n" +
 			"once per policy and load level: random, round-robin, least-loaded, consistent hashing,\n" +
 			"approximate prefix affinity, prefixd (its index fed by the engines' KV events through the\n" +

@@ -1,4 +1,4 @@
-package main
+package cli
 
 import (
 	"fmt"
@@ -9,20 +9,24 @@ import (
 	"github.com/spf13/cobra"
 )
 
-func newVersionCommand() *cobra.Command {
+// NewVersionCommand returns the version subcommand of the command named
+// program, which prints VersionText. version is the release version main
+// holds (its package variable, which release builds set with
+// -ldflags "-X main.version=v1.2.3"), "dev" when unset.
+func NewVersionCommand(program, version string) *cobra.Command {
 	return &cobra.Command{
 		Use:   "version",
-		Short: "Print the prefixd version, Go version and VCS revision",
+		Short: "Print the " + program + " version, Go version and VCS revision",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bi, _ := debug.ReadBuildInfo()
-			_, err := fmt.Fprint(cmd.OutOrStdout(), versionText(version, runtime.Version(), bi))
+			_, err := fmt.Fprint(cmd.OutOrStdout(), VersionText(program, version, runtime.Version(), bi))
 			return err
 		},
 	}
 }
 
-// versionText formats the output of "prefixd version":
+// VersionText formats the output of "<program> version":
 //
 //	prefixd v1.2.3
 //	go: go1.26.8
@@ -32,7 +36,7 @@ func newVersionCommand() *cobra.Command {
 // toolchain recorded a module version (go install m@v, or a build stamped from
 // VCS), that version is shown instead. The revision line reads "unknown" when
 // the build carried no VCS information (go run, -buildvcs=false).
-func versionText(v, goVersion string, bi *debug.BuildInfo) string {
+func VersionText(program, v, goVersion string, bi *debug.BuildInfo) string {
 	var rev, when string
 	var modified bool
 	if bi != nil {
@@ -52,7 +56,7 @@ func versionText(v, goVersion string, bi *debug.BuildInfo) string {
 	}
 
 	var b strings.Builder
-	fmt.Fprintf(&b, "prefixd %s\n", v)
+	fmt.Fprintf(&b, "%s %s\n", program, v)
 	fmt.Fprintf(&b, "go: %s\n", goVersion)
 	if rev == "" {
 		b.WriteString("revision: unknown\n")

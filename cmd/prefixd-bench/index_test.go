@@ -10,7 +10,7 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/indexbench"
 )
 
-func TestBenchIndexRejectsBadFlags(t *testing.T) {
+func TestIndexRejectsBadFlags(t *testing.T) {
 	for _, c := range []struct {
 		args []string
 		want string
@@ -27,22 +27,22 @@ func TestBenchIndexRejectsBadFlags(t *testing.T) {
 		{[]string{"--appliers", "0"}, `appliers "0"`},
 		{[]string{"--repeats", "0"}, "repeats 0"},
 	} {
-		_, err := runCommand(t, append([]string{"bench", "index"}, c.args...)...)
+		_, _, err := run(t, append([]string{"index"}, c.args...)...)
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%v: error %v, want %q", c.args, err, c.want)
 		}
 	}
 }
 
-// TestBenchIndexRuns: a tiny sweep at one core and at two, on three
+// TestIndexRuns: a tiny sweep at one core and at two, on three
 // shards, prints its report and writes it, as JSON and as charts, into
 // --out.
-func TestBenchIndexRuns(t *testing.T) {
+func TestIndexRuns(t *testing.T) {
 	dir := t.TempDir()
-	out, err := runCommand(t, "bench", "index", "--requests", "40", "--engines", "4", "--cpu", "1,2", "--shards", "3",
+	out, _, err := run(t, "index", "--requests", "40", "--engines", "4", "--cpu", "1,2", "--shards", "3",
 		"--appliers", "rank,3", "--fractions", "0.5,1", "--idle-probes", "50", "--out", dir)
 	if err != nil {
-		t.Fatalf("bench index: %v\n%s", err, out)
+		t.Fatalf("index: %v\n%s", err, out)
 	}
 	for _, want := range []string{"GOMAXPROCS=1", "GOMAXPROCS=2", "3 index shards", "4 appliers (one per rank)", "3 appliers (ranks sticky)",
 		"index equal to the engines' caches", "achieved tracks offered", "idle p50"} {

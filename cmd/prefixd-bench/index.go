@@ -12,17 +12,17 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/indexbench"
 )
 
-type benchIndexOptions struct {
+type indexOptions struct {
 	indexbench.Options
 	appliers []string
 	out      string
 }
 
-func newBenchIndexOptions() *benchIndexOptions {
-	return &benchIndexOptions{Options: indexbench.NewOptions(), appliers: []string{"rank", "core"}}
+func newIndexOptions() *indexOptions {
+	return &indexOptions{Options: indexbench.NewOptions(), appliers: []string{"rank", "core"}}
 }
 
-func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
+func (o *indexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Record.Engines, "engines", o.Record.Engines, "mock engines (one rank each) the trace's requests are spread over at random")
 	fs.IntVar(&o.Record.GPUBlocks, "gpu-blocks", o.Record.GPUBlocks, "KV-cache blocks per engine")
 	fs.IntVar(&o.Record.BlockSize, "block-size", o.Record.BlockSize, "tokens per KV block")
@@ -41,7 +41,7 @@ func (o *benchIndexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.WriteChunk, "write-chunk", o.WriteChunk, "blocks a batch applies per hold of its shard's write lock (0: the index's default)")
 }
 
-func (o *benchIndexOptions) Validate() error {
+func (o *indexOptions) Validate() error {
 	o.Appliers = o.Appliers[:0]
 	for _, a := range o.appliers {
 		switch a {
@@ -60,8 +60,8 @@ func (o *benchIndexOptions) Validate() error {
 	return o.Options.Validate()
 }
 
-func newBenchIndexCommand() *cobra.Command {
-	o := newBenchIndexOptions()
+func newIndexCommand() *cobra.Command {
+	o := newIndexOptions()
 	cmd := &cobra.Command{
 		Use:   "index",
 		Short: "Replay the Mooncake trace's KV events and lookups into the index at a swept offered load",

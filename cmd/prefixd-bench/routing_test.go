@@ -7,14 +7,14 @@ import (
 	"testing"
 )
 
-// TestBenchRouting runs a short replay through the command and checks
+// TestRouting runs a short replay through the command and checks
 // its table, progress lines and files; bad flags name themselves.
-func TestBenchRouting(t *testing.T) {
+func TestRouting(t *testing.T) {
 	dir := t.TempDir()
-	stdout, stderr, err := run(t, "bench", "routing", "--requests", "40", "--policies", "random,prefixd", "--speedups", "1",
+	stdout, stderr, err := run(t, "routing", "--requests", "40", "--policies", "random,prefixd", "--speedups", "1",
 		"--weights", "2", "--out", dir)
 	if err != nil {
-		t.Fatalf("bench routing: %v\n%s", err, stderr)
+		t.Fatalf("routing: %v\n%s", err, stderr)
 	}
 	for _, want := range []string{"| random |", "| prefixd |", "Overlap weight", "| prefixd | 2 | ×1 |"} {
 		if !strings.Contains(stdout, want) {
@@ -41,7 +41,7 @@ func TestBenchRouting(t *testing.T) {
 		{[]string{"--requests", "-1"}, "--requests"},
 		{[]string{"--trace", filepath.Join(dir, "missing.jsonl")}, "missing.jsonl"},
 	} {
-		_, _, err := run(t, append([]string{"bench", "routing", "--quiet"}, tc.args...)...)
+		_, _, err := run(t, append([]string{"routing", "--quiet"}, tc.args...)...)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%v: error %v, want one naming %q", tc.args, err, tc.want)
 		}

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -12,12 +14,14 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/sim/demo"
 )
 
 type soakOptions struct {
 	demo.SoakConfig
-	csv string
+	csv     string
+	prefixd string // the binary run as the daemon; "": findPrefixd's default
 }
 
 func newSoakOptions() *soakOptions {
@@ -35,6 +39,7 @@ func (o *soakOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.MaxGrowth, "max-growth", o.MaxGrowth, "fail if resident memory in the last third exceeds the middle third by more than this fraction")
 	fs.StringVar(&o.csv, "csv", o.csv, "write the samples to this CSV file")
 	fs.Uint64Var(&o.Seed, "seed", o.Seed, "workload seed")
+	fs.StringVar(&o.prefixd, "prefixd", o.prefixd, "the prefixd binary to run as the daemon (default: the prefixd next to this executable, else prefixd on PATH)")
 }
 
 func (o *soakOptions) Validate() error {
@@ -52,21 +57,24 @@ func newSoakCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "soak",
 		Short: "Load a prefixd process for a long while and check that its memory stays flat",
-		Long: "soak runs this binary's `serve` as a separate process on an embedded etcd, starts the demo's 12\n" +
+		Long: "soak runs `prefixd serve` as a separate process on an embedded etcd (the prefixd of\n" +
+			"--prefixd, else the one next to this executable, else the one on PATH), starts the demo's 12\n" +
 			"mock engines and routes the demo's workload (KV-aware, random and disaggregated plans) at a\n" +
 			"steady rate while engines restart, crash and are replaced, and reset their caches. It samples\n" +
 			"the daemon's resident memory and metrics, prints the curve, and exits non-zero if memory grew\n" +
 			"by more than --max-growth after the warm-up or the index does not follow every engine at the end.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := prepare(cmd.Flags(), o); err != nil {
+			if err := cli.Prepare(cmd.Flags(), o); err != nil {
 				return err
 			}
 			self, err := os.Executable()
 			if err != nil {
+				self = "" // unknown: findPrefixd says so if it needs it
+			}
+			if o.Daemon, err = findPrefixd(o.prefixd, self); err != nil {
 				return err
 			}
-			o.Daemon = self
 			o.Out = cmd.OutOrStdout()
 			if o.csv != "" {
 				f, err := os.Create(o.csv)
@@ -85,6 +93,36 @@ func newSoakCommand() *cobra.Command {
 	}
 	o.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// findPrefixd returns the prefixd binary the soak runs as the daemon:
+// flag if set (a path, or a name looked up on PATH), else the prefixd in
+// the directory of self (this executable, as make build places them),
+// else prefixd on PATH. The error names every place tried.
+func findPrefixd(flag, self string) (string, error) {
+	if flag != "" {
+		path, err := exec.LookPath(flag)
+		if err != nil {
+			return "", fmt.Errorf("--prefixd: %w", err)
+		}
+		return filepath.Abs(path)
+	}
+	var tried []string
+	if self != "" {
+		next := filepath.Join(filepath.Dir(self), "prefixd")
+		if path, err := exec.LookPath(next); err == nil {
+			return path, nil
+		}
+		tried = append(tried, next)
+	} else {
+		tried = append(tried, "next to this executable (its path unknown)")
+	}
+	path, err := exec.LookPath("prefixd")
+	if err == nil {
+		return filepath.Abs(path)
+	}
+	tried = append(tried, "prefixd on PATH")
+	return "", fmt.Errorf("no prefixd binary to run as the daemon (tried %s): build it (make build puts it in bin/) or pass --prefixd", strings.Join(tried, ", then "))
 }
 
 func writeSoakReport(w io.Writer, r *demo.SoakReport) {

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/prefixd/prefixd/internal/cli"
+)
+
+// version is the release version reported by "prefixd-bench version",
+// set as prefixd's is:
+//
+//	go build -ldflags "-X main.version=v1.2.3" ./cmd/prefixd-bench
+//
+// When it is left at "dev", the module version recorded by the Go toolchain
+// (if any) is reported instead.
+var version = "dev"
+
+func main() {
+	if err := cli.Execute(newRootCommand(os.Stdout, os.Stderr)); err != nil {
+		fmt.Fprintf(os.Stderr, "prefixd-bench: %v\n", err)
+		os.Exit(1)
+	}
+}
