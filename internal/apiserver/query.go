@@ -194,12 +194,25 @@ func appendScores(b []byte, ov, pred []indexer.Overlap, bs uint64) []byte {
 	return append(b, "}\n"...)
 }
 
-// appendUint is strconv.AppendUint(b, v, 10) writing the digits in
-// place, two at a time: a score response is some hundreds of small
-// numbers, and strconv's copy of each out of its own buffer cost as much
-// as the formatting (BenchmarkScores8K).
+// appendUint is strconv.AppendUint(b, v, 10). A score response is some
+// hundreds of numbers, most of them token counts below 10,000: those are
+// appended from digitPairs directly, two digits at a time, without
+// strconv's copy out of its own buffer or a count of the digits first
+// (BenchmarkScores8K).
 func appendUint(b []byte, v uint64) []byte {
-	n := 1
+	switch {
+	case v < 10:
+		return append(b, byte('0'+v))
+	case v < 100:
+		return append(b, digitPairs[2*v], digitPairs[2*v+1])
+	case v < 1000:
+		hi, lo := v/100, 2*(v%100)
+		return append(b, byte('0'+hi), digitPairs[lo], digitPairs[lo+1])
+	case v < 10000:
+		hi, lo := 2*(v/100), 2*(v%100)
+		return append(b, digitPairs[hi], digitPairs[hi+1], digitPairs[lo], digitPairs[lo+1])
+	}
+	n := 5
 	for n < len(pow10u) && v >= pow10u[n] {
 		n++
 	}
