@@ -135,10 +135,12 @@ func cpuTime() time.Duration {
 // cores. Each sub-benchmark sends for externalWarm (250 ms, not
 // measured) and then -external.window (2 s), whatever b.N:
 //
-//	go test -run '^$' -bench Query8KExternal ./api/
+//	go test -run '^$' -bench Query8KExternal ./internal/apiserver/
 //
 // Besides the latencies (openLoop: from the nominal millisecond each
-// request was due) it reports wait-p99-µs, the part of the latency spent
+// request was due) and the rate the generator reached (sent-req/s; a run
+// under 99 % of its offered rate says so: short=1 and a line in the
+// log), it reports wait-p99-µs, the part of the latency spent
 // before the request was written (the generator's, or a core's), and
 // the CPU time each process used per request: srv-cpu-µs/req (this
 // process: the server, whose figure a CPU profile of this run breaks
@@ -247,6 +249,11 @@ func TestLoadgen(t *testing.T) {
 			if r.Failed != 0 || len(r.Latencies) < 50 || len(r.Latencies) > 100 || len(r.Waits) != len(r.Latencies) {
 				t.Fatalf("load generator sent %d requests (%d failed, %d waits) in 500 ms at 200/s", len(r.Latencies), r.Failed, len(r.Waits))
 			}
+			// It says what it offered and what it sent: every request due
+			// in the window that was not dropped.
+			if r.Offered != 200 || r.Sent+int(r.Dropped) != 100 || r.SentIn <= 0 || r.SentIn > 2*time.Second {
+				t.Fatalf("load generator offered %v/s and sent %d (%d dropped) in %v; want 200/s and 100", r.Offered, r.Sent, r.Dropped, r.SentIn)
+			}
 			// Before them, externalWarm's worth, not measured.
 			if want := int(200 * externalWarm / time.Second); r.Warmup != want {
 				t.Fatalf("load generator warmed up with %d requests, want %d", r.Warmup, want)
@@ -254,6 +261,43 @@ func TestLoadgen(t *testing.T) {
 		})
 	}
 }
+
+// TestLoadResultShort: a run that sent less than 99 % of its offered
+// rate, or dropped a request, says so, in a metric and in the log.
+func TestLoadResultShort(t *testing.T) {
+	for _, c := range []struct {
+		r     loadResult
+		short bool
+	}{
+		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2 * time.Second}, false},
+		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2*time.Second - time.Millisecond}, false},
+		{loadResult{Offered: 5000, Sent: 9000, SentIn: 2 * time.Second}, true},
+		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2200 * time.Millisecond}, true},
+		{loadResult{Offered: 5000, Sent: 9999, SentIn: 2 * time.Second, Dropped: 1}, true},
+		{loadResult{Offered: 5000}, true},
+	} {
+		var rec metricRecorder
+		c.r.report(&rec)
+		if c.r.Short() != c.short || (rec.metrics["short"] == 1) != c.short || strings.Contains(rec.log, "fell short") != c.short {
+			t.Errorf("%+v: Short %v, metrics %v, log %q; want short=%v", c.r, c.r.Short(), rec.metrics, rec.log, c.short)
+		}
+	}
+}
+
+// metricRecorder records what report reports.
+type metricRecorder struct {
+	metrics map[string]float64
+	log     string
+}
+
+func (m *metricRecorder) ReportMetric(v float64, unit string) {
+	if m.metrics == nil {
+		m.metrics = map[string]float64{}
+	}
+	m.metrics[unit] = v
+}
+
+func (m *metricRecorder) Logf(format string, args ...any) { m.log += fmt.Sprintf(format, args...) }
 
 // TestRawSender checks that rawSender fails what is not a 200 with a
 // Content-Length of at least 100 bytes, and dials again after the server

@@ -224,14 +224,47 @@ type loadResult struct {
 	// before the measured ones (openLoop's warm); they are not in
 	// Latencies.
 	Warmup int
+	// Offered is the rate asked for (requests/s). Sent counts the
+	// requests due in the window that were sent, and SentIn is the time
+	// from the window's start to the last of them going out: Sent/SentIn
+	// is the rate the generator reached, short of Offered when it could
+	// not keep pace (a generator starved of CPU, or one request more
+	// than 1 s late, dropped).
+	Offered float64
+	Sent    int
+	SentIn  time.Duration
 }
 
-func (r *loadResult) report(b interface{ ReportMetric(float64, string) }) {
+// SentRate is the rate the generator reached over the window.
+func (r *loadResult) SentRate() float64 {
+	if r.SentIn <= 0 {
+		return 0
+	}
+	return float64(r.Sent) / r.SentIn.Seconds()
+}
+
+// Short reports whether the generator fell more than 1 % short of its
+// offered rate, or dropped any request: then the run measured a lighter
+// load than it was asked for, and says so.
+func (r *loadResult) Short() bool { return r.Dropped > 0 || r.SentRate() < 0.99*r.Offered }
+
+// report reports the run's metrics to b, and says so in b's log when
+// the generator fell short of its offered rate.
+func (r *loadResult) report(b interface {
+	ReportMetric(float64, string)
+	Logf(string, ...any)
+}) {
 	l := latencies{d: r.Latencies}
 	l.report(b, r.Elapsed)
 	b.ReportMetric(µs(r.Waits, 0.50), "wait-p50-µs")
 	b.ReportMetric(µs(r.Waits, 0.99), "wait-p99-µs")
 	b.ReportMetric(float64(r.Dropped), "dropped")
+	b.ReportMetric(r.SentRate(), "sent-req/s")
+	if r.Short() {
+		b.ReportMetric(1, "short")
+		b.Logf("the load generator fell short: %.0f requests/s sent of %.0f offered (%d dropped); the figures are for the load it reached, not the one asked for",
+			r.SentRate(), r.Offered, r.Dropped)
+	}
 }
 
 // senders is the size of openLoop's sender pool.
@@ -288,7 +321,8 @@ func openLoop(newSender func() (sender, error), rate int, warm, window time.Dura
 	for _, s := range pool {
 		s.close()
 	}
-	return loadResult{Latencies: lg.lat.d, Waits: lg.waits.d, Elapsed: time.Since(lg.from), Dropped: lg.dropped.Load(), Failed: lg.failed.Load(), Warmup: lg.warmups}
+	return loadResult{Latencies: lg.lat.d, Waits: lg.waits.d, Elapsed: time.Since(lg.from), Dropped: lg.dropped.Load(), Failed: lg.failed.Load(), Warmup: lg.warmups,
+		Offered: float64(rate), Sent: lg.sent, SentIn: lg.lastSent.Sub(lg.from)}
 }
 
 // A splitSender writes a request and reads its response apart.
@@ -304,6 +338,8 @@ type loadgen struct {
 	warm     time.Duration // requests due before from are sent but not measured
 	from     time.Time
 	warmups  int // requests due before from (the pacer's count)
+	sent     int       // requests due from from on, handed out (the pacer's count)
+	lastSent time.Time // when the pacer handed out the last of them
 	interval time.Duration
 	n        int // requests due
 	lat      latencies
@@ -339,6 +375,10 @@ func (lg *loadgen) pace(f func(at time.Time), stop func() bool) {
 			lg.warmups++
 		}
 		f(at)
+		if !at.Before(lg.from) {
+			lg.sent++
+			lg.lastSent = time.Now()
+		}
 	}
 }
 
