@@ -78,7 +78,7 @@ func (s *heapSampler) stop() uint64 {
 // peak RSS (VmHWM, reset before the dumps) above the idle RSS. Run it on
 // its own, once:
 //
-//	go test -run '^$' -bench DumpConcurrent -benchtime 1x ./api/
+//	go test -run '^$' -bench DumpConcurrent -benchtime 1x ./internal/apiserver/
 func BenchmarkDumpConcurrent(b *testing.B) {
 	ix := func() *indexer.Index {
 		w, err := workload.Generate(workload.DefaultConfig())
