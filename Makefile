@@ -22,7 +22,7 @@ BENCH ?= .
 BENCHTIME ?= 1s
 
 # Fuzzing: each entry is package:FuzzTarget; `make fuzz FUZZTIME=5m`.
-FUZZ_TARGETS ?= ./events/wire:FuzzDecode ./indexer:FuzzLookup ./events/zmtp:FuzzStream ./internal/sim/mocker:FuzzTokenize ./internal/sim/mocker:FuzzGenerationRequest ./internal/leaf/jsonlex:FuzzLexer ./internal/apiserver:FuzzDecode
+FUZZ_TARGETS ?= ./events/wire:FuzzDecode ./indexer:FuzzLookup ./events/zmtp:FuzzStream ./internal/sim/mocker:FuzzTokenize ./internal/sim/mocker:FuzzGenerationRequest ./internal/leaf/jsonlex:FuzzLexer ./internal/apiserver:FuzzDecode ./internal/apiserver:FuzzDecodeSnapshot
 FUZZTIME ?= 20s
 
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.

@@ -13,7 +13,9 @@
 // for concurrent appliers and matchers. It enforces a memory cap over all
 // partitions (least recently used leaves first, whichever partition holds
 // them) and per-rank capacities, and flags the ranks these truncate.
-// Snapshot dumps a partition; WriteJSON and DecodeSnapshot stream its JSON.
+// Index.Snapshot dumps a partition as a Snapshot and Index.Restore
+// rebuilds it; the package has no wire format for snapshots (the JSON of
+// GET /dump is the HTTP API server's).
 //
 // The package does no I/O: it imports nothing from ZMQ, etcd, net/http or
 // Prometheus (TestNoIOImports enforces this).

@@ -1,7 +1,6 @@
 package indexer
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -230,7 +229,7 @@ var testKey = PartitionKey{"m", "default"}
 
 // TestSnapshotRestoreThenResume: a snapshot taken mid-stream, restored, and
 // fed each rank's batches after its watermark, equals the uninterrupted
-// index — also through the JSON form.
+// index.
 func TestSnapshotRestoreThenResume(t *testing.T) {
 	for seed := uint64(1); seed <= 20; seed++ {
 		stream := genStream(seed, 300)
@@ -254,20 +253,12 @@ func TestSnapshotRestoreThenResume(t *testing.T) {
 		if len(snap.Events) == 0 || len(snap.Ranks) == 0 {
 			t.Fatalf("seed %d: empty snapshot mid-stream", seed)
 		}
-		raw, err := json.Marshal(snap)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var back Snapshot
-		if err := json.Unmarshal(raw, &back); err != nil {
-			t.Fatal(err)
-		}
 		restored := New(Options{})
-		if err := restored.Restore(testKey, &back); err != nil {
+		if err := restored.Restore(testKey, snap); err != nil {
 			t.Fatalf("seed %d: %v", seed, err)
 		}
 		wm := map[Rank]RankWatermark{}
-		for _, w := range back.Ranks {
+		for _, w := range snap.Ranks {
 			wm[w.Rank] = w
 		}
 		for _, b := range stream {
@@ -279,53 +270,6 @@ func TestSnapshotRestoreThenResume(t *testing.T) {
 			}
 		}
 		sameTrees(t, shardTrees(restored, testKey), shardTrees(live, testKey))
-	}
-}
-
-// TestSnapshotIsDynamoShaped checks the JSON field names Dynamo readers use.
-func TestSnapshotIsDynamoShaped(t *testing.T) {
-	tr := NewTree(4)
-	r := Rank{7, 0}
-	must(t, tr.Store(r, Stored{Hashes: []uint64{1 << 63, 5}, Tokens: make([]uint32, 8), BlockSize: 4, Seed: BaseSeed}))
-	raw, err := json.Marshal(tr.Dump())
-	if err != nil {
-		t.Fatal(err)
-	}
-	var v struct {
-		BlockSize int `json:"block_size"`
-		Events    []struct {
-			WorkerID    uint64 `json:"worker_id"`
-			StorageTier string `json:"storage_tier"`
-			Event       struct {
-				EventID uint64 `json:"event_id"`
-				DPRank  uint32 `json:"dp_rank"`
-				Data    struct {
-					Stored struct {
-						ParentHash *uint64 `json:"parent_hash"`
-						Blocks     []struct {
-							BlockHash  uint64 `json:"block_hash"`
-							TokensHash uint64 `json:"tokens_hash"`
-						} `json:"blocks"`
-					} `json:"stored"`
-				} `json:"data"`
-			} `json:"event"`
-		} `json:"events"`
-	}
-	if err := json.Unmarshal(raw, &v); err != nil {
-		t.Fatal(err)
-	}
-	if v.BlockSize != 4 || len(v.Events) != 1 || v.Events[0].WorkerID != 7 || v.Events[0].StorageTier != "device" {
-		t.Fatalf("unexpected dump %s", raw)
-	}
-	st := v.Events[0].Event.Data.Stored
-	if st.ParentHash != nil || len(st.Blocks) != 2 || st.Blocks[0].BlockHash != 1<<63 || st.Blocks[1].BlockHash != 5 {
-		t.Fatalf("unexpected stored event %s", raw)
-	}
-	if want := HashBlocks(nil, make([]uint32, 4), 4, BaseSeed)[0]; st.Blocks[0].TokensHash != want {
-		t.Fatalf("tokens_hash %d, want %d", st.Blocks[0].TokensHash, want)
-	}
-	if !strings.Contains(string(raw), `"block_hash":9223372036854775808`) {
-		t.Fatalf("hashes must be unsigned JSON integers: %s", raw)
 	}
 }
 
@@ -500,9 +444,9 @@ func TestIndexPartitions(t *testing.T) {
 
 // TestDegradedTravels: the stream layer's degraded word is recorded with a
 // batch (Mark) or a Reset under the partition's lock, so a Snapshot sees
-// it with the state it describes, and a restore — through JSON too —
-// keeps it; Reset also drops the watermark, so a dump never pairs the old
-// watermark with the emptied blocks.
+// it with the state it describes, and a restore keeps it; Reset also
+// drops the watermark, so a dump never pairs the old watermark with the
+// emptied blocks.
 func TestDegradedTravels(t *testing.T) {
 	ix := New(Options{})
 	must(t, ix.AddPartition(testKey, 4))
@@ -519,15 +463,8 @@ func TestDegradedTravels(t *testing.T) {
 	must(t, err)
 	snap, err := ix.Snapshot(testKey)
 	must(t, err)
-	raw, err := snap.MarshalJSON()
-	must(t, err)
-	if !strings.Contains(string(raw), `"degraded":true,"degraded_reason":"lost history: the engine no longer has the batches"`) {
-		t.Fatalf("dump lacks the degraded flag: %s", raw)
-	}
-	var back Snapshot
-	must(t, back.UnmarshalJSON(raw))
 	other := New(Options{})
-	must(t, other.Restore(testKey, &back))
+	must(t, other.Restore(testKey, snap))
 	rs, err := other.Rank(testKey, r)
 	must(t, err)
 	if !rs.Degraded || rs.DegradedReason != "lost history: the engine no longer has the batches" || rs.Watermark != 9 || rs.Digest != 99 || rs.Blocks != 1 {

@@ -249,11 +249,11 @@ func TestDumpRoundTrip(t *testing.T) {
 	for name, raw := range parts {
 		i := strings.LastIndexByte(name, ':')
 		k := indexer.PartitionKey{Model: name[:i], Group: name[i+1:]}
-		var snap indexer.Snapshot
-		if err := json.Unmarshal(raw, &snap); err != nil {
+		snap, err := UnmarshalSnapshot(raw)
+		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if err := fresh.Restore(k, &snap); err != nil {
+		if err := fresh.Restore(k, snap); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
 	}

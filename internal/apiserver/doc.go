@@ -15,7 +15,7 @@
 //	GET  /workers        ?model_name=&routing_group= (both optional) → [api.WorkerInfo] ([] when none)
 //	POST /query          api.QueryRequest → api.ScoreResponse; 404 "no indexer for model=… routing_group=…"
 //	POST /query_by_hash  api.QueryByHashRequest → api.ScoreResponse; 404 as /query
-//	GET  /dump           {"<model>:<group>": indexer.Snapshot JSON, …}; a failing partition as {"error": …}
+//	GET  /dump           {"<model>:<group>": a snapshot as WriteSnapshot writes it, …}; a failing partition as {"error": …}
 //	GET  /health         200 {"status":"ok"}
 //	GET  /ready          200 {"status":"ok"}, or 503 {"status":"not ready","reason":…}
 //	GET  /metrics        Config.Metrics (Prometheus text); 404 when nil

@@ -21,11 +21,11 @@ const DefaultMaxConcurrentDumps = 2
 // want of a slot: about how long a dump of a million entries takes.
 const dumpRetryAfter = "5"
 
-// dumper serves GET /dump: {"<model>:<group>": <indexer.Snapshot JSON>, …},
+// dumper serves GET /dump: {"<model>:<group>": <snapshot JSON>, …},
 // partitions in key order, streamed. Each partition is snapshotted under
 // its read lock (the compact indexer.Snapshot is the only large
 // allocation, and only one partition's is held at a time), then written
-// with Snapshot.WriteJSON through a buffered writer, so a dump never holds
+// with WriteSnapshot through a buffered writer, so a dump never holds
 // its JSON in memory. A partition that cannot be dumped appears as
 // {"error": "…"} (and is logged); the others are still served; one removed
 // while the dump runs is left out. At most cap(slots) dumps run at once;
@@ -94,7 +94,7 @@ func (d *dumper) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			bw.Write(msg)
 			continue
 		}
-		if err := snap.WriteJSON(bw); err != nil {
+		if err := WriteSnapshot(bw, snap); err != nil {
 			return // bufio keeps the first write error: the client went away
 		}
 	}

@@ -35,7 +35,7 @@ func dumpIndex(t testing.TB, n int) (*indexer.Index, []indexer.PartitionKey) {
 }
 
 // wantDump is the /dump body as the handler built it before streaming:
-// partitions in key order, each its Snapshot's MarshalJSON.
+// partitions in key order, each MarshalSnapshot of its snapshot.
 func wantDump(t *testing.T, ix *indexer.Index) string {
 	var b strings.Builder
 	b.WriteByte('{')
@@ -48,7 +48,7 @@ func wantDump(t *testing.T, ix *indexer.Index) string {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		data, err := snap.MarshalJSON()
+		data, err := MarshalSnapshot(snap)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -182,7 +182,7 @@ func wantDumpOf(t *testing.T, ix *indexer.Index, models ...string) string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		data, err := snap.MarshalJSON()
+		data, err := MarshalSnapshot(snap)
 		if err != nil {
 			t.Fatal(err)
 		}

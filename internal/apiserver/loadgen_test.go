@@ -337,7 +337,7 @@ type loadgen struct {
 	start    time.Time
 	warm     time.Duration // requests due before from are sent but not measured
 	from     time.Time
-	warmups  int // requests due before from (the pacer's count)
+	warmups  int       // requests due before from (the pacer's count)
 	sent     int       // requests due from from on, handed out (the pacer's count)
 	lastSent time.Time // when the pacer handed out the last of them
 	interval time.Duration

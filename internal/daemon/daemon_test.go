@@ -24,6 +24,7 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/dumptest"
 )
 
 type testDaemon struct {
@@ -221,7 +222,7 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 	}
 	_, dumpA := call(t, "GET", a.url+"/dump", "", nil)
 	_, dumpB := call(t, "GET", b.url+"/dump", "", nil)
-	if ca, cb := testsupport.DumpLines(t, dumpA), testsupport.DumpLines(t, dumpB); !slices.Equal(ca, cb) || len(ca) != 21 {
+	if ca, cb := dumptest.Lines(t, dumpA), dumptest.Lines(t, dumpB); !slices.Equal(ca, cb) || len(ca) != 21 {
 		t.Fatalf("indexes differ:\n%v\n%v", ca, cb)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/testsupport"
 	"github.com/prefixd/prefixd/internal/testsupport/pypub"
 )
@@ -340,13 +341,15 @@ func daemonDump(t *testing.T, d *testDaemon) *indexer.Snapshot {
 	if err := json.Unmarshal(body, &parts); err != nil {
 		t.Fatalf("dump: %v", err)
 	}
-	var s indexer.Snapshot
-	if raw, ok := parts["m:default"]; ok {
-		if err := json.Unmarshal(raw, &s); err != nil {
-			t.Fatalf("dump m:default: %v", err)
-		}
+	raw, ok := parts["m:default"]
+	if !ok {
+		return &indexer.Snapshot{}
 	}
-	return &s
+	s, err := apiserver.UnmarshalSnapshot(raw)
+	if err != nil {
+		t.Fatalf("dump m:default: %v", err)
+	}
+	return s
 }
 
 // TestDaemonEngineLayouts: for every layout of the wire the engines people

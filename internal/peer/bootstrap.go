@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
 // Limits on a peer's /dump. A dump takes 90 to 280 bytes of JSON per
@@ -53,7 +54,7 @@ func limitsFor(ix *indexer.Index) dumpLimits {
 // The dump is decoded as it arrives, one partition at a time, and each
 // partition is restored before the next is read, so memory holds one
 // partition's snapshot, not the dump. It is limited to the index's cap in
-// blocks (when it has one; indexer.DecodeLimits) and in bytes to
+// blocks (when it has one; apiserver.DecodeLimits) and in bytes to
 // dumpBytesPerEntry per entry of the cap (at least minDumpBytes;
 // uncappedDumpBytes without a cap). Partitions restored from a peer that
 // then fails are removed again, unless they existed before.
@@ -146,12 +147,12 @@ func bootstrapFrom(ctx context.Context, peer string, ix *indexer.Index, hc *http
 		if i < 0 {
 			return fmt.Errorf("dump: partition %q is not model:routing_group", name)
 		}
-		var dl indexer.DecodeLimits
+		var dl apiserver.DecodeLimits
 		if lim.blocks > 0 {
 			left := max(1, lim.blocks-blocks) // 0 would be no limit; 1 too many is caught below
-			dl = indexer.DecodeLimits{MaxBlocks: left, MaxEvents: left}
+			dl = apiserver.DecodeLimits{MaxBlocks: left, MaxEvents: left}
 		}
-		snap, err := indexer.DecodeSnapshot(dec, dl)
+		snap, err := apiserver.DecodeSnapshot(dec, dl)
 		if err != nil {
 			return fmt.Errorf("dump: partition %s: %w", name, err)
 		}
@@ -159,7 +160,7 @@ func bootstrapFrom(ctx context.Context, peer string, ix *indexer.Index, hc *http
 			blocks += len(ev.Blocks)
 		}
 		if lim.blocks > 0 && blocks > lim.blocks {
-			return fmt.Errorf("dump: partition %s: more than the %d blocks the index holds: %w", name, lim.blocks, indexer.ErrSnapshotTooLarge)
+			return fmt.Errorf("dump: partition %s: more than the %d blocks the index holds: %w", name, lim.blocks, apiserver.ErrSnapshotTooLarge)
 		}
 		k := indexer.PartitionKey{Model: name[:i], Group: name[i+1:]}
 		if err := ix.Restore(k, snap); err != nil {

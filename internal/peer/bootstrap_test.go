@@ -14,7 +14,7 @@ import (
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
-	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/dumptest"
 )
 
 // bootstrapSource returns an index of n partitions, each with a few ranks
@@ -70,7 +70,7 @@ func dumpOf(t *testing.T, ix *indexer.Index) map[indexer.PartitionKey]string {
 		if err != nil {
 			t.Fatal(err)
 		}
-		raw, err := s.MarshalJSON()
+		raw, err := apiserver.MarshalSnapshot(s)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -99,7 +99,7 @@ func TestBootstrapStreamsPeerDump(t *testing.T) {
 	if err != nil || got != srv.URL {
 		t.Fatalf("Bootstrap: %q, %v", got, err)
 	}
-	if want, have := testsupport.DumpLines(t, dumpBody(src)), testsupport.DumpLines(t, dumpBody(dst)); !slices.Equal(want, have) || len(have) != 5*(3*20+3) {
+	if want, have := dumptest.Lines(t, dumpBody(src)), dumptest.Lines(t, dumpBody(dst)); !slices.Equal(want, have) || len(have) != 5*(3*20+3) {
 		t.Fatalf("restored:\n%v\nwant:\n%v", have, want)
 	}
 	if st, _ := dst.Rank(indexer.PartitionKey{Model: "m0", Group: "default"}, indexer.Rank{WorkerID: 2}); !st.HasSeq || st.Watermark != 7 || st.Digest != 99 || st.Blocks != 20 {
@@ -135,7 +135,7 @@ func TestBootstrapLimits(t *testing.T) {
 		msg  string
 	}{
 		{"bytes", dumpLimits{bytes: int64(dumpSize) * 2 / 3}, errDumpTooLarge, fmt.Sprintf("more than %d bytes", dumpSize*2/3)},
-		{"blocks", dumpLimits{bytes: 1 << 30, blocks: 4*60 + 30}, indexer.ErrSnapshotTooLarge, "partition m4:default"},
+		{"blocks", dumpLimits{bytes: 1 << 30, blocks: 4*60 + 30}, apiserver.ErrSnapshotTooLarge, "partition m4:default"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			dst := indexer.New(indexer.Options{})

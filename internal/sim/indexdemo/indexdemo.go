@@ -3,7 +3,6 @@ package indexdemo
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"runtime"
@@ -13,6 +12,7 @@ import (
 	"github.com/prefixd/prefixd/events/wire"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/indexer/workload"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/sim/quantile"
 )
 
@@ -187,16 +187,16 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	raw, err := json.Marshal(snap)
+	raw, err := apiserver.MarshalSnapshot(snap)
 	if err != nil {
 		return err
 	}
-	var back indexer.Snapshot
-	if err := json.Unmarshal(raw, &back); err != nil {
+	back, err := apiserver.UnmarshalSnapshot(raw)
+	if err != nil {
 		return err
 	}
 	restored := indexer.New(indexer.Options{Shards: 1})
-	if err := restored.Restore(key, &back); err != nil {
+	if err := restored.Restore(key, back); err != nil {
 		return err
 	}
 	snapTime := since(t0)

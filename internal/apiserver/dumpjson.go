@@ -1,4 +1,4 @@
-package indexer
+package apiserver
 
 import (
 	"bytes"
@@ -9,43 +9,50 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/prefixd/prefixd/indexer"
 )
 
-// Streaming forms of the snapshot JSON: WriteJSON writes what MarshalJSON
-// returns without building it, and DecodeSnapshot reads what UnmarshalJSON
-// reads from a json.Decoder, within limits.
+// The JSON form of an indexer.Snapshot, each partition's value in GET
+// /dump: one partition of Dynamo's /dump response ({"block_size",
+// "events": [RouterEvent…]}) with synthetic event ids, plus prefixd's
+// fields: per-rank watermarks, node placement, the edges no rank holds,
+// KV-cache groups and per-tier copy counts. The wire types at the end of
+// this file document the shape. WriteSnapshot streams it out (the /dump
+// handler) and MarshalSnapshot returns it in memory; DecodeSnapshot
+// streams it in within limits (peer bootstrap) and UnmarshalSnapshot reads
+// it through encoding/json, the reference DecodeSnapshot matches.
 
-// MarshalJSON writes the snapshot as one partition of Dynamo's /dump
-// response ({"block_size", "events": [RouterEvent…]}) with synthetic event
-// ids, plus prefixd's fields: per-rank watermarks, node placement and
-// per-tier copy counts. It is WriteJSON into memory.
-func (s *Snapshot) MarshalJSON() ([]byte, error) {
+// MarshalSnapshot returns the JSON form of s. It is WriteSnapshot into
+// memory.
+func MarshalSnapshot(s *indexer.Snapshot) ([]byte, error) {
 	var b bytes.Buffer
-	if err := s.WriteJSON(&b); err != nil {
+	if err := WriteSnapshot(&b, s); err != nil {
 		return nil, err
 	}
 	return b.Bytes(), nil
 }
 
-// jsonChunk is how much WriteJSON buffers before writing to its writer.
+// jsonChunk is how much WriteSnapshot buffers before writing to its writer.
 const jsonChunk = 32 << 10
 
 // tierKeyOrder lists the tiers in the order of their names, the order in
 // which encoding/json writes map keys.
-var tierKeyOrder = func() []Tier {
-	out := make([]Tier, NumTiers)
+var tierKeyOrder = func() []indexer.Tier {
+	out := make([]indexer.Tier, indexer.NumTiers)
 	for t := range out {
-		out[t] = Tier(t)
+		out[t] = indexer.Tier(t)
 	}
-	slices.SortFunc(out, func(a, b Tier) int { return strings.Compare(a.String(), b.String()) })
+	slices.SortFunc(out, func(a, b indexer.Tier) int { return strings.Compare(a.String(), b.String()) })
 	return out
 }()
 
-// WriteJSON writes the snapshot's JSON (exactly the bytes MarshalJSON
-// returns; no trailing newline) to w, in writes of about 32 KiB, holding
-// no more than that beyond the snapshot itself. It returns the first write
-// error.
-func (s *Snapshot) WriteJSON(w io.Writer) error {
+// WriteSnapshot writes the JSON form of s (exactly the bytes
+// MarshalSnapshot returns; no trailing newline) to w, in writes of about
+// 32 KiB, holding no more than that beyond the snapshot itself. It returns
+// the first write error. It only reads s: goroutines may write one
+// snapshot at once.
+func WriteSnapshot(w io.Writer, s *indexer.Snapshot) error {
 	b := make([]byte, 0, jsonChunk+1024)
 	flush := func() error {
 		if len(b) < jsonChunk {
@@ -78,8 +85,8 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 			b = append(b, "null"...)
 		}
 		b = append(b, `,"start_position":null,"blocks":[`...)
-		var single [NumTiers]uint32
-		if ev.Tier < NumTiers {
+		var single [indexer.NumTiers]uint32
+		if ev.Tier < indexer.NumTiers {
 			single[ev.Tier] = 1
 		}
 		for j := range ev.Blocks {
@@ -213,7 +220,7 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 			}
 			if len(g.Blocks) > 0 {
 				b = append(b, `,"blocks":[`...)
-				one := [NumTiers]uint32{TierDevice: 1}
+				one := [indexer.NumTiers]uint32{indexer.TierDevice: 1}
 				for j := range g.Blocks {
 					bl := &g.Blocks[j]
 					if j > 0 {
@@ -241,13 +248,11 @@ func (s *Snapshot) WriteJSON(w io.Writer) error {
 	return err
 }
 
-// appendJSONString appends s as a JSON string, escaped as encoding/json
-// escapes it (HTML characters included).
 // appendCounts appends `,"counts":{…}` (the tiers with copies, in
 // tierKeyOrder) unless counts is def, what a block without "counts"
 // means, or empty.
-func appendCounts(b []byte, counts, def [NumTiers]uint32) []byte {
-	if counts == def || counts == ([NumTiers]uint32{}) {
+func appendCounts(b []byte, counts, def [indexer.NumTiers]uint32) []byte {
+	if counts == def || counts == ([indexer.NumTiers]uint32{}) {
 		return b
 	}
 	b = append(b, `,"counts":{`...)
@@ -266,6 +271,8 @@ func appendCounts(b []byte, counts, def [NumTiers]uint32) []byte {
 	return append(b, '}')
 }
 
+// appendJSONString appends s as a JSON string, escaped as encoding/json
+// escapes it (HTML characters included).
 func appendJSONString(b []byte, s string) []byte {
 	q, _ := json.Marshal(s) // a string always marshals
 	return append(b, q...)
@@ -285,9 +292,9 @@ type DecodeLimits struct {
 	MaxBlocks int
 }
 
-// DecodeSnapshot reads one snapshot object, in the form MarshalJSON
-// writes, as the next value of dec, and returns what UnmarshalJSON would
-// make of it: object keys match as encoding/json matches struct fields
+// DecodeSnapshot reads one snapshot object, in the form WriteSnapshot
+// writes, as the next value of dec, and returns what UnmarshalSnapshot
+// would make of it: object keys match as encoding/json matches struct fields
 // (exactly, else ignoring case; the last of duplicate keys wins), unknown
 // keys are skipped, JSON null leaves a field unset. One difference: an
 // object with a non-empty "error" string (how the /dump handler reports a
@@ -299,19 +306,19 @@ type DecodeLimits struct {
 // held in memory. Other errors name the field too: "events[3].event.data:
 // not a stored event". Only the caller's decoder is read; on error the
 // decoder is left mid-value.
-func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
+func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*indexer.Snapshot, error) {
 	d := &snapDecoder{dec: dec, lim: lim}
-	s := &Snapshot{}
+	s := &indexer.Snapshot{}
 	var peerErr string
-	var events []DumpEvent
-	var ranks []RankWatermark
-	var structural []DumpNode
-	var groups []DumpGroup
+	var events []indexer.DumpEvent
+	var ranks []indexer.RankWatermark
+	var structural []indexer.DumpNode
+	var groups []indexer.DumpGroup
 	err := d.object("", func(key string) error {
 		switch {
-		case field(key, "block_size"):
+		case matchField(key, "block_size"):
 			return d.value("block_size", &s.BlockSize)
-		case field(key, "events"):
+		case matchField(key, "events"):
 			events = nil
 			d.blocks = 0
 			return d.array("events", func(i int) error {
@@ -324,7 +331,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 				}
 				return err
 			})
-		case field(key, "watermarks"):
+		case matchField(key, "watermarks"):
 			ranks = nil
 			return d.array("watermarks", func(i int) error {
 				var jw jsonWatermark
@@ -334,7 +341,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 				ranks = append(ranks, jw.watermark())
 				return nil
 			})
-		case field(key, "structural_nodes"):
+		case matchField(key, "structural_nodes"):
 			structural = nil
 			d.hashes = 0
 			return d.array("structural_nodes", func(i int) error {
@@ -344,7 +351,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 				}
 				return err
 			})
-		case field(key, "groups"):
+		case matchField(key, "groups"):
 			groups = nil
 			d.gblocks = 0
 			return d.array("groups", func(i int) error {
@@ -357,7 +364,7 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 				}
 				return err
 			})
-		case field(key, "error"):
+		case matchField(key, "error"):
 			return d.value("error", &peerErr)
 		}
 		return d.skip()
@@ -372,9 +379,9 @@ func DecodeSnapshot(dec *json.Decoder, lim DecodeLimits) (*Snapshot, error) {
 	return s, nil
 }
 
-// field reports whether key names the field name, as encoding/json
+// matchField reports whether key names the field name, as encoding/json
 // matches keys to fields.
-func field(key, name string) bool { return key == name || strings.EqualFold(key, name) }
+func matchField(key, name string) bool { return key == name || strings.EqualFold(key, name) }
 
 type snapDecoder struct {
 	dec     *json.Decoder
@@ -385,8 +392,8 @@ type snapDecoder struct {
 	nulls   []int
 }
 
-// path joins a field path for error messages.
-func path(prefix, name string) string {
+// fieldPath joins a field path for error messages.
+func fieldPath(prefix, name string) string {
 	if prefix == "" {
 		return name
 	}
@@ -486,15 +493,15 @@ func (d *snapDecoder) skip() error {
 }
 
 // event reads events[i].
-func (d *snapDecoder) event(i int) (DumpEvent, error) {
-	var ev DumpEvent
+func (d *snapDecoder) event(i int) (indexer.DumpEvent, error) {
+	var ev indexer.DumpEvent
 	var tierName string
 	var stored, haveBlocks bool
 	at := fmt.Sprintf("events[%d]", i)
 	d.nulls = d.nulls[:0] // blocks with no counts: one copy in the event's tier
 	blocks := func(prefix string) error {
 		ev.Blocks, d.nulls, haveBlocks = nil, d.nulls[:0], true
-		return d.array(path(prefix, "blocks"), func(j int) error {
+		return d.array(fieldPath(prefix, "blocks"), func(j int) error {
 			if d.lim.MaxBlocks > 0 && d.blocks >= d.lim.MaxBlocks {
 				return fmt.Errorf("%s.blocks: more than %d blocks: %w", prefix, d.lim.MaxBlocks, ErrSnapshotTooLarge)
 			}
@@ -502,12 +509,12 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 			if err := d.value(fmt.Sprintf("%s.blocks[%d]", prefix, j), &jb); err != nil {
 				return err
 			}
-			b := DumpBlock{Hash: jb.BlockHash, TokensHash: jb.TokensHash}
+			b := indexer.DumpBlock{Hash: jb.BlockHash, TokensHash: jb.TokensHash}
 			if jb.Counts == nil {
 				d.nulls = append(d.nulls, len(ev.Blocks))
 			}
 			for name, c := range jb.Counts {
-				t, ok := ParseTier(name)
+				t, ok := indexer.ParseTier(name)
 				if !ok {
 					return fmt.Errorf("%s.blocks[%d].counts: unknown tier %q", prefix, j, name)
 				}
@@ -521,9 +528,9 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 	storedObj := func(at string) (bool, error) {
 		return d.objectOrNull(at, func(key string) error {
 			switch {
-			case field(key, "parent_hash"):
+			case matchField(key, "parent_hash"):
 				var p *uint64
-				if err := d.value(path(at, "parent_hash"), &p); err != nil {
+				if err := d.value(fieldPath(at, "parent_hash"), &p); err != nil {
 					return err
 				}
 				ev.ParentHash, ev.HasParent = 0, false
@@ -531,10 +538,10 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 					ev.ParentHash, ev.HasParent = *p, true
 				}
 				return nil
-			case field(key, "start_position"):
+			case matchField(key, "start_position"):
 				var p *uint32
-				return d.value(path(at, "start_position"), &p)
-			case field(key, "blocks"):
+				return d.value(fieldPath(at, "start_position"), &p)
+			case matchField(key, "blocks"):
 				return blocks(at)
 			}
 			return d.skip()
@@ -542,32 +549,32 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 	}
 	err := d.object(at, func(key string) error {
 		switch {
-		case field(key, "worker_id"):
-			return d.value(path(at, "worker_id"), &ev.Rank.WorkerID)
-		case field(key, "storage_tier"):
-			return d.value(path(at, "storage_tier"), &tierName)
-		case field(key, "node"):
-			return d.value(path(at, "node"), &ev.Node)
-		case field(key, "parent_node"):
-			return d.value(path(at, "parent_node"), &ev.ParentNode)
-		case field(key, "offset"):
-			return d.value(path(at, "offset"), &ev.Offset)
-		case field(key, "event"):
-			at := path(at, "event")
+		case matchField(key, "worker_id"):
+			return d.value(fieldPath(at, "worker_id"), &ev.Rank.WorkerID)
+		case matchField(key, "storage_tier"):
+			return d.value(fieldPath(at, "storage_tier"), &tierName)
+		case matchField(key, "node"):
+			return d.value(fieldPath(at, "node"), &ev.Node)
+		case matchField(key, "parent_node"):
+			return d.value(fieldPath(at, "parent_node"), &ev.ParentNode)
+		case matchField(key, "offset"):
+			return d.value(fieldPath(at, "offset"), &ev.Offset)
+		case matchField(key, "event"):
+			at := fieldPath(at, "event")
 			return d.object(at, func(key string) error {
 				switch {
-				case field(key, "event_id"):
+				case matchField(key, "event_id"):
 					var id uint64
-					return d.value(path(at, "event_id"), &id)
-				case field(key, "dp_rank"):
-					return d.value(path(at, "dp_rank"), &ev.Rank.DPRank)
-				case field(key, "data"):
-					at := path(at, "data")
+					return d.value(fieldPath(at, "event_id"), &id)
+				case matchField(key, "dp_rank"):
+					return d.value(fieldPath(at, "dp_rank"), &ev.Rank.DPRank)
+				case matchField(key, "data"):
+					at := fieldPath(at, "data")
 					return d.object(at, func(key string) error {
-						if !field(key, "stored") {
+						if !matchField(key, "stored") {
 							return d.skip()
 						}
-						null, err := storedObj(path(at, "stored"))
+						null, err := storedObj(fieldPath(at, "stored"))
 						if null {
 							// As a nil *jsonStored: a later "stored"
 							// starts afresh.
@@ -588,7 +595,7 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 	if !stored {
 		return ev, fmt.Errorf("%s.event.data: not a stored event", at)
 	}
-	tier, ok := ParseTier(tierName)
+	tier, ok := indexer.ParseTier(tierName)
 	if !ok {
 		return ev, fmt.Errorf("%s.storage_tier: unknown tier %q", at, tierName)
 	}
@@ -602,31 +609,31 @@ func (d *snapDecoder) event(i int) (DumpEvent, error) {
 }
 
 // group reads groups[i], its blocks one at a time.
-func (d *snapDecoder) group(i int) (DumpGroup, error) {
+func (d *snapDecoder) group(i int) (indexer.DumpGroup, error) {
 	var jg jsonGroup
-	var blocks []DumpGroupBlock
+	var blocks []indexer.DumpGroupBlock
 	at := fmt.Sprintf("groups[%d]", i)
 	err := d.object(at, func(key string) error {
 		switch {
-		case field(key, "worker_id"):
-			return d.value(path(at, "worker_id"), &jg.WorkerID)
-		case field(key, "dp_rank"):
-			return d.value(path(at, "dp_rank"), &jg.DPRank)
-		case field(key, "group_idx"):
-			return d.value(path(at, "group_idx"), &jg.Idx)
-		case field(key, "attention"):
-			return d.value(path(at, "attention"), &jg.Attention)
-		case field(key, "kind"):
-			return d.value(path(at, "kind"), &jg.Kind)
-		case field(key, "sliding_window"):
-			return d.value(path(at, "sliding_window"), &jg.Window)
-		case field(key, "main"):
-			return d.value(path(at, "main"), &jg.Main)
-		case field(key, "tracked"):
-			return d.value(path(at, "tracked"), &jg.Tracked)
-		case field(key, "blocks"):
+		case matchField(key, "worker_id"):
+			return d.value(fieldPath(at, "worker_id"), &jg.WorkerID)
+		case matchField(key, "dp_rank"):
+			return d.value(fieldPath(at, "dp_rank"), &jg.DPRank)
+		case matchField(key, "group_idx"):
+			return d.value(fieldPath(at, "group_idx"), &jg.Idx)
+		case matchField(key, "attention"):
+			return d.value(fieldPath(at, "attention"), &jg.Attention)
+		case matchField(key, "kind"):
+			return d.value(fieldPath(at, "kind"), &jg.Kind)
+		case matchField(key, "sliding_window"):
+			return d.value(fieldPath(at, "sliding_window"), &jg.Window)
+		case matchField(key, "main"):
+			return d.value(fieldPath(at, "main"), &jg.Main)
+		case matchField(key, "tracked"):
+			return d.value(fieldPath(at, "tracked"), &jg.Tracked)
+		case matchField(key, "blocks"):
 			blocks = nil
-			at := path(at, "blocks")
+			at := fieldPath(at, "blocks")
 			return d.array(at, func(j int) error {
 				if d.lim.MaxBlocks > 0 && d.gblocks >= d.lim.MaxBlocks {
 					return fmt.Errorf("%s: more than %d group blocks: %w", at, d.lim.MaxBlocks, ErrSnapshotTooLarge)
@@ -648,7 +655,7 @@ func (d *snapDecoder) group(i int) (DumpGroup, error) {
 		return d.skip()
 	})
 	if err != nil {
-		return DumpGroup{}, err
+		return indexer.DumpGroup{}, err
 	}
 	g, err := jg.group(at)
 	g.Blocks = blocks
@@ -656,20 +663,20 @@ func (d *snapDecoder) group(i int) (DumpGroup, error) {
 }
 
 // structural reads structural_nodes[i], its hashes one at a time.
-func (d *snapDecoder) structural(i int) (DumpNode, error) {
-	var n DumpNode
+func (d *snapDecoder) structural(i int) (indexer.DumpNode, error) {
+	var n indexer.DumpNode
 	at := fmt.Sprintf("structural_nodes[%d]", i)
 	err := d.object(at, func(key string) error {
 		switch {
-		case field(key, "node"):
-			return d.value(path(at, "node"), &n.Node)
-		case field(key, "parent_node"):
-			return d.value(path(at, "parent_node"), &n.ParentNode)
-		case field(key, "shard"):
-			return d.value(path(at, "shard"), &n.Shard)
-		case field(key, "tokens_hashes"):
+		case matchField(key, "node"):
+			return d.value(fieldPath(at, "node"), &n.Node)
+		case matchField(key, "parent_node"):
+			return d.value(fieldPath(at, "parent_node"), &n.ParentNode)
+		case matchField(key, "shard"):
+			return d.value(fieldPath(at, "shard"), &n.Shard)
+		case matchField(key, "tokens_hashes"):
 			n.Hashes = nil
-			at := path(at, "tokens_hashes")
+			at := fieldPath(at, "tokens_hashes")
 			tok, err := d.dec.Token()
 			if err != nil {
 				return d.fail(at, err)
@@ -705,4 +712,185 @@ func (d *snapDecoder) failIf(at string, err error) error {
 		return d.fail(at, err)
 	}
 	return nil
+}
+
+// ---- Wire types: Dynamo's /dump partition shape, with prefixd's extra fields ----
+//
+// The types below are what UnmarshalSnapshot decodes with encoding/json and
+// document the shape; WriteSnapshot writes it and DecodeSnapshot streams it
+// in.
+
+type jsonSnapshot struct {
+	BlockSize  int             `json:"block_size"`
+	Events     []jsonEvent     `json:"events"`
+	Watermarks []jsonWatermark `json:"watermarks"`
+	Structural []jsonNode      `json:"structural_nodes,omitempty"`
+	Groups     []jsonGroup     `json:"groups,omitempty"`
+}
+
+// jsonGroup is an indexer.DumpGroup. A block without counts is one device copy.
+type jsonGroup struct {
+	WorkerID  uint64           `json:"worker_id"`
+	DPRank    uint32           `json:"dp_rank"`
+	Idx       int              `json:"group_idx"`
+	Attention string           `json:"attention"`
+	Kind      string           `json:"kind,omitempty"`
+	Window    int              `json:"sliding_window,omitempty"`
+	Main      bool             `json:"main,omitempty"`
+	Tracked   bool             `json:"tracked,omitempty"`
+	Blocks    []jsonGroupBlock `json:"blocks,omitempty"`
+}
+
+type jsonGroupBlock struct {
+	BlockHash uint64            `json:"block_hash"`
+	Counts    map[string]uint32 `json:"counts,omitempty"`
+}
+
+// block converts one group block; at names it in errors.
+func (jb *jsonGroupBlock) block(at string) (indexer.DumpGroupBlock, error) {
+	b := indexer.DumpGroupBlock{Hash: jb.BlockHash}
+	if jb.Counts == nil {
+		b.Counts[indexer.TierDevice] = 1
+	}
+	for name, c := range jb.Counts {
+		t, ok := indexer.ParseTier(name)
+		if !ok {
+			return b, fmt.Errorf("%s.counts: unknown tier %q", at, name)
+		}
+		b.Counts[t] = c
+	}
+	return b, nil
+}
+
+// group converts a group but its blocks; at names it in errors.
+func (jg *jsonGroup) group(at string) (indexer.DumpGroup, error) {
+	a, ok := indexer.ParseAttention(jg.Attention)
+	if !ok {
+		return indexer.DumpGroup{}, fmt.Errorf("%s.attention: unknown attention %q", at, jg.Attention)
+	}
+	return indexer.DumpGroup{Rank: indexer.Rank{WorkerID: jg.WorkerID, DPRank: jg.DPRank}, Idx: jg.Idx, Attention: a, Kind: jg.Kind, Window: jg.Window,
+		Main: jg.Main, Tracked: jg.Tracked}, nil
+}
+
+type jsonWatermark struct {
+	WorkerID uint64  `json:"worker_id"`
+	DPRank   uint32  `json:"dp_rank"`
+	Seq      *uint64 `json:"last_event_id"`
+	Digest   uint64  `json:"digest,omitempty"`
+	// Truncated and Degraded are absent when false, so dumps of exact
+	// ranks are what they were before the flags existed.
+	Truncated      bool   `json:"truncated,omitempty"`
+	Degraded       bool   `json:"degraded,omitempty"`
+	DegradedReason string `json:"degraded_reason,omitempty"`
+	Shard          uint32 `json:"shard,omitempty"`
+}
+
+func (w *jsonWatermark) watermark() indexer.RankWatermark {
+	rw := indexer.RankWatermark{Rank: indexer.Rank{WorkerID: w.WorkerID, DPRank: w.DPRank}, Digest: w.Digest, Truncated: w.Truncated,
+		Degraded: w.Degraded, DegradedReason: w.DegradedReason, Shard: w.Shard}
+	if w.Seq != nil {
+		rw.Seq, rw.HasSeq = *w.Seq, true
+	}
+	return rw
+}
+
+type jsonNode struct {
+	Node       uint32   `json:"node"`
+	ParentNode uint32   `json:"parent_node"`
+	Hashes     []uint64 `json:"tokens_hashes"`
+	Shard      uint32   `json:"shard,omitempty"`
+}
+
+type jsonEvent struct {
+	WorkerID    uint64      `json:"worker_id"`
+	StorageTier string      `json:"storage_tier"`
+	Event       jsonKvEvent `json:"event"`
+	Node        uint32      `json:"node"`
+	ParentNode  uint32      `json:"parent_node"`
+	Offset      uint32      `json:"offset"`
+}
+
+type jsonKvEvent struct {
+	EventID uint64     `json:"event_id"`
+	DPRank  uint32     `json:"dp_rank"`
+	Data    jsonKvData `json:"data"`
+}
+
+type jsonKvData struct {
+	Stored *jsonStored `json:"stored"`
+}
+
+type jsonStored struct {
+	ParentHash    *uint64     `json:"parent_hash"`
+	StartPosition *uint32     `json:"start_position"`
+	Blocks        []jsonBlock `json:"blocks"`
+}
+
+type jsonBlock struct {
+	BlockHash   uint64            `json:"block_hash"`
+	TokensHash  uint64            `json:"tokens_hash"`
+	MMExtraInfo *struct{}         `json:"mm_extra_info"`
+	Counts      map[string]uint32 `json:"counts,omitempty"`
+}
+
+// UnmarshalSnapshot reads what MarshalSnapshot writes, with encoding/json
+// and the wire types above: the reference reader, which DecodeSnapshot
+// matches within its limits. JSON null is the zero Snapshot.
+func UnmarshalSnapshot(data []byte) (*indexer.Snapshot, error) {
+	var js jsonSnapshot
+	if err := json.Unmarshal(data, &js); err != nil {
+		return nil, err
+	}
+	s := &indexer.Snapshot{BlockSize: js.BlockSize}
+	for _, w := range js.Watermarks {
+		s.Ranks = append(s.Ranks, w.watermark())
+	}
+	for _, n := range js.Structural {
+		s.Structural = append(s.Structural, indexer.DumpNode(n))
+	}
+	for i := range js.Groups {
+		at := fmt.Sprintf("groups[%d]", i)
+		g, err := js.Groups[i].group(at)
+		if err != nil {
+			return nil, err
+		}
+		for j := range js.Groups[i].Blocks {
+			b, err := js.Groups[i].Blocks[j].block(fmt.Sprintf("%s.blocks[%d]", at, j))
+			if err != nil {
+				return nil, err
+			}
+			g.Blocks = append(g.Blocks, b)
+		}
+		s.Groups = append(s.Groups, g)
+	}
+	for i, je := range js.Events {
+		st := je.Event.Data.Stored
+		if st == nil {
+			return nil, fmt.Errorf("event %d: not a stored event", i)
+		}
+		tier, ok := indexer.ParseTier(je.StorageTier)
+		if !ok {
+			return nil, fmt.Errorf("event %d: unknown storage_tier %q", i, je.StorageTier)
+		}
+		ev := indexer.DumpEvent{Rank: indexer.Rank{WorkerID: je.WorkerID, DPRank: je.Event.DPRank}, Tier: tier, Node: je.Node, ParentNode: je.ParentNode, Offset: je.Offset}
+		if st.ParentHash != nil {
+			ev.ParentHash, ev.HasParent = *st.ParentHash, true
+		}
+		for _, jb := range st.Blocks {
+			b := indexer.DumpBlock{Hash: jb.BlockHash, TokensHash: jb.TokensHash}
+			if jb.Counts == nil {
+				b.Counts[tier] = 1
+			}
+			for name, c := range jb.Counts {
+				t, ok := indexer.ParseTier(name)
+				if !ok {
+					return nil, fmt.Errorf("event %d: unknown tier %q in counts", i, name)
+				}
+				b.Counts[t] = c
+			}
+			ev.Blocks = append(ev.Blocks, b)
+		}
+		s.Events = append(s.Events, ev)
+	}
+	return s, nil
 }
