@@ -17,8 +17,9 @@ import (
 	"github.com/prefixd/prefixd/internal/apiserver"
 )
 
-// Limits on a peer's /dump. A dump takes 90 to 280 bytes of JSON per
-// entry (long events to one-block events; docs/benchmarks.md); the byte
+// Limits on a peer's /dump. A dump takes some hundred bytes of JSON per
+// entry, more when its events are short (apiserver's
+// BenchmarkWriteSnapshot measures the benchmark workload's); the byte
 // limit allows several times that per entry the index's cap admits.
 const (
 	dumpBytesPerEntry = 2 << 10
