@@ -22,7 +22,9 @@ type proxyOptions struct {
 	group        string
 	prefillGroup string
 	timeout      time.Duration
+	readTimeout  time.Duration
 	maxBody      int64
+	bodyBudget   int64
 	cache        int
 	refresh      time.Duration
 	logLevel     string
@@ -33,8 +35,12 @@ func (o *proxyOptions) Validate() error {
 	switch {
 	case o.timeout <= 0:
 		return fmt.Errorf("--request-timeout %v: want > 0", o.timeout)
+	case o.readTimeout <= 0:
+		return fmt.Errorf("--read-timeout %v: want > 0", o.readTimeout)
 	case o.maxBody <= 0:
 		return fmt.Errorf("--max-body-bytes %d: want > 0", o.maxBody)
+	case o.bodyBudget <= o.maxBody:
+		return fmt.Errorf("--body-budget-bytes %d: want more than --max-body-bytes (%d)", o.bodyBudget, o.maxBody)
 	case o.cache <= 0:
 		return fmt.Errorf("--tokenize-cache %d: want > 0", o.cache)
 	case o.refresh <= 0:
@@ -44,7 +50,8 @@ func (o *proxyOptions) Validate() error {
 }
 
 func newProxyCommand() *cobra.Command {
-	o := &proxyOptions{listen: "127.0.0.1:8000", plans: newDisaggFlags(), timeout: 10 * time.Minute, maxBody: 32 << 20, cache: 4096,
+	o := &proxyOptions{listen: "127.0.0.1:8000", plans: newDisaggFlags(), timeout: 10 * time.Minute,
+		readTimeout: proxy.DefaultReadTimeout, maxBody: 32 << 20, bodyBudget: proxy.DefaultBodyBudget, cache: 4096,
 		refresh: 2 * time.Second, logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "proxy",
@@ -76,7 +83,7 @@ func newProxyCommand() *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			p, err := proxy.New(proxy.Config{Prefixd: c, Policy: o.policy, Disagg: o.disagg, Order: o.plans.order, PlanPolicy: pol, PrefillFailure: failure,
-				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, MaxBodyBytes: o.maxBody,
+				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, ReadTimeout: o.readTimeout, MaxBodyBytes: o.maxBody, BodyBudget: o.bodyBudget,
 				TokenizeCache: o.cache, Refresh: o.refresh, Logger: log})
 			if err != nil {
 				return err
@@ -102,7 +109,10 @@ func newProxyCommand() *cobra.Command {
 	fs.StringVar(&o.group, "routing-group", o.group, "routing group of the (decode) engines (default: default)")
 	fs.StringVar(&o.prefillGroup, "prefill-routing-group", o.prefillGroup, "routing group of the prefill engines (default: --routing-group)")
 	fs.DurationVar(&o.timeout, "request-timeout", o.timeout, "deadline of each request, from its arrival to its last byte")
-	fs.Int64Var(&o.maxBody, "max-body-bytes", o.maxBody, "largest request body accepted")
+	fs.DurationVar(&o.readTimeout, "read-timeout", o.readTimeout, "time to receive a request, headers and body, from its first byte (408 beyond)")
+	fs.Int64Var(&o.maxBody, "max-body-bytes", o.maxBody, "largest request body accepted (413 beyond)")
+	fs.Int64Var(&o.bodyBudget, "body-budget-bytes", o.bodyBudget,
+		"bytes the bodies of the requests in flight may hold together, counted as they arrive (503 beyond); its last quarter is lent only to bodies that keep arriving")
 	fs.IntVar(&o.cache, "tokenize-cache", o.cache, "tokenize answers kept (identical prompts only)")
 	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the fleet is listed from prefixd serve")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")

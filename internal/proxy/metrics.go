@@ -18,9 +18,14 @@ type metrics struct {
 	bypasses    *prometheus.CounterVec
 	bookings    prometheus.GaugeFunc
 	open        atomic.Int64
+
+	bodyBytes     prometheus.GaugeFunc
+	bodiesRefused *prometheus.CounterVec
 }
 
-func newMetrics() *metrics {
+// newMetrics returns the metrics; bodies reads the bytes the bodies in
+// flight hold.
+func newMetrics(bodies func() int64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_requests_total",
 			Help: "OpenAI requests by route and outcome (ok, client_gone, engine_broke_off, invalid, error_4xx, error_5xx)."}, []string{"route", "outcome"}),
@@ -40,13 +45,18 @@ func newMetrics() *metrics {
 		bypasses: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_bypasses_total",
 			Help: "Disaggregated requests run whole on their decode worker: bypass (the plan's policy), bypass_after_prefill_failure."}, []string{"reason"}),
 	}
+	m.bodyBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_proxy_body_bytes",
+		Help: "Bytes the bodies of the requests in flight hold, of the body budget."}, func() float64 { return float64(bodies()) })
+	m.bodiesRefused = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_bodies_refused_total",
+		Help: "Request bodies not read, by reason: too_large (413), budget (503, the body budget full), timeout (408, the read timeout), stalled (408, a body lent the budget's reserve stopped arriving), read (400)."},
+		[]string{"reason"})
 	m.bookings = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_proxy_bookings",
 		Help: "Reservations and plans the proxy holds for requests in flight."}, func() float64 { return float64(m.open.Load()) })
 	return m
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokenize, m.fallbacks, m.retries, m.transitions, m.bypasses, m.bookings} {
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.ttft, m.tokenize, m.fallbacks, m.retries, m.transitions, m.bypasses, m.bookings, m.bodyBytes, m.bodiesRefused} {
 		if err := r.Register(c); err != nil {
 			return err
 		}

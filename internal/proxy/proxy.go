@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,6 +26,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 )
 
@@ -80,12 +80,25 @@ type Config struct {
 	// RequestTimeout bounds each request from its arrival to its last
 	// byte (default 10 minutes).
 	RequestTimeout time.Duration
-	// MaxBodyBytes bounds a request body (default 32 MiB); BodyBudget the
-	// bytes of the bodies being read at once, charged at their declared
-	// length (or MaxBodyBytes without one) before anything is read: a
-	// request that does not fit is a 503 with Retry-After (default 1 GiB).
+	// ReadTimeout bounds reading a request, headers and body, from its
+	// first byte (default DefaultReadTimeout): a body still arriving then
+	// is cut off with a 408 and its connection closed.
+	ReadTimeout time.Duration
+	// MaxBodyBytes bounds a request body (default 32 MiB; 413 beyond).
+	// BodyBudget bounds the bytes the bodies of the requests in flight
+	// hold together, counted as they arrive and held until each request
+	// ends: a body that does not fit is a 503 with Retry-After (default
+	// DefaultBodyBudget, raised to MaxBodyBytes + 1 if below). BodyReserve,
+	// the last part of it, is lent only to bodies that keep arriving: a
+	// body whose buffer grows while the bodies hold more than BodyBudget −
+	// BodyReserve must fill that buffer, or end, within BodyHold, or it is
+	// cut off with a 408 (defaults: a quarter of BodyBudget, and 2 s). So
+	// bodies that stall never hold the reserve for longer than BodyHold
+	// (httpbody.Budget).
 	MaxBodyBytes int64
 	BodyBudget   int64
+	BodyReserve  int64
+	BodyHold     time.Duration
 	// TokenizeCache is how many tokenize answers are kept (default 4096).
 	TokenizeCache int
 	// Refresh is how often the fleet view is listed (default 2 s).
@@ -108,8 +121,15 @@ type Proxy struct {
 
 	randMu sync.Mutex
 	rand   *rand.Rand
-	bodies atomic.Int64 // bytes charged to BodyBudget
+	bodies httpbody.Budget
+	full   logEvery // the line of a body refused for the budget
 }
+
+// Defaults of Config.
+const (
+	DefaultReadTimeout = 30 * time.Second
+	DefaultBodyBudget  = 256 << 20
+)
 
 // EngineHTTPClient returns the client for engine requests: keep-alive
 // connections pooled per engine (256 idle), 2 s dial timeout, no overall
@@ -135,11 +155,22 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Minute
 	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
 	}
 	if cfg.BodyBudget <= 0 {
-		cfg.BodyBudget = 1 << 30
+		cfg.BodyBudget = DefaultBodyBudget
+	}
+	cfg.BodyBudget = max(cfg.BodyBudget, cfg.MaxBodyBytes+1)
+	if cfg.BodyReserve <= 0 {
+		cfg.BodyReserve = cfg.BodyBudget / 4
+	}
+	cfg.BodyReserve = min(cfg.BodyReserve, cfg.BodyBudget)
+	if cfg.BodyHold <= 0 {
+		cfg.BodyHold = 2 * time.Second
 	}
 	if cfg.TokenizeCache <= 0 {
 		cfg.TokenizeCache = 4096
@@ -166,14 +197,15 @@ func New(cfg Config) (*Proxy, error) {
 	if r == nil {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
-	m := newMetrics()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := m.register(reg); err != nil {
+	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), tok: newTokenizer(cfg.Engines, cfg.TokenizeCache),
+		reg: prometheus.NewRegistry(), rand: r, full: logEvery{every: time.Minute}}
+	p.bodies = httpbody.Budget{Limit: cfg.BodyBudget, Reserve: cfg.BodyReserve, Hold: cfg.BodyHold, ReadTimeout: cfg.ReadTimeout}
+	p.m = newMetrics(p.bodies.Used)
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := p.m.register(p.reg); err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), tok: newTokenizer(cfg.Engines, cfg.TokenizeCache),
-		m: m, reg: reg, rand: r}, nil
+	return p, nil
 }
 
 // Run keeps the fleet view fresh until ctx ends; then it closes the idle
@@ -193,20 +225,31 @@ func (p *Proxy) Synced() <-chan struct{} { return p.fleet.synced }
 // requests.
 func (p *Proxy) Bookings() int { return int(p.m.open.Load()) }
 
+// BodyBytes returns the bytes the bodies of the requests in flight hold
+// (of Config.BodyBudget): zero when the proxy is idle.
+func (p *Proxy) BodyBytes() int64 { return p.bodies.Used() }
+
 // Serve serves Handler on ln and keeps the fleet view fresh until ctx
 // ends, then drains requests in flight for at most drain.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener, drain time.Duration) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
-	g.Go(func() error {
-		srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		return httpserve.Serve(gctx, srv, ln, drain)
-	})
+	g.Go(func() error { return httpserve.Serve(gctx, p.Server(), ln, drain) })
 	err := g.Wait()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return nil
 	}
 	return err
+}
+
+// Server returns the http.Server that Serve runs: Handler, with
+// Config.ReadTimeout for a whole request, 10 s for its headers, 64 KiB of
+// them, and keep-alive connections closed after 2 minutes idle. It sets
+// no WriteTimeout: a streamed answer lasts as long as its generation
+// (Config.RequestTimeout bounds it).
+func (p *Proxy) Server() *http.Server {
+	return &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: p.cfg.ReadTimeout,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 }
 
 // Handler serves the OpenAI routes, /v1/models, /health, /metrics and,
@@ -286,25 +329,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.RequestTimeout)
 	defer cancel()
-	charge := p.cfg.MaxBodyBytes
-	if r.ContentLength >= 0 {
-		charge = min(r.ContentLength, p.cfg.MaxBodyBytes+1)
-	}
-	if p.bodies.Add(charge) > p.cfg.BodyBudget {
-		p.bodies.Add(-charge)
-		w.Header().Set("Retry-After", "1")
-		openAIError(w, http.StatusServiceUnavailable, fmt.Sprintf("body: request bodies being read exceed the proxy's budget of %d bytes; retry later", p.cfg.BodyBudget))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
-	p.bodies.Add(-charge)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			openAIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: more than %d bytes", p.cfg.MaxBodyBytes))
-			return
-		}
-		openAIError(w, http.StatusBadRequest, "body: "+err.Error())
+	// The body's bytes stay charged to the budget until the request ends:
+	// the body is parsed, then sent to the engines.
+	var held int64
+	defer func() { p.bodies.Give(held) }()
+	body, berr := httpbody.Read(w, r, nil, int(p.cfg.MaxBodyBytes), &p.bodies, &held)
+	if berr != nil {
+		p.bodyRefused(berr)
+		openAIError(w, berr.Status, berr.Msg)
 		return
 	}
 	req, err := parseRequest(k, body)
@@ -323,6 +355,41 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	}
 	p.m.requests.WithLabelValues(k.label(), outcome).Inc()
 	p.m.duration.WithLabelValues(k.label()).Observe(time.Since(start).Seconds())
+}
+
+// bodyRefused counts a body that was not read, and logs the budget being
+// full (at most once a minute: a state of the proxy, not a client's
+// mistake).
+func (p *Proxy) bodyRefused(err *httpbody.Error) {
+	p.m.bodiesRefused.WithLabelValues(err.Reason).Inc()
+	if err.Reason != httpbody.OverBudget {
+		return
+	}
+	if n, ok := p.full.allow(time.Now()); ok {
+		p.log.Warn("proxy: request bodies refused: the body budget is full", "budget_bytes", p.cfg.BodyBudget, "held_bytes", p.bodies.Used(), "suppressed", n)
+	}
+}
+
+// logEvery rate-limits a log line: allow says whether a line may be
+// written now, at most one per every, and how many were held back since
+// the last one. Safe for concurrent use.
+type logEvery struct {
+	every time.Duration
+	mu    sync.Mutex // guards last and held
+	last  time.Time
+	held  int
+}
+
+func (l *logEvery) allow(now time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.held++
+		return 0, false
+	}
+	n := l.held
+	l.last, l.held = now, 0
+	return n, true
 }
 
 func (k kind) label() string {

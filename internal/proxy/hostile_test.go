@@ -1,0 +1,158 @@
+package proxy_test
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/proxy"
+	"github.com/prefixd/prefixd/internal/testsupport"
+)
+
+// The attacks of a client without credentials on the proxy's front door,
+// over raw TCP where net/http's client would not send what they send.
+
+// rawPost opens a connection to the proxy and sends the headers of a POST
+// to path claiming a body of length bytes, then the first bytes of it.
+func (s *stack) rawPost(path string, length int, first string) net.Conn {
+	s.t.Helper()
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: proxy\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", path, length, first)
+	return c
+}
+
+// answer reads the response on c and whether the proxy closed the
+// connection after it. The deadline only keeps a broken proxy from
+// hanging the test.
+func answer(t *testing.T, c net.Conn) (status int, body string, closed bool) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(time.Minute))
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read response: %v", err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_, err = br.ReadByte()
+	return resp.StatusCode, string(b), errors.Is(err, io.EOF)
+}
+
+// heap returns the bytes of live heap after a collection.
+func heap() int64 {
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+const mib = 1 << 20
+
+// TestSilentBodies: 40 connections each claim a 32 MiB body (the largest
+// the proxy takes) and send 10 bytes of it, then nothing — the attack
+// that locked every client out, the budget being charged by the claimed
+// length. Now a body costs what arrived: the heap grows by far less than
+// the 1.25 GiB claimed, a normal request is answered while they are held,
+// each is cut off with a 408 at the read timeout, and the budget is whole
+// again after.
+func TestSilentBodies(t *testing.T) {
+	const (
+		conns   = 40
+		claimed = 32 << 20
+		timeout = 5 * time.Second
+	)
+	s := startStack(t, proxy.Config{ReadTimeout: timeout}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	before := heap()
+	slow := make([]net.Conn, conns)
+	for i := range slow {
+		slow[i] = s.rawPost("/v1/completions", claimed, `{"model":"`) // 10 bytes
+	}
+	testsupport.Eventually(t, time.Minute, "every slow body read as far as it came", func() bool { return s.proxy.BodyBytes() == conns*4096 })
+	growth := heap() - before
+	t.Logf("heap grew by %.2f MiB with %d bodies of %d MiB claimed in flight (%d MiB claimed in all)", float64(growth)/mib, conns, claimed/mib, conns*claimed/mib)
+	if growth > 16*mib {
+		t.Errorf("heap grew by %.1f MiB for %d silent bodies", float64(growth)/mib, conns)
+	}
+
+	// A normal request is answered while the slow ones are held.
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2}); code != 200 {
+		t.Fatalf("a normal request during the attack: %d %s", code, body)
+	}
+	if held := s.proxy.BodyBytes(); held != conns*4096 {
+		t.Fatalf("the slow bodies hold %d bytes after the normal request, want %d: some were cut before it was answered (the machine is too slow for the %v timeout)", held, conns*4096, timeout)
+	}
+
+	// Each slow body is cut off at the read timeout, its connection closed.
+	for _, c := range slow {
+		code, body, closed := answer(t, c)
+		if code != 408 || !strings.Contains(body, `"message":"body: not received in time (10 bytes arrived)"`) || !closed {
+			t.Fatalf("slow body: %d %s (closed %v)", code, body, closed)
+		}
+	}
+	testsupport.Eventually(t, 10*time.Second, "the budget given back", func() bool { return s.proxy.BodyBytes() == 0 })
+	if _, page := s.get("/metrics"); !strings.Contains(page, fmt.Sprintf(`prefixd_proxy_bodies_refused_total{reason="timeout"} %d`, conns)) ||
+		!strings.Contains(page, "prefixd_proxy_body_bytes 0") {
+		t.Fatalf("metrics lack the refused bodies:\n%s", page)
+	}
+}
+
+// TestStalledBodiesLeaveTheReserve: bodies that send much and then stall
+// hold at most the budget less its reserve; a body that stalls in the
+// reserve is cut off after BodyHold (long before the read timeout), so a
+// request refused while the reserve was taken gets in when it retries.
+func TestStalledBodiesLeaveTheReserve(t *testing.T) {
+	s := startStack(t, proxy.Config{MaxBodyBytes: 4 * mib, BodyBudget: 8 * mib, BodyReserve: 2 * mib, BodyHold: 500 * time.Millisecond, ReadTimeout: time.Minute},
+		coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	// A1 and A2 send 2.1 MB of 3 MB and stall: 3,000,001 bytes held each,
+	// below the reserve's line (6 MiB).
+	var a []net.Conn
+	for i := range 2 {
+		a = append(a, s.rawPost("/v1/completions", 3_000_000, strings.Repeat(" ", 2_100_000)))
+		want := int64(i+1) * 3_000_001
+		testsupport.Eventually(t, time.Minute, "A's bytes read", func() bool { return s.proxy.BodyBytes() == want })
+	}
+	// B sends 1.1 MB of 2 MB and stalls, in the reserve.
+	b := s.rawPost("/v1/completions", 2_000_000, strings.Repeat(" ", 1_100_000))
+	start := time.Now()
+	testsupport.Eventually(t, time.Minute, "B's bytes read", func() bool { return s.proxy.BodyBytes() == 2*3_000_001+2_000_001 })
+	// C, a normal request of 500 kB, does not fit beside them.
+	c := map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2, "user": strings.Repeat("u", 500_000)}
+	if code, body := s.post("/v1/completions", c); code != 503 || !strings.Contains(body, "retry later") {
+		t.Fatalf("C beside A and B: %d %s", code, body)
+	}
+	s.logs.Wait(t, 5*time.Second, "proxy: request bodies refused: the body budget is full", "budget_bytes=8388608")
+	// B is cut off BodyHold after its last growth.
+	code, body, closed := answer(t, b)
+	if code != 408 || !strings.Contains(body, "stopped arriving for 500ms (1100000 bytes arrived)") || !closed {
+		t.Fatalf("B: %d %s (closed %v)", code, body, closed)
+	}
+	if took := time.Since(start); took > 30*time.Second {
+		t.Fatalf("B cut off after %v", took)
+	}
+	// C retried gets in beside A1 and A2, which still hold their bytes.
+	if code, body := s.post("/v1/completions", c); code != 200 {
+		t.Fatalf("C after B: %d %s", code, body)
+	}
+	testsupport.Eventually(t, 10*time.Second, "C's and B's bytes given back", func() bool { return s.proxy.BodyBytes() == 2*3_000_001 })
+	for _, c := range a {
+		c.Close()
+	}
+	testsupport.Eventually(t, 10*time.Second, "the budget given back", func() bool { return s.proxy.BodyBytes() == 0 })
+	if _, page := s.get("/metrics"); !strings.Contains(page, `prefixd_proxy_bodies_refused_total{reason="stalled"} 1`) ||
+		!strings.Contains(page, `prefixd_proxy_bodies_refused_total{reason="budget"} 1`) {
+		t.Fatalf("metrics lack the refused bodies:\n%s", page)
+	}
+}
