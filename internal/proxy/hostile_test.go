@@ -2,13 +2,17 @@ package proxy_test
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"runtime"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -155,4 +159,96 @@ func TestStalledBodiesLeaveTheReserve(t *testing.T) {
 		!strings.Contains(page, `prefixd_proxy_bodies_refused_total{reason="budget"} 1`) {
 		t.Fatalf("metrics lack the refused bodies:\n%s", page)
 	}
+}
+
+// peakHeap samples the live heap until stop is called, which returns the
+// highest HeapAlloc seen.
+func peakHeap() (stop func() int64) {
+	done, out := make(chan struct{}), make(chan int64)
+	go func() {
+		var peak int64
+		var m runtime.MemStats
+		t := time.NewTicker(2 * time.Millisecond)
+		defer t.Stop()
+		for {
+			runtime.ReadMemStats(&m)
+			peak = max(peak, int64(m.HeapAlloc))
+			select {
+			case <-done:
+				out <- peak
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(done); return <-out }
+}
+
+// TestTokenIDPromptBounded: a 32 MB body of 16.7 million token ids is
+// refused with a 413 while its ids are read, past the millionth, not
+// after decoding all of them (one such request took the heap to about
+// 540 MB, eight at once to 3.3 GB); the budget holds each body until it
+// is refused, and nothing is booked.
+func TestTokenIDPromptBounded(t *testing.T) {
+	const ids = 16_700_000
+	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	body := []byte(`{"model":"m","max_tokens":1,"prompt":[` + strings.Repeat("1,", ids-1) + `1]}`)
+	send := func() (int, string) {
+		resp, err := http.Post(s.url+"/v1/completions", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	selections := func() float64 { return s.routed() }
+	if code, b := s.post("/v1/completions", map[string]any{"model": model, "prompt": []int{1, 2, 3}, "max_tokens": 1}); code != 200 {
+		t.Fatalf("a prompt of 3 token ids: %d %s", code, b)
+	}
+	booked := selections()
+	if booked != 1 {
+		t.Fatalf("prefixd booked %v requests, want 1", booked)
+	}
+	for _, n := range []int{1, 8} {
+		before := heap()
+		stop := peakHeap()
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				if code, b := send(); code != 413 || !strings.Contains(b, `"message":"prompt: more than 1000000 tokens"`) {
+					t.Errorf("%d MB of token ids: %d %s", len(body)>>20, code, b)
+				}
+			})
+		}
+		wg.Wait()
+		peak := stop() - before
+		t.Logf("%d at once: peak heap growth %.0f MiB (%d bodies of %.1f MiB)", n, float64(peak)/mib, n, float64(len(body))/mib)
+		if bound := int64(n) * 3 * int64(len(body)); peak > bound {
+			t.Errorf("%d at once: the heap grew by %.0f MiB, more than %.0f MiB", n, float64(peak)/mib, float64(bound)/mib)
+		}
+		testsupport.Eventually(t, 10*time.Second, "the budget given back", func() bool { return s.proxy.BodyBytes() == 0 })
+	}
+	if got := selections(); got != booked {
+		t.Errorf("prefixd booked %v requests after the refused prompts, %v before", got, booked)
+	}
+}
+
+// routed is how many bookings prefixd made (prefixd_routed_total, over
+// every worker, rank and kind).
+func (s *stack) routed() float64 {
+	s.t.Helper()
+	m, err := s.prefixd.Metrics(context.Background())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var n float64
+	for _, line := range strings.Split(string(m), "\n") {
+		if strings.HasPrefix(line, "prefixd_routed_total{") {
+			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+			n += v
+		}
+	}
+	return n
 }

@@ -28,6 +28,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // Policy is how the proxy chooses an engine for an aggregated request.
@@ -342,7 +343,11 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	req, err := parseRequest(k, body)
 	if err != nil {
 		p.m.requests.WithLabelValues(k.label(), "invalid").Inc()
-		openAIError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
+			status = http.StatusRequestEntityTooLarge
+		}
+		openAIError(w, status, err.Error())
 		return
 	}
 	x := &exchange{p: p, w: w, r: r, ctx: ctx, req: req, id: newID(), start: start, hdr: forwardHeaders(r.Header)}
