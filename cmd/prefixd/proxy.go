@@ -26,6 +26,7 @@ type proxyOptions struct {
 	maxBody      int64
 	bodyBudget   int64
 	cache        int
+	cacheBytes   int64
 	refresh      time.Duration
 	logLevel     string
 }
@@ -43,6 +44,8 @@ func (o *proxyOptions) Validate() error {
 		return fmt.Errorf("--body-budget-bytes %d: want more than --max-body-bytes (%d)", o.bodyBudget, o.maxBody)
 	case o.cache <= 0:
 		return fmt.Errorf("--tokenize-cache %d: want > 0", o.cache)
+	case o.cacheBytes <= 0:
+		return fmt.Errorf("--tokenize-cache-bytes %d: want > 0", o.cacheBytes)
 	case o.refresh <= 0:
 		return fmt.Errorf("--refresh %v: want > 0", o.refresh)
 	}
@@ -50,8 +53,8 @@ func (o *proxyOptions) Validate() error {
 }
 
 func newProxyCommand() *cobra.Command {
-	o := &proxyOptions{listen: "127.0.0.1:8000", plans: newDisaggFlags(), timeout: 10 * time.Minute,
-		readTimeout: proxy.DefaultReadTimeout, maxBody: 32 << 20, bodyBudget: proxy.DefaultBodyBudget, cache: 4096,
+	o := &proxyOptions{listen: "127.0.0.1:8000", plans: newDisaggFlags(), timeout: 10 * time.Minute, readTimeout: proxy.DefaultReadTimeout,
+		maxBody: 32 << 20, bodyBudget: proxy.DefaultBodyBudget, cache: 4096, cacheBytes: proxy.DefaultTokenizeCacheBytes,
 		refresh: 2 * time.Second, logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "proxy",
@@ -84,7 +87,7 @@ func newProxyCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			p, err := proxy.New(proxy.Config{Prefixd: c, Policy: o.policy, Disagg: o.disagg, Order: o.plans.order, PlanPolicy: pol, PrefillFailure: failure,
 				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, ReadTimeout: o.readTimeout, MaxBodyBytes: o.maxBody, BodyBudget: o.bodyBudget,
-				TokenizeCache: o.cache, Refresh: o.refresh, Logger: log})
+				TokenizeCache: o.cache, TokenizeCacheBytes: o.cacheBytes, Refresh: o.refresh, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -114,6 +117,8 @@ func newProxyCommand() *cobra.Command {
 	fs.Int64Var(&o.bodyBudget, "body-budget-bytes", o.bodyBudget,
 		"bytes the bodies of the requests in flight may hold together, counted as they arrive (503 beyond); its last quarter is lent only to bodies that keep arriving")
 	fs.IntVar(&o.cache, "tokenize-cache", o.cache, "tokenize answers kept (identical prompts only)")
+	fs.Int64Var(&o.cacheBytes, "tokenize-cache-bytes", o.cacheBytes,
+		"bytes the tokenize answers kept may take (their ids); an answer larger than a sixteenth of it is not kept")
 	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the fleet is listed from prefixd serve")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	return cmd

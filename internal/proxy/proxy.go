@@ -100,8 +100,12 @@ type Config struct {
 	BodyBudget   int64
 	BodyReserve  int64
 	BodyHold     time.Duration
-	// TokenizeCache is how many tokenize answers are kept (default 4096).
-	TokenizeCache int
+	// TokenizeCache is how many tokenize answers are kept (default 4096),
+	// TokenizeCacheBytes how many bytes they may take together (default
+	// DefaultTokenizeCacheBytes); an answer larger than a sixteenth of
+	// TokenizeCacheBytes is not kept.
+	TokenizeCache      int
+	TokenizeCacheBytes int64
 	// Refresh is how often the fleet view is listed (default 2 s).
 	Refresh time.Duration
 	// Logger defaults to slog.Default().
@@ -130,6 +134,9 @@ type Proxy struct {
 const (
 	DefaultReadTimeout = 30 * time.Second
 	DefaultBodyBudget  = 256 << 20
+	// DefaultTokenizeCacheBytes keeps 16 answers of the largest prompt
+	// (a million ids) or thousands of a chat's.
+	DefaultTokenizeCacheBytes = 64 << 20
 )
 
 // EngineHTTPClient returns the client for engine requests: keep-alive
@@ -176,6 +183,9 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.TokenizeCache <= 0 {
 		cfg.TokenizeCache = 4096
 	}
+	if cfg.TokenizeCacheBytes <= 0 {
+		cfg.TokenizeCacheBytes = DefaultTokenizeCacheBytes
+	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = 2 * time.Second
 	}
@@ -198,10 +208,13 @@ func New(cfg Config) (*Proxy, error) {
 	if r == nil {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), tok: newTokenizer(cfg.Engines, cfg.TokenizeCache),
-		reg: prometheus.NewRegistry(), rand: r, full: logEvery{every: time.Minute}}
+	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), reg: prometheus.NewRegistry(), rand: r,
+		full: logEvery{every: time.Minute}}
 	p.bodies = httpbody.Budget{Limit: cfg.BodyBudget, Reserve: cfg.BodyReserve, Hold: cfg.BodyHold, ReadTimeout: cfg.ReadTimeout}
 	p.m = newMetrics(p.bodies.Used)
+	cache := newTokenCache(cfg.TokenizeCache, cfg.TokenizeCacheBytes, p.m.cacheEvictions, p.m.cacheRefusals)
+	p.m.watchCache(cache)
+	p.tok = newTokenizer(cfg.Engines, cache)
 	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	if err := p.m.register(p.reg); err != nil {
 		return nil, err
