@@ -252,3 +252,61 @@ func (s *stack) routed() float64 {
 	}
 	return n
 }
+
+// TestOverLimitPrompts: a prompt prefixd would refuse — more token ids
+// than it routes, given by the client or counted by the engine's
+// tokenizer, or ids that do not fit in a body it accepts — gets one clear
+// 413 from the proxy, before anything is booked, aggregated or
+// disaggregated (it got a 404 naming prefixd's own limits, or was routed
+// by load and got a 502).
+func TestOverLimitPrompts(t *testing.T) {
+	words := func(n int) string { return "a" + strings.Repeat(" a", n-1) }
+	ids := func(n int, id string) string { return "[" + strings.Repeat(id+",", n-1) + id + "]" }
+	cases := []struct {
+		name, path, body, want string
+	}{
+		{"ids over the count", "/v1/completions", `{"model":"m","max_tokens":1,"prompt":` + ids(1_000_001, "7") + `}`,
+			`"prompt: more than 1000000 tokens"`},
+		{"a batch's first ids over the count", "/v1/completions", `{"model":"m","max_tokens":1,"prompt":[` + ids(1_000_001, "7") + `]}`,
+			`"prompt[0]: more than 1000000 tokens"`},
+		{"ids over prefixd's body limit", "/v1/completions", `{"model":"m","max_tokens":1,"prompt":` + ids(1_000_000, "4294967295") + `}`,
+			`"prompt: its 1000000 token ids take 11000001 bytes as JSON, more than the 8323072 a prompt may take to be routed"`},
+		{"text over the count", "/v1/completions", `{"model":"m","max_tokens":1,"prompt":"` + words(1_000_001) + `"}`,
+			`"prompt: more than 1000000 tokens (by the engine's tokenizer)"`},
+		{"chat over the count", "/v1/chat/completions", `{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"` + words(1_000_000) + `"}]}`,
+			`"prompt: more than 1000000 tokens (by the engine's tokenizer)"`},
+	}
+	for _, disagg := range []bool{false, true} {
+		t.Run(map[bool]string{false: "aggregated", true: "disaggregated"}[disagg], func(t *testing.T) {
+			var s *stack
+			if disagg {
+				s = disaggStack(t, proxy.Config{})
+			} else {
+				s = startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+			}
+			booked := s.routed()
+			for _, c := range cases {
+				resp, err := http.Post(s.url+c.path, "application/json", strings.NewReader(c.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 413 || !strings.Contains(string(b), `"message":`+c.want) || !strings.Contains(string(b), `"type":"invalid_request_error"`) {
+					t.Errorf("%s: %d %s", c.name, resp.StatusCode, clipped(b))
+				}
+			}
+			if got := s.routed(); got != booked {
+				t.Errorf("prefixd booked %v requests for over-limit prompts", got-booked)
+			}
+		})
+	}
+}
+
+// clipped shortens an answer quoted in a failure.
+func clipped(b []byte) string {
+	if len(b) > 300 {
+		return string(b[:300]) + "…"
+	}
+	return string(b)
+}

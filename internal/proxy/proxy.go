@@ -436,15 +436,17 @@ func forwardHeaders(h http.Header) http.Header {
 
 // tokens returns the request's token ids for selection: the client's, or
 // the engine's tokenizer's. ok false means none could be had (counted,
-// logged): the request is then routed by load.
-func (x *exchange) tokens(es []engine) ([]uint32, bool) {
+// logged): the request is then routed by load. A prompt prefixd would
+// refuse is refused here first (tooLong, a 413), before anything is
+// booked.
+func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
 	if x.req.tokens != nil {
 		x.p.m.tokenize.WithLabelValues("client").Inc()
-		return x.req.tokens, true
+		return x.req.tokens, true, routable(x.req.tokens)
 	}
 	body, err := x.req.tokenizeBody()
 	if err != nil {
-		return nil, false
+		return nil, false, nil
 	}
 	var last error
 	for range 2 {
@@ -455,11 +457,48 @@ func (x *exchange) tokens(es []engine) ([]uint32, bool) {
 		ids, hit, err := x.p.tok.tokens(x.ctx, e.endpoint, body)
 		if err == nil {
 			x.p.m.tokenize.WithLabelValues(map[bool]string{true: "cache", false: "engine"}[hit]).Inc()
-			return ids, true
+			return ids, true, routable(ids)
+		}
+		if tl := (*promptTooLong)(nil); errors.As(err, &tl) {
+			x.p.m.tokenize.WithLabelValues("engine").Inc()
+			return nil, false, tl
 		}
 		last = err
 	}
 	x.p.m.tokenize.WithLabelValues("unavailable").Inc()
 	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.model, "err", last)
-	return nil, false
+	return nil, false, nil
+}
+
+// prefixdMaxBody is prefixd serve's request body limit
+// (apiserver.DefaultMaxBodyBytes; TestPrefixdLimits checks they agree):
+// the selection or plan body that carries a prompt's token ids must fit
+// in it.
+const prefixdMaxBody = 8 << 20
+
+// maxPromptJSON bounds a prompt's token ids written as JSON: prefixd's
+// body limit, less room for the rest of a selection or plan body.
+const maxPromptJSON = prefixdMaxBody - 64<<10
+
+// promptTooLong is a prompt prefixd would refuse to route: a 413.
+type promptTooLong struct{ msg string }
+
+func (e *promptTooLong) Error() string { return e.msg }
+
+// routable returns a *promptTooLong if ids, written as JSON, would not fit
+// in a body prefixd accepts (their count is bounded where they are read).
+func routable(ids []uint32) error {
+	if len(ids)*11+2 <= maxPromptJSON { // 10 digits and a comma each
+		return nil
+	}
+	n := 1 + len(ids)
+	for _, id := range ids {
+		for n++; id >= 10; id /= 10 {
+			n++
+		}
+	}
+	if n <= maxPromptJSON {
+		return nil
+	}
+	return &promptTooLong{fmt.Sprintf("prompt: its %d token ids take %d bytes as JSON, more than the %d a prompt may take to be routed", len(ids), n, maxPromptJSON)}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
@@ -126,5 +128,29 @@ func TestRewrites(t *testing.T) {
 	b, _ = c.tokenizeBody()
 	if string(b) != `{"model":"m","prompt":"first"}` {
 		t.Errorf("batch tokenize body %s", b)
+	}
+}
+
+// TestPrefixdLimits: the proxy's caps are prefixd serve's, so that a
+// prompt serve would refuse is refused by the proxy first.
+func TestPrefixdLimits(t *testing.T) {
+	if prefixdMaxBody != apiserver.DefaultMaxBodyBytes || maxPromptTokens != api.DefaultMaxTokens {
+		t.Errorf("the proxy's limits (%d bytes, %d tokens) are not prefixd serve's (%d, %d)",
+			prefixdMaxBody, maxPromptTokens, apiserver.DefaultMaxBodyBytes, api.DefaultMaxTokens)
+	}
+	// A million ids of the largest value do not fit in serve's body; a
+	// million of a large vocabulary's (6 digits) do.
+	big := make([]uint32, maxPromptTokens)
+	for i := range big {
+		big[i] = 4294967295
+	}
+	if err := routable(big); err == nil {
+		t.Error("a million 10-digit ids are routable")
+	}
+	for i := range big {
+		big[i] = 128255
+	}
+	if err := routable(big); err != nil {
+		t.Error(err)
 	}
 }

@@ -108,7 +108,8 @@ func (c *tokenCache) size() (bytes int64, entries int) {
 const maxTokenizeAnswer = 16 << 20
 
 // tokens returns body's token ids from the cache, or from the engine at
-// base (and then caches them); hit says which.
+// base (and then caches them); hit says which. A prompt of more ids than
+// prefixd routes is a *promptTooLong.
 func (t *tokenizer) tokens(ctx context.Context, base string, body []byte) (ids []uint32, hit bool, err error) {
 	key := xxh3.Hash128(body)
 	if ids, ok := t.cache.get(key); ok {
@@ -132,9 +133,12 @@ func (t *tokenizer) tokens(ctx context.Context, base string, body []byte) (ids [
 		return nil, false, fmt.Errorf("POST %s/tokenize: HTTP %d: %s", base, resp.StatusCode, clipBytes(raw))
 	}
 	if len(raw) > maxTokenizeAnswer {
-		return nil, false, errors.New("tokenize answer too long")
+		return nil, false, &promptTooLong{fmt.Sprintf("prompt: more than %d tokens (the engine's tokenizer answered more than %d bytes)", maxPromptTokens, maxTokenizeAnswer)}
 	}
 	ids, err = readTokens(raw)
+	if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
+		return nil, false, &promptTooLong{fmt.Sprintf("prompt: more than %d tokens (by the engine's tokenizer)", maxPromptTokens)}
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("POST %s/tokenize: %w", base, err)
 	}
