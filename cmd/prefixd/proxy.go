@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -27,6 +28,7 @@ type proxyOptions struct {
 	bodyBudget   int64
 	cache        int
 	cacheBytes   int64
+	passThrough  []string
 	refresh      time.Duration
 	logLevel     string
 }
@@ -49,19 +51,25 @@ func (o *proxyOptions) Validate() error {
 	case o.refresh <= 0:
 		return fmt.Errorf("--refresh %v: want > 0", o.refresh)
 	}
+	for _, path := range o.passThrough {
+		if !strings.HasPrefix(path, "/") {
+			return fmt.Errorf("--pass-through %q: a path starts with /", path)
+		}
+	}
 	return nil
 }
 
 func newProxyCommand() *cobra.Command {
 	o := &proxyOptions{listen: "127.0.0.1:8000", plans: newDisaggFlags(), timeout: 10 * time.Minute, readTimeout: proxy.DefaultReadTimeout,
 		maxBody: 32 << 20, bodyBudget: proxy.DefaultBodyBudget, cache: 4096, cacheBytes: proxy.DefaultTokenizeCacheBytes,
-		refresh: 2 * time.Second, logLevel: "info"}
+		passThrough: proxy.DefaultPassThrough, refresh: 2 * time.Second, logLevel: "info"}
 	cmd := &cobra.Command{
 		Use:   "proxy",
 		Short: "Run the OpenAI-compatible KV-aware router in front of the engines",
 		Long: "proxy serves POST /v1/completions and /v1/chat/completions (streaming or not), GET /v1/models,\n" +
-			"/health and /metrics, and passes other routes to an engine. It tokenizes with the engines'\n" +
-			"own /tokenize, asks prefixd serve (--server) where to run each request, and runs it there:\n" +
+			"/health and /metrics, and passes the --pass-through routes (vLLM's /tokenize and /detokenize)\n" +
+			"to an engine, no other. It tokenizes with the engines' own /tokenize, asks prefixd serve\n" +
+			"(--server) where to run each request, and runs it there:\n" +
 			"aggregated (select and reserve), or with --disagg as a decode-first plan over the prefill\n" +
 			"and decode pools (vLLM's KV-connector handoff). Every flag can also be set as PREFIXD_<FLAG>.",
 		Args: cobra.NoArgs,
@@ -87,7 +95,7 @@ func newProxyCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			p, err := proxy.New(proxy.Config{Prefixd: c, Policy: o.policy, Disagg: o.disagg, Order: o.plans.order, PlanPolicy: pol, PrefillFailure: failure,
 				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, ReadTimeout: o.readTimeout, MaxBodyBytes: o.maxBody, BodyBudget: o.bodyBudget,
-				TokenizeCache: o.cache, TokenizeCacheBytes: o.cacheBytes, Refresh: o.refresh, Logger: log})
+				TokenizeCache: o.cache, TokenizeCacheBytes: o.cacheBytes, PassThrough: o.passThrough, Refresh: o.refresh, Logger: log})
 			if err != nil {
 				return err
 			}
@@ -119,6 +127,8 @@ func newProxyCommand() *cobra.Command {
 	fs.IntVar(&o.cache, "tokenize-cache", o.cache, "tokenize answers kept (identical prompts only)")
 	fs.Int64Var(&o.cacheBytes, "tokenize-cache-bytes", o.cacheBytes,
 		"bytes the tokenize answers kept may take (their ids); an answer larger than a sixteenth of it is not kept")
+	fs.StringSliceVar(&o.passThrough, "pass-through", o.passThrough,
+		"paths of the engines' own routes passed to an engine, exactly (any other path is a 404); \"\" for none")
 	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the fleet is listed from prefixd serve")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	return cmd

@@ -310,3 +310,55 @@ func clipped(b []byte) string {
 	}
 	return string(b)
 }
+
+// TestPassThroughOnlyListed: the proxy passes to an engine only the
+// routes a client needs (vLLM's tokenizer) or those it is told to; any
+// other path is a 404 naming it (clipped), and never reaches an engine
+// (POST /faults/fail did: a client without a token could fail the
+// engines' requests, as it could reach vLLM's admin routes).
+func TestPassThroughOnlyListed(t *testing.T) {
+	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	for _, c := range []struct {
+		method, path string
+		code         int
+		want         string
+	}{
+		{"POST", "/faults/fail?status=500&count=100", 404, `"message":"/faults/fail: no such route (the proxy passes only /tokenize, /detokenize to the engines)"`},
+		{"POST", "/faults/stall_replay", 404, `"message":"/faults/stall_replay: no such route`},
+		{"GET", "/" + strings.Repeat("x", 200), 404, `"message":"/` + strings.Repeat("x", 63) + `… (201 bytes): no such route`},
+		{"GET", "/v1/completions", 405, `"message":"GET /v1/completions: method not allowed (POST only)"`},
+		{"POST", "/v1/models", 405, `"message":"POST /v1/models: method not allowed (GET only)"`},
+	} {
+		req, _ := http.NewRequest(c.method, s.url+c.path, nil)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != c.code || !strings.Contains(string(b), c.want) || !strings.Contains(string(b), `"type":"invalid_request_error"`) {
+			t.Errorf("%s %s: %d %s", c.method, clipped([]byte(c.path)), resp.StatusCode, b)
+		}
+	}
+	// The fault was not armed: the engine serves.
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": "hello there", "max_tokens": 2}); code != 200 {
+		t.Fatalf("after the refused fault: %d %s", code, body)
+	}
+	if code, body := s.post("/tokenize", map[string]any{"model": model, "prompt": "a b c"}); code != 200 || !strings.Contains(body, `"tokens"`) {
+		t.Fatalf("pass-through /tokenize: %d %s", code, body)
+	}
+
+	// A route given with PassThrough is passed; the defaults are not.
+	s = startStack(t, proxy.Config{PassThrough: []string{"/faults/fail"}}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	resp, err := http.Post(s.url+"/faults/fail?count=0", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNoContent {
+		t.Errorf("a listed route: %d", resp.StatusCode)
+	}
+	if code, body := s.post("/tokenize", map[string]any{"model": model, "prompt": "a b c"}); code != 404 || !strings.Contains(body, "passes only /faults/fail") {
+		t.Errorf("/tokenize, not listed: %d %s", code, body)
+	}
+}

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +27,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
@@ -106,6 +108,12 @@ type Config struct {
 	// TokenizeCacheBytes is not kept.
 	TokenizeCache      int
 	TokenizeCacheBytes int64
+	// PassThrough are the paths of the engines' own routes that the proxy
+	// passes to a healthy engine, exactly as given (nil:
+	// DefaultPassThrough; empty: none). Any other path the proxy does not
+	// serve itself is a 404: an engine's other routes (vLLM's admin and
+	// debug routes) are not for the proxy's clients, who need no token.
+	PassThrough []string
 	// Refresh is how often the fleet view is listed (default 2 s).
 	Refresh time.Duration
 	// Logger defaults to slog.Default().
@@ -113,6 +121,14 @@ type Config struct {
 	// Rand seeds the random policy; nil seeds at random.
 	Rand *rand.Rand
 }
+
+// DefaultPassThrough are the engine routes passed through by default:
+// vLLM's tokenizer, which a client needs beside the routes the proxy
+// serves itself.
+var DefaultPassThrough = []string{"/tokenize", "/detokenize"}
+
+// ownRoutes are the paths the proxy serves itself.
+var ownRoutes = []string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
 
 // Proxy is the OpenAI-compatible frontend. Create with New, serve
 // Handler, and run Run for the fleet view.
@@ -123,6 +139,8 @@ type Proxy struct {
 	tok   *tokenizer
 	m     *metrics
 	reg   *prometheus.Registry
+
+	pass map[string]bool // Config.PassThrough
 
 	randMu sync.Mutex
 	rand   *rand.Rand
@@ -186,6 +204,19 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.TokenizeCacheBytes <= 0 {
 		cfg.TokenizeCacheBytes = DefaultTokenizeCacheBytes
 	}
+	if cfg.PassThrough == nil {
+		cfg.PassThrough = DefaultPassThrough
+	}
+	pass := map[string]bool{}
+	for _, path := range cfg.PassThrough {
+		switch {
+		case !strings.HasPrefix(path, "/"):
+			return nil, fmt.Errorf("proxy: pass-through path %q does not start with /", path)
+		case slices.Contains(ownRoutes, path):
+			return nil, fmt.Errorf("proxy: pass-through path %q is served by the proxy itself", path)
+		}
+		pass[path] = true
+	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = 2 * time.Second
 	}
@@ -208,7 +239,7 @@ func New(cfg Config) (*Proxy, error) {
 	if r == nil {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
-	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), reg: prometheus.NewRegistry(), rand: r,
+	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), reg: prometheus.NewRegistry(), pass: pass, rand: r,
 		full: logEvery{every: time.Minute}}
 	p.bodies = httpbody.Budget{Limit: cfg.BodyBudget, Reserve: cfg.BodyReserve, Hold: cfg.BodyHold, ReadTimeout: cfg.ReadTimeout}
 	p.m = newMetrics(p.bodies.Used)
@@ -266,9 +297,10 @@ func (p *Proxy) Server() *http.Server {
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 }
 
-// Handler serves the OpenAI routes, /v1/models, /health, /metrics and,
-// for any other path, the engines' own routes (passed to a healthy
-// engine).
+// Handler serves the OpenAI routes, /v1/models, /health, /metrics and
+// the engines' routes of Config.PassThrough (passed to a healthy engine);
+// any other path is a 404, a known path with another method a 405, in
+// OpenAI's error shape.
 func (p *Proxy) Handler() http.Handler {
 	metrics := promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
@@ -280,6 +312,16 @@ func (p *Proxy) Handler() http.Handler {
 		io.WriteString(w, `{"status":"ok"}`)
 	})
 	mux.Handle("GET /metrics", metrics)
+	for _, path := range ownRoutes {
+		allow := http.MethodGet
+		if strings.HasPrefix(path, "/v1/") && path != "/v1/models" {
+			allow = http.MethodPost
+		}
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			openAIError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (%s only)", r.Method, path, allow))
+		})
+	}
 	mux.HandleFunc("/", p.passThrough)
 	return mux
 }
@@ -316,8 +358,17 @@ func (p *Proxy) models(w http.ResponseWriter, _ *http.Request) {
 	json.NewEncoder(w).Encode(out)
 }
 
-// passThrough sends any other route to a healthy engine, in turn.
+// passThrough sends a route of Config.PassThrough to a healthy engine, in
+// turn; any other path is a 404.
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	if !p.pass[r.URL.Path] {
+		passed := "no route"
+		if len(p.cfg.PassThrough) > 0 {
+			passed = "only " + strings.Join(p.cfg.PassThrough, ", ")
+		}
+		openAIError(w, http.StatusNotFound, fmt.Sprintf("%s: no such route (the proxy passes %s to the engines)", clip.String(r.URL.Path), passed))
+		return
+	}
 	e, ok := p.fleet.next(p.fleet.all())
 	if !ok {
 		openAIError(w, http.StatusServiceUnavailable, "no engine to pass "+r.URL.Path+" to")
