@@ -24,6 +24,11 @@ func TestProxyRejectsBadFlags(t *testing.T) {
 		{[]string{"--disagg", "--bypass-max-eff-isl-ratio", "2"}, "--bypass-max-eff-isl-ratio 2"},
 		{[]string{"--request-timeout", "0s"}, "--request-timeout 0s: want > 0"},
 		{[]string{"--tokenize-cache", "0"}, "--tokenize-cache 0: want > 0"},
+		{[]string{"--read-timeout", "0s"}, "--read-timeout 0s: want > 0"},
+		{[]string{"--tokenize-cache-bytes", "0"}, "--tokenize-cache-bytes 0: want > 0"},
+		{[]string{"--pass-through", "/tokenize,faults"}, `--pass-through "faults": a path starts with /`},
+		{[]string{"--pass-through", "/metrics"}, `pass-through path "/metrics" is served by the proxy itself`},
+		{[]string{"--body-budget-bytes", "1000", "--max-body-bytes", "1000"}, "--body-budget-bytes 1000: want more than --max-body-bytes (1000)"},
 		{[]string{"--server", "ftp://x"}, `--server "ftp://x"`},
 		{[]string{"--log-level", "loud"}, `--log-level "loud"`},
 	} {

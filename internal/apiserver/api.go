@@ -18,6 +18,7 @@ import (
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 )
 
 // Defaults for the zero values of Config's limits.
@@ -100,7 +101,7 @@ type handler struct {
 	cfg     Config
 	log     *slog.Logger
 	scratch sync.Pool // *scratch
-	bodies  bodyBudget
+	bodies  httpbody.Budget
 }
 
 // NewHandler returns the HTTP API on its own mux (never
@@ -135,7 +136,7 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	}
 	cfg.MaxInflightBodyBytes = max(cfg.MaxInflightBodyBytes, int64(cfg.MaxBodyBytes))
 	h := &handler{cfg: cfg, log: cfg.Logger}
-	h.bodies.limit = cfg.MaxInflightBodyBytes
+	h.bodies.Limit = cfg.MaxInflightBodyBytes
 	if h.log == nil {
 		h.log = slog.New(slog.DiscardHandler)
 	}
@@ -368,7 +369,7 @@ func (h *handler) getScratch() *scratch { return h.scratch.Get().(*scratch) }
 // putScratch ends a request's use of s: it gives back the body bytes s
 // holds and pools s unless it grew too large.
 func (h *handler) putScratch(s *scratch) {
-	h.bodies.give(s.held)
+	h.bodies.Give(s.held)
 	s.held = 0
 	if cap(s.body) > maxPooledBytes || cap(s.out) > maxPooledBytes ||
 		cap(s.tokens) > maxPooledTokens || cap(s.hashes) > maxPooledTokens {

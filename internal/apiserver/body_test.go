@@ -129,7 +129,7 @@ func TestSlowBodies(t *testing.T) {
 	if growth > 64<<20 {
 		t.Errorf("heap grew by %d bytes for %d slow bodies", growth, conns)
 	}
-	if got := h.bodies.used.Load(); got != conns*4096 {
+	if got := h.bodies.Used(); got != conns*4096 {
 		t.Errorf("budget holds %d bytes, want %d (a first 4 KiB buffer per slow body)", got, conns*4096)
 	}
 
@@ -153,7 +153,7 @@ func TestSlowBodies(t *testing.T) {
 			t.Fatalf("slow body: %s %s", status, body)
 		}
 	}
-	testsupport.Eventually(t, 10*time.Second, "the budget to be given back", func() bool { return h.bodies.used.Load() == 0 })
+	testsupport.Eventually(t, 10*time.Second, "the budget to be given back", func() bool { return h.bodies.Used() == 0 })
 }
 
 // TestBodyBudget: a body that would take the bytes held by requests in
@@ -174,7 +174,7 @@ func TestBodyBudget(t *testing.T) {
 	// held, not only the bytes arrived).
 	a := rawPost(t, addr, "/query", len(held), held[:36<<10])
 	aHolds := int64(len(held) + 1)
-	testsupport.Eventually(t, time.Minute, "A's first 36 KiB to be read", func() bool { return h.bodies.used.Load() == aHolds })
+	testsupport.Eventually(t, time.Minute, "A's first 36 KiB to be read", func() bool { return h.bodies.Used() == aHolds })
 	// B's 30 KiB do not fit beside it.
 	resp, err := http.Post("http://"+addr+"/query", "application/json", strings.NewReader(other))
 	if err != nil {
@@ -186,7 +186,7 @@ func TestBodyBudget(t *testing.T) {
 	if resp.StatusCode != 503 || strings.TrimSpace(string(b)) != want || resp.Header.Get("Retry-After") != "1" {
 		t.Fatalf("over budget: %d %s (Retry-After %q)", resp.StatusCode, b, resp.Header.Get("Retry-After"))
 	}
-	if got := h.bodies.used.Load(); got != aHolds {
+	if got := h.bodies.Used(); got != aHolds {
 		t.Fatalf("after the refusal the budget holds %d, want A's %d", got, aHolds)
 	}
 	// A completes; everything is given back, and B now fits.
@@ -194,7 +194,7 @@ func TestBodyBudget(t *testing.T) {
 	if status, body := readStatus(t, a); status != "200 OK" || !strings.Contains(body, `"longest_matched":48`) {
 		t.Fatalf("A: %s %s", status, body)
 	}
-	testsupport.Eventually(t, 10*time.Second, "A's bytes to be given back", func() bool { return h.bodies.used.Load() == 0 })
+	testsupport.Eventually(t, 10*time.Second, "A's bytes to be given back", func() bool { return h.bodies.Used() == 0 })
 	resp, err = http.Post("http://"+addr+"/query", "application/json", strings.NewReader(other))
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +214,7 @@ func TestBodyBudget(t *testing.T) {
 			t.Fatalf("bad body: %d", resp.StatusCode)
 		}
 	}
-	if got := h.bodies.used.Load(); got != 0 {
+	if got := h.bodies.Used(); got != 0 {
 		t.Fatalf("after errors the budget holds %d", got)
 	}
 }

@@ -4,16 +4,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"reflect"
 	"strings"
-	"sync/atomic"
 	"unicode"
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
@@ -53,94 +51,17 @@ func tooLarge(field, format string, args ...any) *httpError {
 }
 
 // readBody reads r's body into s's buffer, which keeps it for the next
-// request, within the configured limits. The bytes read count against the
-// handler's body budget until s returns to the pool (putScratch).
+// request, within the configured limits (httpbody.Read). The bytes read
+// count against the handler's body budget until s returns to the pool
+// (putScratch).
 func (h *handler) readBody(w http.ResponseWriter, r *http.Request, s *scratch) ([]byte, *httpError) {
-	body, herr := readBody(w, r, h.cfg.MaxBodyBytes, s.body, &h.bodies, &s.held)
+	body, err := httpbody.Read(w, r, s.body, h.cfg.MaxBodyBytes, &h.bodies, &s.held)
 	s.body = body
-	return body, herr
-}
-
-// readBody reads r's body into buf (reused) and returns it. A body over
-// limit bytes is a 413. buf grows only as bytes arrive, by doubling, and
-// never beyond the claimed Content-Length (+1 to see the end) or limit+1:
-// a client that claims 8 MiB and sends 10 bytes costs 4 KiB, not 8 MiB.
-// Every byte buf grows by is taken from budget before it is allocated and
-// added to *held, which the caller gives back when it is done with the
-// body: the budget bounds the memory the bodies in flight hold, not only
-// the bytes that arrived (doubling allocates up to twice those). A body
-// that does not fit the budget is a 503. A body that is still arriving
-// when the server's read deadline passes (ServerConfig.ReadTimeout) is a
-// 408.
-func readBody(w http.ResponseWriter, r *http.Request, limit int, buf []byte, budget *bodyBudget, held *int64) ([]byte, *httpError) {
-	if r.ContentLength > int64(limit) {
-		return buf[:0], tooLarge("body", "%d bytes exceeds the limit of %d", r.ContentLength, limit)
+	if err != nil {
+		return body, &httpError{err.Status, err.Msg}
 	}
-	want := limit // the most the body can be
-	if r.ContentLength >= 0 {
-		want = int(r.ContentLength)
-	}
-	body := http.MaxBytesReader(w, r.Body, int64(limit))
-	buf = buf[:0]
-	for {
-		if len(buf) == cap(buf) {
-			// Full of bytes that did arrive: double, up to the room needed
-			// to see the end of the longest body still possible.
-			c := max(2*cap(buf), 4096)
-			if c >= want {
-				c = want + 1
-			}
-			c = max(c, len(buf)+1)
-			if grow := c - cap(buf); !budget.take(grow) {
-				w.Header().Set("Retry-After", "1")
-				return buf, &httpError{http.StatusServiceUnavailable,
-					fmt.Sprintf("body: request bodies in flight exceed the server's budget of %d bytes; retry later", budget.limit)}
-			} else {
-				*held += int64(grow)
-			}
-			nb := make([]byte, len(buf), c)
-			copy(nb, buf)
-			buf = nb
-		}
-		n, err := body.Read(buf[len(buf):cap(buf)])
-		buf = buf[:len(buf)+n]
-		if err == io.EOF {
-			return buf, nil
-		}
-		if err != nil {
-			var mbe *http.MaxBytesError
-			var ne net.Error
-			switch {
-			case errors.As(err, &mbe):
-				return buf, tooLarge("body", "exceeds the limit of %d bytes", limit)
-			case errors.As(err, &ne) && ne.Timeout():
-				return buf, &httpError{http.StatusRequestTimeout, fmt.Sprintf("body: not received in time (%d bytes arrived)", len(buf))}
-			}
-			return buf, badRequest("body", "read: %v", err)
-		}
-	}
+	return body, nil
 }
-
-// bodyBudget bounds the bytes of request bodies that requests in flight
-// hold, over every request of the handler (one per process in the
-// daemon). Bytes are taken as they arrive and given back when the request
-// is done with its body. Safe for concurrent use.
-type bodyBudget struct {
-	limit int64
-	used  atomic.Int64
-}
-
-// take takes n bytes, or reports false (taking nothing) if they do not fit.
-func (b *bodyBudget) take(n int) bool {
-	if b.used.Add(int64(n)) > b.limit {
-		b.used.Add(-int64(n))
-		return false
-	}
-	return true
-}
-
-// give gives back n bytes taken.
-func (b *bodyBudget) give(n int64) { b.used.Add(-n) }
 
 // decodeJSON decodes a cold request body (/register, /unregister, the
 // selection and plan routes) into v with encoding/json, v's JSON tags being

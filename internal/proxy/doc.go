@@ -16,5 +16,7 @@
 // It keeps a view of the fleet (GET /workers, refreshed by Run) for the
 // models it serves (GET /v1/models), the engines it may tokenize on,
 // random routing, routing by load when prefixd or the tokenizer is
-// unavailable, and passing other routes through to an engine.
+// unavailable, and passing the engine routes a client needs (vLLM's
+// /tokenize and /detokenize, or Config.PassThrough) through to an engine:
+// no other.
 package proxy

@@ -12,7 +12,6 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -97,10 +96,14 @@ func startStack(t testing.TB, pcfg proxy.Config, coord coordinator.CoordinatorCo
 	if s.proxy, err = proxy.New(pcfg); err != nil {
 		t.Fatal(err)
 	}
-	testsupport.Go(t, "proxy", s.proxy.Run)
-	srv := httptest.NewServer(s.proxy.Handler())
-	t.Cleanup(srv.Close)
-	s.url = srv.URL
+	// The proxy's own server (its timeouts and limits), as prefixd proxy
+	// runs it.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Go(t, "proxy", func(ctx context.Context) error { return s.proxy.Serve(ctx, ln, 10*time.Second) })
+	s.url = "http://" + ln.Addr().String()
 	testsupport.Eventually(t, 20*time.Second, "the proxy's fleet view", func() bool {
 		_, body := s.get("/v1/models")
 		return strings.Contains(body, `"id":"m"`)

@@ -209,7 +209,10 @@ func (x *exchange) aggregated() string {
 	var tokens []uint32
 	haveTokens := false
 	if p.cfg.Policy == KVAware {
-		tokens, haveTokens = x.tokens(es)
+		var tooLong error
+		if tokens, haveTokens, tooLong = x.tokens(es); tooLong != nil {
+			return x.fail(http.StatusRequestEntityTooLarge, "%v", tooLong)
+		}
 	}
 	var tried []uint64
 	for attempt := 0; ; attempt++ {
@@ -279,8 +282,10 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		case err == nil:
 		case errors.Is(err, client.ErrOverloaded):
 			return e, "", http.StatusTooManyRequests, "every engine of model " + x.req.model + " is busy: " + errMsg(err)
-		case errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrInvalid):
+		case errors.Is(err, client.ErrNotFound):
 			return e, "", http.StatusNotFound, errMsg(err)
+		case errors.Is(err, client.ErrInvalid):
+			return e, "", invalidStatus(err), "prefixd cannot route the request: " + errMsg(err)
 		}
 		if err != nil {
 			p.m.fallbacks.WithLabelValues("prefixd_unavailable").Inc()
@@ -293,6 +298,16 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		return e, "", 0, ""
 	}
 	return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.model)
+}
+
+// invalidStatus is the status of a request prefixd refused as invalid
+// (client.ErrInvalid): its own, 400 or 413. The proxy checks what it
+// sends, so this is a limit of prefixd's it does not know of.
+func invalidStatus(err error) int {
+	if ce := (*client.Error)(nil); errors.As(err, &ce) && ce.Status == http.StatusRequestEntityTooLarge {
+		return ce.Status
+	}
+	return http.StatusBadRequest
 }
 
 func errMsg(err error) string {
@@ -339,7 +354,10 @@ func (x *exchange) disaggregated() string {
 	p := x.p
 	decode := p.fleet.pick(x.req.model, p.cfg.RoutingGroup, catalog.RoleDecode)
 	prefill := p.fleet.pick(x.req.model, p.cfg.PrefillRoutingGroup, catalog.RolePrefill)
-	tokens, ok := x.tokens(append(slices.Clone(decode), prefill...))
+	tokens, ok, tooLong := x.tokens(append(slices.Clone(decode), prefill...))
+	if tooLong != nil {
+		return x.fail(http.StatusRequestEntityTooLarge, "%v", tooLong)
+	}
 	if !ok {
 		// No tokens, no plan: the whole request on the least-loaded decode
 		// engine, which can prefill too.
@@ -465,8 +483,10 @@ func (x *exchange) planFailed(err error) string {
 	switch {
 	case errors.Is(err, client.ErrOverloaded):
 		return x.fail(http.StatusTooManyRequests, "plan: %s", errMsg(err))
-	case errors.Is(err, client.ErrNotFound), errors.Is(err, client.ErrInvalid):
+	case errors.Is(err, client.ErrNotFound):
 		return x.fail(http.StatusNotFound, "plan: %s", errMsg(err))
+	case errors.Is(err, client.ErrInvalid):
+		return x.fail(invalidStatus(err), "prefixd cannot route the request: %s", errMsg(err))
 	}
 	return x.fail(http.StatusServiceUnavailable, "plan: %s", errMsg(err))
 }

@@ -12,10 +12,10 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -27,7 +27,10 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // Policy is how the proxy chooses an engine for an aggregated request.
@@ -80,14 +83,37 @@ type Config struct {
 	// RequestTimeout bounds each request from its arrival to its last
 	// byte (default 10 minutes).
 	RequestTimeout time.Duration
-	// MaxBodyBytes bounds a request body (default 32 MiB); BodyBudget the
-	// bytes of the bodies being read at once, charged at their declared
-	// length (or MaxBodyBytes without one) before anything is read: a
-	// request that does not fit is a 503 with Retry-After (default 1 GiB).
+	// ReadTimeout bounds reading a request, headers and body, from its
+	// first byte (default DefaultReadTimeout): a body still arriving then
+	// is cut off with a 408 and its connection closed.
+	ReadTimeout time.Duration
+	// MaxBodyBytes bounds a request body (default 32 MiB; 413 beyond).
+	// BodyBudget bounds the bytes the bodies of the requests in flight
+	// hold together, counted as they arrive and held until each request
+	// ends: a body that does not fit is a 503 with Retry-After (default
+	// DefaultBodyBudget, raised to MaxBodyBytes + 1 if below). BodyReserve,
+	// the last part of it, is lent only to bodies that keep arriving: a
+	// body whose buffer grows while the bodies hold more than BodyBudget −
+	// BodyReserve must fill that buffer, or end, within BodyHold, or it is
+	// cut off with a 408 (defaults: a quarter of BodyBudget, and 2 s). So
+	// bodies that stall never hold the reserve for longer than BodyHold
+	// (httpbody.Budget).
 	MaxBodyBytes int64
 	BodyBudget   int64
-	// TokenizeCache is how many tokenize answers are kept (default 4096).
-	TokenizeCache int
+	BodyReserve  int64
+	BodyHold     time.Duration
+	// TokenizeCache is how many tokenize answers are kept (default 4096),
+	// TokenizeCacheBytes how many bytes they may take together (default
+	// DefaultTokenizeCacheBytes); an answer larger than a sixteenth of
+	// TokenizeCacheBytes is not kept.
+	TokenizeCache      int
+	TokenizeCacheBytes int64
+	// PassThrough are the paths of the engines' own routes that the proxy
+	// passes to a healthy engine, exactly as given (nil:
+	// DefaultPassThrough; empty: none). Any other path the proxy does not
+	// serve itself is a 404: an engine's other routes (vLLM's admin and
+	// debug routes) are not for the proxy's clients, who need no token.
+	PassThrough []string
 	// Refresh is how often the fleet view is listed (default 2 s).
 	Refresh time.Duration
 	// Logger defaults to slog.Default().
@@ -95,6 +121,14 @@ type Config struct {
 	// Rand seeds the random policy; nil seeds at random.
 	Rand *rand.Rand
 }
+
+// DefaultPassThrough are the engine routes passed through by default:
+// vLLM's tokenizer, which a client needs beside the routes the proxy
+// serves itself.
+var DefaultPassThrough = []string{"/tokenize", "/detokenize"}
+
+// ownRoutes are the paths the proxy serves itself.
+var ownRoutes = []string{"/v1/completions", "/v1/chat/completions", "/v1/models", "/health", "/metrics"}
 
 // Proxy is the OpenAI-compatible frontend. Create with New, serve
 // Handler, and run Run for the fleet view.
@@ -106,10 +140,22 @@ type Proxy struct {
 	m     *metrics
 	reg   *prometheus.Registry
 
+	pass map[string]bool // Config.PassThrough
+
 	randMu sync.Mutex
 	rand   *rand.Rand
-	bodies atomic.Int64 // bytes charged to BodyBudget
+	bodies httpbody.Budget
+	full   logEvery // the line of a body refused for the budget
 }
+
+// Defaults of Config.
+const (
+	DefaultReadTimeout = 30 * time.Second
+	DefaultBodyBudget  = 256 << 20
+	// DefaultTokenizeCacheBytes keeps 16 answers of the largest prompt
+	// (a million ids) or thousands of a chat's.
+	DefaultTokenizeCacheBytes = 64 << 20
+)
 
 // EngineHTTPClient returns the client for engine requests: keep-alive
 // connections pooled per engine (256 idle), 2 s dial timeout, no overall
@@ -135,14 +181,41 @@ func New(cfg Config) (*Proxy, error) {
 	if cfg.RequestTimeout <= 0 {
 		cfg.RequestTimeout = 10 * time.Minute
 	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 32 << 20
 	}
 	if cfg.BodyBudget <= 0 {
-		cfg.BodyBudget = 1 << 30
+		cfg.BodyBudget = DefaultBodyBudget
+	}
+	cfg.BodyBudget = max(cfg.BodyBudget, cfg.MaxBodyBytes+1)
+	if cfg.BodyReserve <= 0 {
+		cfg.BodyReserve = cfg.BodyBudget / 4
+	}
+	cfg.BodyReserve = min(cfg.BodyReserve, cfg.BodyBudget)
+	if cfg.BodyHold <= 0 {
+		cfg.BodyHold = 2 * time.Second
 	}
 	if cfg.TokenizeCache <= 0 {
 		cfg.TokenizeCache = 4096
+	}
+	if cfg.TokenizeCacheBytes <= 0 {
+		cfg.TokenizeCacheBytes = DefaultTokenizeCacheBytes
+	}
+	if cfg.PassThrough == nil {
+		cfg.PassThrough = DefaultPassThrough
+	}
+	pass := map[string]bool{}
+	for _, path := range cfg.PassThrough {
+		switch {
+		case !strings.HasPrefix(path, "/"):
+			return nil, fmt.Errorf("proxy: pass-through path %q does not start with /", path)
+		case slices.Contains(ownRoutes, path):
+			return nil, fmt.Errorf("proxy: pass-through path %q is served by the proxy itself", path)
+		}
+		pass[path] = true
 	}
 	if cfg.Refresh <= 0 {
 		cfg.Refresh = 2 * time.Second
@@ -166,14 +239,18 @@ func New(cfg Config) (*Proxy, error) {
 	if r == nil {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
-	m := newMetrics()
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	if err := m.register(reg); err != nil {
+	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), reg: prometheus.NewRegistry(), pass: pass, rand: r,
+		full: logEvery{every: time.Minute}}
+	p.bodies = httpbody.Budget{Limit: cfg.BodyBudget, Reserve: cfg.BodyReserve, Hold: cfg.BodyHold, ReadTimeout: cfg.ReadTimeout}
+	p.m = newMetrics(p.bodies.Used)
+	cache := newTokenCache(cfg.TokenizeCache, cfg.TokenizeCacheBytes, p.m.cacheEvictions, p.m.cacheRefusals)
+	p.m.watchCache(cache)
+	p.tok = newTokenizer(cfg.Engines, cache)
+	p.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if err := p.m.register(p.reg); err != nil {
 		return nil, err
 	}
-	return &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), tok: newTokenizer(cfg.Engines, cfg.TokenizeCache),
-		m: m, reg: reg, rand: r}, nil
+	return p, nil
 }
 
 // Run keeps the fleet view fresh until ctx ends; then it closes the idle
@@ -193,15 +270,16 @@ func (p *Proxy) Synced() <-chan struct{} { return p.fleet.synced }
 // requests.
 func (p *Proxy) Bookings() int { return int(p.m.open.Load()) }
 
+// BodyBytes returns the bytes the bodies of the requests in flight hold
+// (of Config.BodyBudget): zero when the proxy is idle.
+func (p *Proxy) BodyBytes() int64 { return p.bodies.Used() }
+
 // Serve serves Handler on ln and keeps the fleet view fresh until ctx
 // ends, then drains requests in flight for at most drain.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener, drain time.Duration) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.Run(gctx) })
-	g.Go(func() error {
-		srv := &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
-		return httpserve.Serve(gctx, srv, ln, drain)
-	})
+	g.Go(func() error { return httpserve.Serve(gctx, p.Server(), ln, drain) })
 	err := g.Wait()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		return nil
@@ -209,9 +287,20 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, drain time.Duration)
 	return err
 }
 
-// Handler serves the OpenAI routes, /v1/models, /health, /metrics and,
-// for any other path, the engines' own routes (passed to a healthy
-// engine).
+// Server returns the http.Server that Serve runs: Handler, with
+// Config.ReadTimeout for a whole request, 10 s for its headers, 64 KiB of
+// them, and keep-alive connections closed after 2 minutes idle. It sets
+// no WriteTimeout: a streamed answer lasts as long as its generation
+// (Config.RequestTimeout bounds it).
+func (p *Proxy) Server() *http.Server {
+	return &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: p.cfg.ReadTimeout,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+}
+
+// Handler serves the OpenAI routes, /v1/models, /health, /metrics and
+// the engines' routes of Config.PassThrough (passed to a healthy engine);
+// any other path is a 404, a known path with another method a 405, in
+// OpenAI's error shape.
 func (p *Proxy) Handler() http.Handler {
 	metrics := promhttp.HandlerFor(p.reg, promhttp.HandlerOpts{})
 	mux := http.NewServeMux()
@@ -223,6 +312,16 @@ func (p *Proxy) Handler() http.Handler {
 		io.WriteString(w, `{"status":"ok"}`)
 	})
 	mux.Handle("GET /metrics", metrics)
+	for _, path := range ownRoutes {
+		allow := http.MethodGet
+		if strings.HasPrefix(path, "/v1/") && path != "/v1/models" {
+			allow = http.MethodPost
+		}
+		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Allow", allow)
+			openAIError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (%s only)", r.Method, path, allow))
+		})
+	}
 	mux.HandleFunc("/", p.passThrough)
 	return mux
 }
@@ -259,8 +358,17 @@ func (p *Proxy) models(w http.ResponseWriter, _ *http.Request) {
 	json.NewEncoder(w).Encode(out)
 }
 
-// passThrough sends any other route to a healthy engine, in turn.
+// passThrough sends a route of Config.PassThrough to a healthy engine, in
+// turn; any other path is a 404.
 func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
+	if !p.pass[r.URL.Path] {
+		passed := "no route"
+		if len(p.cfg.PassThrough) > 0 {
+			passed = "only " + strings.Join(p.cfg.PassThrough, ", ")
+		}
+		openAIError(w, http.StatusNotFound, fmt.Sprintf("%s: no such route (the proxy passes %s to the engines)", clip.String(r.URL.Path), passed))
+		return
+	}
 	e, ok := p.fleet.next(p.fleet.all())
 	if !ok {
 		openAIError(w, http.StatusServiceUnavailable, "no engine to pass "+r.URL.Path+" to")
@@ -286,31 +394,24 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(r.Context(), p.cfg.RequestTimeout)
 	defer cancel()
-	charge := p.cfg.MaxBodyBytes
-	if r.ContentLength >= 0 {
-		charge = min(r.ContentLength, p.cfg.MaxBodyBytes+1)
-	}
-	if p.bodies.Add(charge) > p.cfg.BodyBudget {
-		p.bodies.Add(-charge)
-		w.Header().Set("Retry-After", "1")
-		openAIError(w, http.StatusServiceUnavailable, fmt.Sprintf("body: request bodies being read exceed the proxy's budget of %d bytes; retry later", p.cfg.BodyBudget))
-		return
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, p.cfg.MaxBodyBytes))
-	p.bodies.Add(-charge)
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			openAIError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("body: more than %d bytes", p.cfg.MaxBodyBytes))
-			return
-		}
-		openAIError(w, http.StatusBadRequest, "body: "+err.Error())
+	// The body's bytes stay charged to the budget until the request ends:
+	// the body is parsed, then sent to the engines.
+	var held int64
+	defer func() { p.bodies.Give(held) }()
+	body, berr := httpbody.Read(w, r, nil, int(p.cfg.MaxBodyBytes), &p.bodies, &held)
+	if berr != nil {
+		p.bodyRefused(berr)
+		openAIError(w, berr.Status, berr.Msg)
 		return
 	}
 	req, err := parseRequest(k, body)
 	if err != nil {
 		p.m.requests.WithLabelValues(k.label(), "invalid").Inc()
-		openAIError(w, http.StatusBadRequest, err.Error())
+		status := http.StatusBadRequest
+		if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
+			status = http.StatusRequestEntityTooLarge
+		}
+		openAIError(w, status, err.Error())
 		return
 	}
 	x := &exchange{p: p, w: w, r: r, ctx: ctx, req: req, id: newID(), start: start, hdr: forwardHeaders(r.Header)}
@@ -323,6 +424,41 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	}
 	p.m.requests.WithLabelValues(k.label(), outcome).Inc()
 	p.m.duration.WithLabelValues(k.label()).Observe(time.Since(start).Seconds())
+}
+
+// bodyRefused counts a body that was not read, and logs the budget being
+// full (at most once a minute: a state of the proxy, not a client's
+// mistake).
+func (p *Proxy) bodyRefused(err *httpbody.Error) {
+	p.m.bodiesRefused.WithLabelValues(err.Reason).Inc()
+	if err.Reason != httpbody.OverBudget {
+		return
+	}
+	if n, ok := p.full.allow(time.Now()); ok {
+		p.log.Warn("proxy: request bodies refused: the body budget is full", "budget_bytes", p.cfg.BodyBudget, "held_bytes", p.bodies.Used(), "suppressed", n)
+	}
+}
+
+// logEvery rate-limits a log line: allow says whether a line may be
+// written now, at most one per every, and how many were held back since
+// the last one. Safe for concurrent use.
+type logEvery struct {
+	every time.Duration
+	mu    sync.Mutex // guards last and held
+	last  time.Time
+	held  int
+}
+
+func (l *logEvery) allow(now time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.held++
+		return 0, false
+	}
+	n := l.held
+	l.last, l.held = now, 0
+	return n, true
 }
 
 func (k kind) label() string {
@@ -351,15 +487,17 @@ func forwardHeaders(h http.Header) http.Header {
 
 // tokens returns the request's token ids for selection: the client's, or
 // the engine's tokenizer's. ok false means none could be had (counted,
-// logged): the request is then routed by load.
-func (x *exchange) tokens(es []engine) ([]uint32, bool) {
+// logged): the request is then routed by load. A prompt prefixd would
+// refuse is refused here first (tooLong, a 413), before anything is
+// booked.
+func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
 	if x.req.tokens != nil {
 		x.p.m.tokenize.WithLabelValues("client").Inc()
-		return x.req.tokens, true
+		return x.req.tokens, true, routable(x.req.tokens)
 	}
 	body, err := x.req.tokenizeBody()
 	if err != nil {
-		return nil, false
+		return nil, false, nil
 	}
 	var last error
 	for range 2 {
@@ -370,11 +508,48 @@ func (x *exchange) tokens(es []engine) ([]uint32, bool) {
 		ids, hit, err := x.p.tok.tokens(x.ctx, e.endpoint, body)
 		if err == nil {
 			x.p.m.tokenize.WithLabelValues(map[bool]string{true: "cache", false: "engine"}[hit]).Inc()
-			return ids, true
+			return ids, true, routable(ids)
+		}
+		if tl := (*promptTooLong)(nil); errors.As(err, &tl) {
+			x.p.m.tokenize.WithLabelValues("engine").Inc()
+			return nil, false, tl
 		}
 		last = err
 	}
 	x.p.m.tokenize.WithLabelValues("unavailable").Inc()
 	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.model, "err", last)
-	return nil, false
+	return nil, false, nil
+}
+
+// prefixdMaxBody is prefixd serve's request body limit
+// (apiserver.DefaultMaxBodyBytes; TestPrefixdLimits checks they agree):
+// the selection or plan body that carries a prompt's token ids must fit
+// in it.
+const prefixdMaxBody = 8 << 20
+
+// maxPromptJSON bounds a prompt's token ids written as JSON: prefixd's
+// body limit, less room for the rest of a selection or plan body.
+const maxPromptJSON = prefixdMaxBody - 64<<10
+
+// promptTooLong is a prompt prefixd would refuse to route: a 413.
+type promptTooLong struct{ msg string }
+
+func (e *promptTooLong) Error() string { return e.msg }
+
+// routable returns a *promptTooLong if ids, written as JSON, would not fit
+// in a body prefixd accepts (their count is bounded where they are read).
+func routable(ids []uint32) error {
+	if len(ids)*11+2 <= maxPromptJSON { // 10 digits and a comma each
+		return nil
+	}
+	n := 1 + len(ids)
+	for _, id := range ids {
+		for n++; id >= 10; id /= 10 {
+			n++
+		}
+	}
+	if n <= maxPromptJSON {
+		return nil
+	}
+	return &promptTooLong{fmt.Sprintf("prompt: its %d token ids take %d bytes as JSON, more than the %d a prompt may take to be routed", len(ids), n, maxPromptJSON)}
 }

@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"math"
+
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 // kind is the OpenAI route of a request.
@@ -25,84 +28,106 @@ func (k kind) path() string {
 // request is what the proxy reads of an OpenAI body: the rest is passed
 // to the engine as it came.
 type request struct {
-	kind   kind
-	body   []byte                     // as the client sent it
-	fields map[string]json.RawMessage // the body's members, for the rewrites of disaggregated serving
+	kind kind
+	body []byte // as the client sent it
+	// fields are the body's members, each value a slice of body, for the
+	// rewrites of disaggregated serving and the tokenize body.
+	fields map[string]json.RawMessage
 	model  string
 	stream bool
 	// tokens is the prompt as token ids when the client sent them
-	// (completions with an array of integers).
+	// (completions with an array of integers, or a batch of such arrays,
+	// whose first routes the batch).
 	tokens []uint32
+	// first is the first prompt of a batch of other prompts (strings).
+	first json.RawMessage
 }
 
-// maxPromptTokens bounds a prompt given as token ids.
-const maxPromptTokens = 1 << 20
+// maxPromptTokens bounds a prompt given as token ids, as prefixd serve
+// bounds the token ids it is sent.
+const maxPromptTokens = api.DefaultMaxTokens
 
-// parseRequest reads an OpenAI completions or chat body. Errors name the
-// field.
+// parseRequest reads an OpenAI completions or chat body with jsonlex,
+// once and in place: model, stream, and the prompt or messages are
+// checked; every other member only for its syntax. A prompt of token ids
+// is read with its count bounded before anything is allocated for it (a
+// *jsonlex.Error with Over beyond maxPromptTokens). Errors name the field.
 func parseRequest(k kind, body []byte) (*request, error) {
-	r := &request{kind: k, body: body}
-	if err := json.Unmarshal(body, &r.fields); err != nil {
-		return nil, fmt.Errorf("body: not a JSON object: %v", shortErr(err))
-	}
-	if err := unmarshalField(r.fields, "model", &r.model); err != nil {
+	r := &request{kind: k, body: body, fields: map[string]json.RawMessage{}}
+	l := jsonlex.New(body, "model", "stream", "prompt", "messages")
+	err := l.Document(func(key string) error {
+		l.Peek() // the value's first byte
+		start := l.Pos()
+		var err error
+		switch {
+		case key == "model":
+			r.model, err = l.String(key, true)
+		case key == "stream":
+			if isNull, nerr := l.Null(); isNull || nerr != nil {
+				r.stream, err = false, nerr
+				break
+			}
+			r.stream, err = l.Bool(key)
+		case key == "prompt" && k == completions:
+			r.tokens, r.first, err = readPrompt(&l, body)
+		case key == "messages" && k == chat:
+			if c := l.Peek(); c != '[' && c != 'n' {
+				return fmt.Errorf("messages: must be an array of messages")
+			}
+			err = l.Skip(key, 1)
+		default:
+			err = l.Skip(clip.String(key), 1)
+		}
+		r.fields[key] = body[start:l.Pos()]
+		return err
+	})
+	if err != nil {
 		return nil, err
 	}
 	if r.model == "" {
 		return nil, fmt.Errorf("model: required")
 	}
-	if err := unmarshalField(r.fields, "stream", &r.stream); err != nil {
-		return nil, err
-	}
-	switch k {
-	case chat:
-		raw, ok := r.fields["messages"]
-		if !ok || isNull(raw) {
-			return nil, fmt.Errorf("messages: required")
-		}
-		var msgs []json.RawMessage
-		if err := json.Unmarshal(raw, &msgs); err != nil {
-			return nil, fmt.Errorf("messages: must be an array of messages")
-		}
-	case completions:
-		raw, ok := r.fields["prompt"]
-		if !ok || isNull(raw) {
-			return nil, fmt.Errorf("prompt: required")
-		}
-		raw = bytes.TrimSpace(raw)
-		if len(raw) > 0 && raw[0] == '[' {
-			// An array of token ids, or a batch (an array of strings or
-			// of token arrays): the first prompt routes the batch.
-			var ids []int64
-			if json.Unmarshal(raw, &ids) == nil {
-				if len(ids) > maxPromptTokens {
-					return nil, fmt.Errorf("prompt: more than %d token ids", maxPromptTokens)
-				}
-				r.tokens = make([]uint32, len(ids))
-				for i, id := range ids {
-					if id < 0 || id > math.MaxUint32 {
-						return nil, fmt.Errorf("prompt[%d]: %d is not a token id", i, id)
-					}
-					r.tokens[i] = uint32(id)
-				}
-			}
-		}
+	required := map[kind]string{completions: "prompt", chat: "messages"}[k]
+	if raw, ok := r.fields[required]; !ok || isNull(raw) {
+		return nil, fmt.Errorf("%s: required", required)
 	}
 	return r, nil
 }
 
-func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
-
-func unmarshalField(fields map[string]json.RawMessage, name string, v any) error {
-	raw, ok := fields[name]
-	if !ok || isNull(raw) {
-		return nil
+// readPrompt reads a completions prompt: token ids when it is an array of
+// integers or a batch of such arrays (its first), the first prompt of a
+// batch of strings, and nothing of a string.
+func readPrompt(l *jsonlex.Lexer, body []byte) (tokens []uint32, first json.RawMessage, err error) {
+	if l.Peek() != '[' {
+		return nil, nil, l.Skip("prompt", 1)
 	}
-	if err := json.Unmarshal(raw, v); err != nil {
-		return fmt.Errorf("%s: %v", name, shortErr(err))
+	i := l.Pos() + 1
+	for i < len(body) && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r') {
+		i++
 	}
-	return nil
+	if i < len(body) && (body[i] == '-' || body[i] >= '0' && body[i] <= '9') {
+		tokens, err = l.Tokens("prompt", nil, maxPromptTokens)
+		return tokens, nil, err
+	}
+	err = l.Array("prompt", 1, func(i int) error {
+		field := jsonlex.At("prompt", i)
+		if i > 0 {
+			return l.Skip(field, 2)
+		}
+		if l.Peek() == '[' {
+			var err error
+			tokens, err = l.Tokens(field, nil, maxPromptTokens)
+			return err
+		}
+		start := l.Pos()
+		err := l.Skip(field, 2)
+		first = body[start:l.Pos()]
+		return err
+	})
+	return tokens, first, err
 }
+
+func isNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // shortErr words an encoding/json error without repeating the input.
 func shortErr(err error) string {
@@ -128,9 +153,8 @@ func (r *request) tokenizeBody() ([]byte, error) {
 		}
 	case completions:
 		prompt := r.fields["prompt"]
-		var batch []json.RawMessage
-		if json.Unmarshal(prompt, &batch) == nil && len(batch) > 0 {
-			prompt = batch[0]
+		if r.first != nil {
+			prompt = r.first
 		}
 		out["prompt"] = prompt
 		if v, ok := r.fields["add_special_tokens"]; ok {

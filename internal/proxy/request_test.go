@@ -2,8 +2,14 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/prefixd/prefixd/api"
+	"github.com/prefixd/prefixd/internal/apiserver"
+	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 )
 
 func TestParseRequest(t *testing.T) {
@@ -15,13 +21,18 @@ func TestParseRequest(t *testing.T) {
 		{completions, `{"model":"m","prompt":"hello"}`, ""},
 		{completions, `{"model":"m","prompt":[1,2,3],"stream":true}`, ""},
 		{completions, `{"model":"m","prompt":["a","b"]}`, ""},
+		{completions, `{"model":"m","prompt":[[1,2],[3]],"stream":null}`, ""},
 		{completions, `{"prompt":"hello"}`, "model: required"},
 		{completions, `{"model":"m"}`, "prompt: required"},
-		{completions, `{"model":"m","prompt":[1,-2]}`, "prompt[1]: -2 is not a token id"},
-		{completions, `{"model":7,"prompt":"x"}`, "model: must be string, got number"},
-		{completions, `{"model":"m","prompt":"x","stream":"yes"}`, "stream: must be bool, got string"},
-		{completions, `[1]`, "body: not a JSON object"},
-		{completions, `{"model":"m",`, "body: not a JSON object: invalid JSON at offset"},
+		{completions, `{"model":"m","prompt":null}`, "prompt: required"},
+		{completions, `{"model":"m","prompt":[1,-2]}`, "prompt[1]: -2 is out of range [0, 4294967295]"},
+		{completions, `{"model":"m","prompt":[[1],[2,"x"]]}`, ""}, // the engine's to refuse: only the first prompt routes
+		{completions, `{"model":"m","prompt":[[1,"x"]]}`, "prompt[0][1]: must be a non-negative integer, got a string"},
+		{completions, `{"model":7,"prompt":"x"}`, "model: must be a string, got a number"},
+		{completions, `{"model":"m","prompt":"x","stream":"yes"}`, "stream: must be a boolean, got a string"},
+		{completions, `[1]`, "body: must be an object, got an array"},
+		{completions, `{"model":"m",`, "body: invalid JSON at offset 13"},
+		{completions, `{"model":"m","prompt":"x","n":[1,}`, "n: invalid JSON at offset 33: expected a value"},
 		{chat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, ""},
 		{chat, `{"model":"m"}`, "messages: required"},
 		{chat, `{"model":"m","messages":{"role":"user"}}`, "messages: must be an array of messages"},
@@ -39,6 +50,37 @@ func TestParseRequest(t *testing.T) {
 	r, err := parseRequest(completions, []byte(`{"model":"m","prompt":[1,2,3],"stream":true}`))
 	if err != nil || !r.stream || len(r.tokens) != 3 || r.tokens[2] != 3 {
 		t.Fatalf("%+v %v", r, err)
+	}
+	r, err = parseRequest(completions, []byte(`{"model":"m","prompt":[ [4, 5], [6]]}`))
+	if err != nil || !slices.Equal(r.tokens, []uint32{4, 5}) {
+		t.Fatalf("a batch of token arrays: %+v %v", r, err)
+	}
+	r, err = parseRequest(completions, []byte(`{"model" : "m", "prompt" : "p", "x" : {"y": [1]} }`))
+	if err != nil || string(r.fields["prompt"]) != `"p"` || string(r.fields["x"]) != `{"y": [1]}` || string(r.fields["model"]) != `"m"` {
+		t.Fatalf("fields: %q %v", r.fields, err)
+	}
+}
+
+// TestPromptTokensBounded: a prompt of token ids is refused past
+// maxPromptTokens while it is read (a *jsonlex.Error with Over: a 413),
+// for one prompt or the first of a batch.
+func TestPromptTokensBounded(t *testing.T) {
+	ids := func(n int) string { return strings.TrimSuffix(strings.Repeat("7,", n), ",") }
+	for _, prompt := range []string{"[" + ids(maxPromptTokens) + "]", "[[" + ids(maxPromptTokens) + "]]"} {
+		r, err := parseRequest(completions, []byte(`{"model":"m","prompt":`+prompt+`}`))
+		if err != nil || len(r.tokens) != maxPromptTokens {
+			t.Fatalf("%d ids: %v", maxPromptTokens, err)
+		}
+	}
+	for _, c := range []struct{ prompt, want string }{
+		{"[" + ids(maxPromptTokens+1) + "]", "prompt: more than 1000000 tokens"},
+		{"[[" + ids(maxPromptTokens+1) + "]]", "prompt[0]: more than 1000000 tokens"},
+	} {
+		_, err := parseRequest(completions, []byte(`{"model":"m","prompt":`+c.prompt+`}`))
+		var le *jsonlex.Error
+		if !errors.As(err, &le) || !le.Over || err.Error() != c.want {
+			t.Errorf("%d ids: %v, want %q (over its limit)", maxPromptTokens+1, err, c.want)
+		}
 	}
 }
 
@@ -86,5 +128,29 @@ func TestRewrites(t *testing.T) {
 	b, _ = c.tokenizeBody()
 	if string(b) != `{"model":"m","prompt":"first"}` {
 		t.Errorf("batch tokenize body %s", b)
+	}
+}
+
+// TestPrefixdLimits: the proxy's caps are prefixd serve's, so that a
+// prompt serve would refuse is refused by the proxy first.
+func TestPrefixdLimits(t *testing.T) {
+	if prefixdMaxBody != apiserver.DefaultMaxBodyBytes || maxPromptTokens != api.DefaultMaxTokens {
+		t.Errorf("the proxy's limits (%d bytes, %d tokens) are not prefixd serve's (%d, %d)",
+			prefixdMaxBody, maxPromptTokens, apiserver.DefaultMaxBodyBytes, api.DefaultMaxTokens)
+	}
+	// A million ids of the largest value do not fit in serve's body; a
+	// million of a large vocabulary's (6 digits) do.
+	big := make([]uint32, maxPromptTokens)
+	for i := range big {
+		big[i] = 4294967295
+	}
+	if err := routable(big); err == nil {
+		t.Error("a million 10-digit ids are routable")
+	}
+	for i := range big {
+		big[i] = 128255
+	}
+	if err := routable(big); err != nil {
+		t.Error(err)
 	}
 }

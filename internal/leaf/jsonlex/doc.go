@@ -18,7 +18,7 @@
 //
 // Callers read a document by its keys: Document calls back for each
 // top-level key with the Lexer at the value, and the callback reads the
-// value with one of the typed readers (Tokens, Hashes, Uint, Float,
+// value with one of the typed readers (Tokens, Hashes, Uint, Float, Bool,
 // String, Strings, StringMap, Object, Array, Null) or passes over it with
 // Skip. A repeated key is read each time, so the last value wins, as in
 // encoding/json; keys match exactly (encoding/json ignores case).

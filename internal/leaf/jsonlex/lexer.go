@@ -576,6 +576,17 @@ func (l *Lexer) Float(field string) (float64, error) {
 	return f, nil
 }
 
+// Bool reads true or false.
+func (l *Lexer) Bool(field string) (bool, error) {
+	switch l.Peek() {
+	case 't':
+		return true, l.literal(field, "true")
+	case 'f':
+		return false, l.literal(field, "false")
+	}
+	return false, l.unexpected(field, "a boolean")
+}
+
 // string reads a string; null counts as "" when nullOK.
 func (l *Lexer) String(field string, nullOK bool) (string, error) {
 	switch c := l.Peek(); {

@@ -33,13 +33,15 @@ type doc struct {
 	tokens []uint32
 	hashes []uint64
 	str    map[string]string
+	bools  map[string]bool
 }
 
 // readDoc reads data as an object: "token_ids" with Tokens,
 // "block_hashes" with Hashes, "model_name" with String, "routing_group"
-// with String (null allowed), and every other key with Skip.
+// with String (null allowed), "stream" with Bool, and every other key
+// with Skip.
 func readDoc(data []byte) (doc, error) {
-	d := doc{str: map[string]string{}}
+	d := doc{str: map[string]string{}, bools: map[string]bool{}}
 	l := New(data, "token_ids", "block_hashes", "model_name")
 	err := l.Document(func(key string) error {
 		var err error
@@ -52,6 +54,8 @@ func readDoc(data []byte) (doc, error) {
 			d.str[key], err = l.String(key, false)
 		case "routing_group":
 			d.str[key], err = l.String(key, true)
+		case "stream":
+			d.bools[key], err = l.Bool(key)
 		default:
 			err = l.Skip(key, 1)
 		}
@@ -79,6 +83,7 @@ func FuzzLexer(f *testing.F) {
 		`{"model_name":"m","token_ids":[` + strings.Repeat("12,345,6789,101112,", 6) + `123456789,01,` + strings.Repeat("1,0,", 30) + `7]}`,
 		`{"block_hashes":[-9223372036854775808,9223372036854775807,18446744073709551615,-1, 0,-0,1.5],"model_name":"mmmmmmmm"}`,
 		`{"token_ids":[1],"model_name":"a","MODEL_NAME":"b","model_name":"c"}`,
+		`{"stream":true,"model_name":"m"}`, `{"stream":false,"stream":true}`, `{"stream":fals}`, `{"stream":"true"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -138,6 +143,12 @@ func FuzzLexer(f *testing.F) {
 			var s string
 			if m := raw[key]; json.Unmarshal(m, &s) != nil || s != got {
 				t.Fatalf("%q: %s = %q, encoding/json %q", data, key, got, s)
+			}
+		}
+		for key, got := range d.bools {
+			var b bool
+			if m := raw[key]; json.Unmarshal(m, &b) != nil || b != got {
+				t.Fatalf("%q: %s = %v, encoding/json %v", data, key, got, b)
 			}
 		}
 	})
