@@ -279,3 +279,26 @@ func TestNewServerDefaults(t *testing.T) {
 		t.Errorf("server %+v", srv)
 	}
 }
+
+// TestServerClosesAfterChunked: a request with both Content-Length and
+// Transfer-Encoding is read as chunked and answered with its connection
+// closed (httpbody.CloseChunked), as RFC 9112 §6.3 requires.
+func TestServerClosesAfterChunked(t *testing.T) {
+	ix, _ := dynamoExample(t)
+	addr := liveServer(t, NewHandler(Config{Index: ix}), ServerConfig{})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"token_ids":[1],"model_name":"m"}`
+	fmt.Fprintf(c, "POST /query HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("%d close=%v %s; want 200 and the connection closed", resp.StatusCode, resp.Close, b)
+	}
+}

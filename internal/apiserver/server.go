@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"net/http"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 )
 
 // Defaults for the zero values of ServerConfig.
@@ -36,7 +38,10 @@ type ServerConfig struct {
 	Logger *slog.Logger
 }
 
-// NewServer returns an http.Server for h with cfg's timeouts and limits.
+// NewServer returns an http.Server for h with cfg's timeouts and limits;
+// a request whose body came chunked is answered with its connection
+// closed (httpbody.CloseChunked: a chunked request may be one that also
+// sent a Content-Length, which RFC 9112 says to close after).
 // It sets no WriteTimeout: /dump streams the whole index, which can take
 // longer than any fixed bound, and a client too slow to read is cut off by
 // the kernel's send buffer filling and TCP keep-alives instead. The caller
@@ -55,7 +60,7 @@ func NewServer(h http.Handler, cfg ServerConfig) *http.Server {
 		cfg.MaxHeaderBytes = DefaultMaxHeaderBytes
 	}
 	srv := &http.Server{
-		Handler:           h,
+		Handler:           httpbody.CloseChunked(h),
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		IdleTimeout:       cfg.IdleTimeout,

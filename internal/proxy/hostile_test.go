@@ -362,3 +362,25 @@ func TestPassThroughOnlyListed(t *testing.T) {
 		t.Errorf("/tokenize, not listed: %d %s", code, body)
 	}
 }
+
+// TestProxyClosesAfterChunked: the proxy answers a request with both
+// Content-Length and Transfer-Encoding with its connection closed
+// (httpbody.CloseChunked), as RFC 9112 §6.3 requires.
+func TestProxyClosesAfterChunked(t *testing.T) {
+	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1, role: catalog.RoleAggregated})
+	c, err := net.Dial("tcp", strings.TrimPrefix(s.url, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	body := `{"model":"` + model + `","prompt":"hello there","max_tokens":2}`
+	fmt.Fprintf(c, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n%x\r\n%s\r\n0\r\n\r\n", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("%d close=%v %s; want 200 and the connection closed", resp.StatusCode, resp.Close, b)
+	}
+}

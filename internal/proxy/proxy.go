@@ -293,7 +293,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener, drain time.Duration)
 // no WriteTimeout: a streamed answer lasts as long as its generation
 // (Config.RequestTimeout bounds it).
 func (p *Proxy) Server() *http.Server {
-	return &http.Server{Handler: p.Handler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: p.cfg.ReadTimeout,
+	return &http.Server{Handler: httpbody.CloseChunked(p.Handler()), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: p.cfg.ReadTimeout,
 		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
 }
 
