@@ -37,12 +37,19 @@ build:
 deps:
 	scripts/test-deps.sh $(TEST_APT_PACKAGES)
 
+# go test's events go through testprogress (internal/testsupport/testprogress):
+# each package's result line as it finishes, the whole output of a failed
+# test, and every 20 s a line naming the packages still running. pipefail
+# keeps go test's own exit status; testprogress fails too on any failure.
+TESTPROGRESS = $(GO) run ./internal/testsupport/testprogress
+
+test: private SHELL := /bin/bash
 test: deps
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	set -o pipefail; $(GO) test -race -count=1 -json ./... | $(TESTPROGRESS)
 	# The portable token reader, as on platforms without scanBlocks.
 	$(GO) vet -tags purego ./api
-	$(GO) test -race -count=1 -tags purego -run 'Token|Lexer|Decode|Hostile' ./api
+	set -o pipefail; $(GO) test -race -count=1 -json -tags purego -run 'Token|Lexer|Decode|Hostile' ./api | $(TESTPROGRESS)
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...
