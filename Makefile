@@ -42,12 +42,30 @@ build:
 deps:
 	scripts/test-deps.sh $(TEST_APT_PACKAGES)
 
+# go test's events go through testprogress (internal/testsupport/testprogress):
+# each package's result line as it finishes, the whole output of a failed
+# test, and every 20 s a line naming the packages still running. pipefail
+# keeps go test's own exit status; testprogress fails too on any failure.
+TESTPROGRESS = $(GO) run ./internal/testsupport/testprogress
+
+# go test starts packages in the order they are named, as many at once as
+# there are cores. The slowest are named first, so that none of them starts
+# last and runs alone while the other cores idle; `./...` adds the rest once
+# each. A stale order only costs time (a package that no longer exists
+# fails the run). The tests that call t.Parallel mostly wait (etcd leases,
+# replay deadlines, handshake timeouts): four of them at a time in a
+# package, whatever the core count.
+TEST_FIRST ?= ./indexer ./internal/sim/routing ./internal/apiserver ./internal/sim/demo ./events/stream \
+	./internal/sim/indexbench ./cmd/prefixd ./catalog/etcdstore ./internal/daemon
+TEST_PARALLEL ?= 4
+
+test: private SHELL := /bin/bash
 test: deps
 	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	set -o pipefail; $(GO) test -race -count=1 -parallel $(TEST_PARALLEL) -json $(TEST_FIRST) ./... | $(TESTPROGRESS)
 	# The portable token reader, as on platforms without scanBlocks.
 	$(GO) vet -tags purego ./internal/leaf/jsonlex
-	$(GO) test -race -count=1 -tags purego ./internal/leaf/jsonlex
+	set -o pipefail; $(GO) test -race -count=1 -json -tags purego ./internal/leaf/jsonlex | $(TESTPROGRESS)
 
 bench:
 	$(GO) test -run='^$$' -bench='$(BENCH)' -benchmem -benchtime=$(BENCHTIME) -count=1 ./...

@@ -3,6 +3,7 @@ package catalog
 import "testing"
 
 func TestOffsetEndpoint(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		base string
 		rank uint32

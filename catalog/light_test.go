@@ -9,5 +9,6 @@ import (
 // TestLight keeps etcd and ZMQ out of catalog's dependencies
 // (importcheck.Light).
 func TestLight(t *testing.T) {
+	t.Parallel()
 	importcheck.Light(t, "github.com/prefixd/prefixd/catalog")
 }

@@ -15,6 +15,7 @@ import (
 // store: ranks in any order with holes, a rank registered again taking
 // its new endpoints, the other fields the last registration's.
 func TestRegisterRanks(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := storetest.NewMemoryStore("")
 	defer s.Close()
@@ -91,6 +92,7 @@ func TestRegisterRanks(t *testing.T) {
 // TestRegisterRanksLeased: a record a sidecar keeps under a lease is the
 // sidecar's; the API's writes and deletes are refused and leave it alone.
 func TestRegisterRanksLeased(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := storetest.NewMemoryStore("")
 	defer s.Close()

@@ -13,6 +13,7 @@ import (
 )
 
 func TestMemoryStoreConformance(t *testing.T) {
+	t.Parallel()
 	storetest.Run(t, func(t *testing.T) storetest.Testable {
 		s := storetest.NewMemoryStore("")
 		t.Cleanup(func() { s.Close() })
@@ -40,6 +41,7 @@ func (f *flakyRenewals) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (
 // lock Update writes it under (the race detector fails this test
 // otherwise).
 func TestSessionUpdateWhileLeaseLost(t *testing.T) {
+	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	s := storetest.NewMemoryStore("")

@@ -23,6 +23,7 @@ func valid() catalog.Worker {
 func weight(f float64) *float64 { return &f }
 
 func TestValidate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		edit  func(w *catalog.Worker)
@@ -149,6 +150,7 @@ func TestValidate(t *testing.T) {
 }
 
 func TestValidateListsEveryField(t *testing.T) {
+	t.Parallel()
 	err := catalog.Worker{Version: 1, Lifecycle: "y", Attributes: catalog.Attributes{Role: "x"}}.Validate()
 	want := []string{"model_name", "routing_group", "role", "block_size", "data_parallel_size", "lifecycle"}
 	var ve *catalog.ValidationError
@@ -163,6 +165,7 @@ func TestValidateListsEveryField(t *testing.T) {
 }
 
 func TestWithDefaults(t *testing.T) {
+	t.Parallel()
 	w := catalog.Worker{WorkerID: 1, ModelName: "m", BlockSize: 16, Attributes: catalog.Attributes{Taints: []string{"b", "a"}}}.WithDefaults()
 	if w.Version != 1 || w.RoutingGroup != "default" || w.Role != catalog.RoleAggregated || w.DataParallelSize != 1 || w.Lifecycle != catalog.LifecycleActive {
 		t.Fatalf("WithDefaults = %+v", w)
@@ -176,6 +179,7 @@ func TestWithDefaults(t *testing.T) {
 }
 
 func TestStreams(t *testing.T) {
+	t.Parallel()
 	w := valid()
 	w.DataParallelStartRank, w.DataParallelSize = 2, 3
 	w.EventsEndpoint, w.ReplayEndpoint = "tcp://10.0.0.2:5557", "tcp://10.0.0.2:5657"
@@ -221,6 +225,7 @@ func TestStreams(t *testing.T) {
 }
 
 func TestJSONStableAndRoundTrips(t *testing.T) {
+	t.Parallel()
 	w := valid()
 	w.DataParallelSize = 2
 	w.EventsEndpoint, w.ReplayEndpoint = "", ""
@@ -259,6 +264,7 @@ func TestJSONStableAndRoundTrips(t *testing.T) {
 }
 
 func TestDecodeWorker(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, json, err string
 	}{
@@ -285,6 +291,7 @@ func TestDecodeWorker(t *testing.T) {
 }
 
 func TestKeyRoundTrip(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		prefix string
 		key    catalog.Key

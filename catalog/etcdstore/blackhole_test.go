@@ -110,6 +110,7 @@ func (b *blackhole) endpoint() string { return "http://" + b.ln.Addr().String() 
 // fail during it and succeed after, and the watcher lists again and diffs.
 // Without the header check this test sees no resync.
 func TestEtcdPartitionDuringWatch(t *testing.T) {
+	t.Parallel()
 	e := storetest.StartEtcd(t)
 	u, err := url.Parse(e.Endpoints()[0])
 	if err != nil {

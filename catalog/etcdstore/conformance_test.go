@@ -12,6 +12,7 @@ import (
 )
 
 func TestEtcdStoreConformance(t *testing.T) {
+	t.Parallel()
 	e := sharedEtcd(t)
 	storetest.Run(t, func(t *testing.T) storetest.Testable {
 		// A fresh prefix per subtest on one server.

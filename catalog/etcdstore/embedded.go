@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.etcd.io/etcd/client/pkg/v3/logutil"
@@ -22,7 +24,7 @@ type EmbeddedConfig struct {
 	// started again on the same Dir keeps its data, revisions and leases.
 	Dir string
 	// ClientURL is where clients connect, e.g. "http://127.0.0.1:2379";
-	// "" picks a free loopback port.
+	// "" picks a free loopback port (see StartEmbedded).
 	ClientURL string
 	// PeerURL is the (unused, but required) peer listener; "" picks a
 	// free loopback port.
@@ -54,7 +56,22 @@ type Embedded struct {
 // (or cfg's URLs), and returns once it serves clients. The server runs
 // its own goroutines until Close. Startup takes about a second
 // (longer under the race detector).
+//
+// A port it picks (an empty ClientURL or PeerURL) was free a moment
+// before etcd binds it; if another socket takes it in between, it picks
+// again, up to pickAttempts times in all. A URL given in cfg that is in
+// use fails at once.
 func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
+	return startEmbedded(ctx, cfg, freeLoopbackURL)
+}
+
+// pickAttempts is how often StartEmbedded picks free ports before it
+// gives up.
+const pickAttempts = 5
+
+// startEmbedded is StartEmbedded with the way it picks a free loopback
+// URL.
+func startEmbedded(ctx context.Context, cfg EmbeddedConfig, pick func() (string, error)) (*Embedded, error) {
 	if cfg.Dir == "" {
 		return nil, errors.New("embedded etcd: a data dir is required")
 	}
@@ -70,17 +87,37 @@ func StartEmbedded(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	if cfg.LogLevel == "" {
 		cfg.LogLevel = "error"
 	}
-	var err error
-	if cfg.ClientURL == "" {
-		if cfg.ClientURL, err = freeLoopbackURL(); err != nil {
-			return nil, err
+	for attempt := 1; ; attempt++ {
+		c := cfg
+		var picked []string
+		for _, u := range []*string{&c.ClientURL, &c.PeerURL} {
+			if *u != "" {
+				continue
+			}
+			var err error
+			if *u, err = pick(); err != nil {
+				return nil, err
+			}
+			picked = append(picked, *u)
+		}
+		e, err := start(ctx, c)
+		if err == nil || attempt == pickAttempts || !inUse(err, picked) {
+			return e, err
 		}
 	}
-	if cfg.PeerURL == "" {
-		if cfg.PeerURL, err = freeLoopbackURL(); err != nil {
-			return nil, err
-		}
+}
+
+// inUse reports whether err is the failure to bind one of the URLs.
+func inUse(err error, urls []string) bool {
+	var op *net.OpError
+	if !errors.Is(err, syscall.EADDRINUSE) || !errors.As(err, &op) || op.Addr == nil {
+		return false
 	}
+	return slices.Contains(urls, "http://"+op.Addr.String())
+}
+
+// start starts the server on cfg, its URLs and defaults filled in.
+func start(ctx context.Context, cfg EmbeddedConfig) (*Embedded, error) {
 	curl, err := url.Parse(cfg.ClientURL)
 	if err != nil {
 		return nil, fmt.Errorf("embedded etcd: client URL %q: %w", cfg.ClientURL, err)

@@ -104,6 +104,7 @@ func startSession(t *testing.T, s *catalog.Session) (stop func()) {
 
 // TestEtcdSessionKeepsAlive: a 2 s lease stays alive across many renewals.
 func TestEtcdSessionKeepsAlive(t *testing.T) {
+	t.Parallel()
 	e := sharedEtcd(t)
 	store := storetest.NewEtcdStore(t, e.Endpoints(), uniquePrefix())
 	ctx := context.Background()
@@ -139,6 +140,7 @@ func TestEtcdSessionKeepsAlive(t *testing.T) {
 // TestEtcdLeaseExpiryRemovesWorker: a registrant that stops renewing
 // without revoking (a crashed sidecar) is removed within TTL + 2 s.
 func TestEtcdLeaseExpiryRemovesWorker(t *testing.T) {
+	t.Parallel()
 	e := sharedEtcd(t)
 	prefix := uniquePrefix()
 	watched := storetest.NewEtcdStore(t, e.Endpoints(), prefix)
@@ -163,6 +165,7 @@ func TestEtcdLeaseExpiryRemovesWorker(t *testing.T) {
 // (listing again, or resuming its watch) and reports only what changed; the session, whose lease
 // went unrenewed past its TTL, registers again with a new lease.
 func TestEtcdRestartDuringWatch(t *testing.T) {
+	t.Parallel()
 	e1 := storetest.StartEtcd(t)
 	cfg := e1.Config()
 	prefix := uniquePrefix()
@@ -254,6 +257,7 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 // later; the watcher must list again and report the loss and what the
 // new cluster holds.
 func TestEtcdWipedRestartDuringWatch(t *testing.T) {
+	t.Parallel()
 	e1 := storetest.StartEtcd(t)
 	cfg := e1.Config()
 	prefix := uniquePrefix()
@@ -289,6 +293,7 @@ func TestEtcdWipedRestartDuringWatch(t *testing.T) {
 // TestEtcdWatcherStopsWhileDown: cancelling a Watcher whose etcd is gone
 // returns promptly.
 func TestEtcdWatcherStopsWhileDown(t *testing.T) {
+	t.Parallel()
 	e := storetest.StartEtcd(t)
 	store := storetest.NewEtcdStore(t, e.Endpoints(), uniquePrefix())
 	w := catalog.NewWatcher(store, changes(make(chan catalog.Change, 10)).config())
@@ -316,6 +321,7 @@ func TestEtcdWatcherStopsWhileDown(t *testing.T) {
 // client with the root credentials works, one without credentials or
 // with a wrong password fails at connect with an error that says so.
 func TestEtcdAuth(t *testing.T) {
+	t.Parallel()
 	e := storetest.StartEtcd(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()

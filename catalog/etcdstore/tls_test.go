@@ -27,6 +27,7 @@ import (
 // TestEtcdTLS connects through EtcdConfig's TLS files to an etcd that
 // requires client certificates.
 func TestEtcdTLS(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	ca, caKey := newCert(t, dir, "ca", nil, nil)
 	newCert(t, dir, "server", ca, caKey)
@@ -90,6 +91,7 @@ func TestEtcdTLS(t *testing.T) {
 }
 
 func TestEtcdConfigValidate(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		cfg etcdstore.Config
 		ok  bool

@@ -33,6 +33,7 @@ func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) i
 // changed endpoint restarts only that rank's stream; removing the worker
 // stops its streams and empties the index.
 func TestManagerLifecycle(t *testing.T) {
+	t.Parallel()
 	ix := indexer.New(indexer.Options{})
 	s := startManager(t, ix)
 	k := indexer.PartitionKey{Model: "m", Group: "default"}

@@ -73,6 +73,7 @@ func (g *gatedApplier) ApplyBatch(r indexer.Rank, m indexer.Mark, b *wire.Batch)
 // its tail and end marker, as vLLM's does), live batches are dropped, and
 // the engine restarts; at the end the index equals the engine's cache.
 func TestSubscriberInteropPyPub(t *testing.T) {
+	t.Parallel()
 	streams := e2eOps(t, 11, 1, 4000)
 	ops := streams[0]
 	for _, tc := range []struct{ era, layout, hash string }{
@@ -80,6 +81,7 @@ func TestSubscriberInteropPyPub(t *testing.T) {
 		{"array", "legacy", "bytes"},
 	} {
 		t.Run(tc.era+"-"+tc.layout+"-"+tc.hash, func(t *testing.T) {
+			t.Parallel()
 			py := pypub.Start(t, "--era", tc.era, "--layout", tc.layout, "--hash", tc.hash, "--topic", "kv@w9@m")
 			e := &pyEngine{e2eEngine: &e2eEngine{t: t, rank: indexer.Rank{WorkerID: 9}, truth: indexer.NewTree(16), hashes: map[uint64]bool{}}, py: py, junk: rand.New(rand.NewPCG(1, 2))}
 			// A long history first: more batches than the ROUTER's SNDHWM.
@@ -241,6 +243,7 @@ func (e *sglangEngine) checkLookups(t *testing.T, ix *indexer.Index) (salted int
 // the index equals the engine's cache, and lookups in each salt's
 // namespace find exactly what the engine holds.
 func TestSubscriberInteropPyPubSGLang(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 21, 1, 2500)[0]
 	py := pypub.Start(t, "--era", "sglang", "--layout", "legacy", "--hash", "signed", "--topic", "kv@w12@m", "--rank", "0")
 	e := &sglangEngine{

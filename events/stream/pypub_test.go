@@ -349,6 +349,7 @@ func pyPubJoin(t testing.TB, p *pypub.Pub, sub *pyPubSock) uint64 {
 // ---------------------------------------------------------------------------
 
 func TestPyPubSelfTest(t *testing.T) {
+	t.Parallel()
 	pypub.RequireDeps(t)
 	out, err := exec.Command(pypub.Python, pypub.Script, "--self-test").CombinedOutput()
 	if err != nil {
@@ -360,6 +361,7 @@ func TestPyPubSelfTest(t *testing.T) {
 }
 
 func TestPyPubLiveInterop(t *testing.T) {
+	t.Parallel()
 	for _, era := range []wire.Era{wire.EraMap, wire.EraArray} {
 		for _, hash := range []wire.HashType{wire.HashInt, wire.HashBytes} {
 			t.Run(era.String()+"/"+hash.String(), func(t *testing.T) {
@@ -393,6 +395,7 @@ func TestPyPubLiveInterop(t *testing.T) {
 }
 
 func TestPyPubReplayInterop(t *testing.T) {
+	t.Parallel()
 	for _, layout := range []string{"topic", "legacy"} {
 		t.Run(layout, func(t *testing.T) {
 			p := pypub.Start(t, "--layout", layout, "--buffer-steps", "5", "--topic", pyPubTopic)
@@ -461,6 +464,7 @@ func TestPyPubReplayInterop(t *testing.T) {
 }
 
 func TestPyPubRestartAndDrops(t *testing.T) {
+	t.Parallel()
 	p := pypub.Start(t, "--topic", pyPubTopic, "--layout", "topic", "--era", "map")
 	sub := pyPubSubscribe(t, p.Endpoint, pyPubTopic)
 	d := pyPubDealer(t, p.ReplayEndpoint, "prefixd-restart")

@@ -23,6 +23,7 @@ const waitFor = 10 * time.Second
 // TestReplaySlotsFirstComeFirstServed: waiters get slots in arrival
 // order, a waiter that gives up leaves the queue, and nil is unbounded.
 func TestReplaySlotsFirstComeFirstServed(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := NewReplaySlots(1, time.Hour)
 	first, err := s.Acquire(ctx, nil)
@@ -73,6 +74,7 @@ func TestReplaySlotsFirstComeFirstServed(t *testing.T) {
 // when someone waits, never when no one does, and at most one holder per
 // waiter.
 func TestReplaySlotsPreemptOverBudget(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	s := NewReplaySlots(2, 20*time.Millisecond)
 	var preempted atomic.Int32
@@ -179,6 +181,7 @@ func slowReplayServer(t *testing.T, interval time.Duration) string {
 // the rogue ranks end degraded at their session deadline instead of
 // holding slots forever.
 func TestSubscriberSlowReplayPreempted(t *testing.T) {
+	t.Parallel()
 	const rogues = 2
 	slots := NewReplaySlots(rogues, time.Second)
 	ix, app := newE2EIndex(t)

@@ -218,6 +218,7 @@ func checkIndex(t *testing.T, ix *indexer.Index, e *e2eEngine, degraded bool) {
 // subscriber connected, and then went idle, is indexed exactly (replay on
 // join, without waiting for a live batch), in both replay layouts.
 func TestSubscriberJoinsLate(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 1, 1, 1500)[0]
 	for _, layout := range []mocker.ReplayLayout{mocker.ReplayTopic, mocker.ReplayLegacy} {
 		t.Run(layout.String(), func(t *testing.T) {
@@ -241,6 +242,7 @@ func TestSubscriberJoinsLate(t *testing.T) {
 // subscriber connects late. Every gap is within the replay buffer, so at
 // the end every rank equals the engine and none is degraded.
 func TestSubscriberChaos(t *testing.T) {
+	t.Parallel()
 	const ranks = 2
 	streams := e2eOps(t, 7, ranks, 3000)
 	reg := prometheus.NewRegistry()
@@ -315,6 +317,7 @@ func TestSubscriberChaos(t *testing.T) {
 // marked degraded and holds a subset of the engine's cache; an
 // AllBlocksCleared makes it exact again.
 func TestSubscriberLostHistory(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 3, 1, 1500)[0]
 	e := startEngine(t, indexer.Rank{WorkerID: 5}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0",
 		ReplayEndpoint: "tcp://127.0.0.1:0", BufferSteps: 20})
@@ -353,6 +356,7 @@ func TestSubscriberLostHistory(t *testing.T) {
 // failed that way). A witness SUB that receives the last of them first
 // makes sure they are gone before the subscriber joins.
 func TestSubscriberWithoutReplay(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 4, 1, 1200)[0]
 	e := startEngine(t, indexer.Rank{WorkerID: 6}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0"})
 	witnessed(t, e, func() { e.feed(ops[:len(ops)/2]) })
@@ -461,6 +465,7 @@ func witnessed(t *testing.T, e *e2eEngine, publish func()) {
 // unknown) and marks it degraded; a batch stamped with an unregistered
 // rank is dropped; one stamped with a registered rank applies there.
 func TestSubscriberBadInput(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 5, 1, 500)[0]
 	e := startEngine(t, indexer.Rank{WorkerID: 8}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ix, app := newE2EIndex(t)
@@ -515,6 +520,7 @@ func TestSubscriberBadInput(t *testing.T) {
 // live queue drops (counted) instead of growing, and the seq gaps this
 // leaves are replayed: the index still ends equal to the engine.
 func TestSubscriberBackpressure(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cfg  SubscriberConfig
@@ -550,6 +556,7 @@ func TestSubscriberBackpressure(t *testing.T) {
 // TestSubscriberMetrics checks the exported series after a simple run: a
 // join replay of three batches, then one live batch.
 func TestSubscriberMetrics(t *testing.T) {
+	t.Parallel()
 	e := startEngine(t, indexer.Rank{WorkerID: 2, DPRank: 1}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
 	ops := e2eOps(t, 13, 1, 300)[0]
 	store := func(i int) indexer.Op {
@@ -613,6 +620,7 @@ prefixd_stream_up{rank="1",worker="2"} 1
 // TestSubscriberReplaySlots: subscribers sharing one replay slot replay one
 // at a time (the others wait without timing out), and all end exact.
 func TestSubscriberReplaySlots(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 14, 1, 600)[0]
 	ix, app := newE2EIndex(t)
 	slots := NewReplaySlots(1, 0)
@@ -736,6 +744,7 @@ func (e *e2eEngine) publishRaw(payload []byte, ops ...indexer.Op) {
 // nothing of it is applied, the rank is reset and degraded. Both are
 // counted by kind and reason.
 func TestSubscriberSkippedEvents(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 15, 1, 400)[0]
 	roots := rootStores(t, ops, 4)
 	rank := indexer.Rank{WorkerID: 6}
@@ -829,6 +838,7 @@ func TestSubscriberSkippedEvents(t *testing.T) {
 // carries; that rank's AllBlocksCleared lifts its flag but not the
 // stream's; and the stream's seqs never become that rank's watermark.
 func TestSubscriberForeignRankDegraded(t *testing.T) {
+	t.Parallel()
 	ops := e2eOps(t, 17, 1, 300)[0]
 	roots := rootStores(t, ops, 4)
 	own, two := indexer.Rank{WorkerID: 8}, indexer.Rank{WorkerID: 8, DPRank: 2}
@@ -898,6 +908,7 @@ func TestSubscriberForeignRankDegraded(t *testing.T) {
 // prefixd_index_redundant_store_blocks_total, and the WARN line is
 // logged the first time and then held back for a minute.
 func TestSubscriberRedundantStores(t *testing.T) {
+	t.Parallel()
 	var root indexer.Op
 	for _, op := range e2eOps(t, 15, 1, 300)[0] {
 		if op.Kind == indexer.OpStore && !op.Store.HasParent && len(op.Store.Hashes) > 1 {

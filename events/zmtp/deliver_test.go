@@ -53,6 +53,7 @@ func sameFrames(got, want [][]byte) bool { return slices.EqualFunc(got, want, by
 // TestPubSubDelivers: PUB to SUB through the guard, at a 1 MiB limit and at
 // the default, over tcp and ipc.
 func TestPubSubDelivers(t *testing.T) {
+	t.Parallel()
 	ipcDir, err := os.MkdirTemp("", "zmtp")
 	if err != nil {
 		t.Fatal(err)
@@ -111,6 +112,7 @@ func TestPubSubDelivers(t *testing.T) {
 // TestRouterDealerDelivers: DEALER to ROUTER and back through the guard;
 // the DEALER refuses a reply just over its limit.
 func TestRouterDealerDelivers(t *testing.T) {
+	t.Parallel()
 	const max = 1 << 20
 	lim := Limits{MaxMessageBytes: max}
 	router := newSocket(t, t.Context(), zmq4.Router, lim)
@@ -158,6 +160,7 @@ func TestRouterDealerDelivers(t *testing.T) {
 
 // TestEndpoint: the rewriting, and that the guarded schemes are registered.
 func TestEndpoint(t *testing.T) {
+	t.Parallel()
 	for in, want := range map[string]string{
 		"tcp://127.0.0.1:5557":   "zmtp+tcp://127.0.0.1:5557",
 		"tcp://*:0":              "zmtp+tcp://*:0",
@@ -181,6 +184,7 @@ func TestEndpoint(t *testing.T) {
 
 // TestLimitsFrom: defaults fill what a context leaves unset.
 func TestLimitsFrom(t *testing.T) {
+	t.Parallel()
 	def := Limits{MaxMessageBytes: DefaultMaxMessageBytes, HandshakeTimeout: DefaultHandshakeTimeout}
 	if got := LimitsFrom(t.Context()); got != def {
 		t.Errorf("LimitsFrom(no limits) = %+v, want %+v", got, def)
@@ -200,6 +204,7 @@ func TestLimitsFrom(t *testing.T) {
 // The timeout is a second, not less: under -race on a loaded machine a
 // handshake once took more than 200 ms and the test failed for that.
 func TestIdleOutlivesHandshakeTimeout(t *testing.T) {
+	t.Parallel()
 	const timeout = time.Second
 	lim := Limits{HandshakeTimeout: timeout}
 	router := newSocket(t, t.Context(), zmq4.Router, lim)

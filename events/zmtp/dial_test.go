@@ -46,7 +46,8 @@ func dialHandshaken(t *testing.T, typ zmq4.SocketType, lim Limits) (zmq4.Socket,
 // byte (it holds the body back until the connection closes), and nothing
 // near the claim is allocated. Without the guard, 2^62 panics
 // (makeslice: len out of range), 2^36 dies out of memory, and 1 GiB is
-// allocated and waits for a body that never comes.
+// allocated and waits for a body that never comes. Not parallel: it
+// counts the whole process's allocations.
 func TestDialRefusesOversizeFrame(t *testing.T) {
 	claims := []struct {
 		name string
@@ -83,6 +84,7 @@ func TestDialRefusesOversizeFrame(t *testing.T) {
 // FrameOverhead each, so a message that never ends is refused. Without the
 // guard go-zeromq accumulates them until the rogue stops, and never closes.
 func TestDialRefusesEndlessEmptyMoreFrames(t *testing.T) {
+	t.Parallel()
 	const max = 1 << 20
 	for _, typ := range dialedSockets {
 		t.Run(string(typ), func(t *testing.T) {
@@ -113,6 +115,7 @@ func TestDialRefusesEndlessEmptyMoreFrames(t *testing.T) {
 // before READY, value past the end, Socket-Type twice) fail Dial with the
 // library's own untyped error, so those fail only the error-type check.
 func TestDialRefusesBadHandshake(t *testing.T) {
+	t.Parallel()
 	pad := func(b []byte) []byte { return append(b, make([]byte, greetingLen-len(b))...) }
 	cases := []struct {
 		name  string
@@ -186,6 +189,7 @@ func protocol(reason string) func(t *testing.T, err error) {
 // fails Dial with ErrHandshakeTimeout after HandshakeTimeout, and its
 // connection is closed. Without the guard Dial blocks forever.
 func TestDialHandshakeTimeout(t *testing.T) {
+	t.Parallel()
 	const timeout = 500 * time.Millisecond
 	cases := []struct {
 		name  string
@@ -205,6 +209,7 @@ func TestDialHandshakeTimeout(t *testing.T) {
 	for _, typ := range dialedSockets {
 		for _, c := range cases {
 			t.Run(string(typ)+"/"+c.name, func(t *testing.T) {
+				t.Parallel()
 				start := time.Now()
 				_, p, dialed := dialToRogue(t, typ, Limits{HandshakeTimeout: timeout})
 				c.rogue(p)
@@ -226,6 +231,7 @@ func TestDialHandshakeTimeout(t *testing.T) {
 // the socket, aborts a Dial stuck in the handshake at once, long before
 // HandshakeTimeout. Without the guard Dial blocks forever.
 func TestDialCancelAbortsHandshake(t *testing.T) {
+	t.Parallel()
 	for _, typ := range dialedSockets {
 		for _, how := range []string{"cancel", "Close"} {
 			t.Run(string(typ)+"/"+how, func(t *testing.T) {
@@ -261,6 +267,7 @@ func TestDialCancelAbortsHandshake(t *testing.T) {
 // Without the guard the connection stays open until a garbage collection
 // happens to finalise it, which in this test it usually does not.
 func TestDialAbandonedHandshakeIsClosed(t *testing.T) {
+	t.Parallel()
 	for _, typ := range dialedSockets {
 		t.Run(string(typ), func(t *testing.T) {
 			_, p, dialed := dialToRogue(t, typ, Limits{HandshakeTimeout: 500 * time.Millisecond})

@@ -113,6 +113,7 @@ func startLibzmq(t *testing.T, args ...string) *libzmqPeer {
 // TestLibzmqPubToGuardedSub: a guarded go-zeromq SUB receives a libzmq
 // PUB's messages of every size byte-identical.
 func TestLibzmqPubToGuardedSub(t *testing.T) {
+	t.Parallel()
 	py := startLibzmq(t, "pub")
 	var ep string
 	select {
@@ -151,6 +152,7 @@ func TestLibzmqPubToGuardedSub(t *testing.T) {
 // TestLibzmqSubToGuardedPub: a libzmq SUB connects to a guarded go-zeromq
 // PUB and receives its messages of every size byte-identical.
 func TestLibzmqSubToGuardedPub(t *testing.T) {
+	t.Parallel()
 	pub := newSocket(t, t.Context(), zmq4.Pub, Limits{})
 	listenGuarded(t, pub)
 	py := startLibzmq(t, "sub", "tcp://"+pub.Addr().String())

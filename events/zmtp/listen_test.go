@@ -83,6 +83,7 @@ func serves(t *testing.T, server zmq4.Socket) {
 // panics, 2^36 and the huge command die out of memory, the malformed READY
 // panics, and 1 GiB and the endless frames are never refused.
 func TestListenRefusesHostilePeers(t *testing.T) {
+	t.Parallel()
 	oversize := func(size uint64) func(p *peer, typ string) {
 		return func(p *peer, typ string) {
 			p.handshake(typ)
@@ -136,6 +137,7 @@ func TestListenRefusesHostilePeers(t *testing.T) {
 // Without the guard go-zeromq's accept loop waits on the first of them
 // forever, and the well-behaved client's Dial times out.
 func TestListenStalledPeersDoNotBlockAccept(t *testing.T) {
+	t.Parallel()
 	for _, typ := range listeningSockets {
 		t.Run(string(typ), func(t *testing.T) {
 			server := newSocket(t, t.Context(), typ, Limits{HandshakeTimeout: time.Hour})
@@ -163,6 +165,7 @@ func TestListenStalledPeersDoNotBlockAccept(t *testing.T) {
 // connection. (go-zeromq v0.17.0 does not index an empty frame: its topic
 // check comes first.)
 func TestListenRefusesNonSubscription(t *testing.T) {
+	t.Parallel()
 	pub := newSocket(t, t.Context(), zmq4.Pub, Limits{})
 	listenGuarded(t, pub)
 	for _, c := range []struct {
@@ -189,6 +192,7 @@ func TestListenRefusesNonSubscription(t *testing.T) {
 // HandshakeTimeout. Without the guard it stays open until a garbage
 // collection happens to finalise it.
 func TestListenAbandonedHandshakeIsClosed(t *testing.T) {
+	t.Parallel()
 	for _, typ := range listeningSockets {
 		t.Run(string(typ), func(t *testing.T) {
 			server := newSocket(t, t.Context(), typ, Limits{HandshakeTimeout: 500 * time.Millisecond})

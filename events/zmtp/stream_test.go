@@ -36,6 +36,7 @@ func cat(parts ...[]byte) []byte { return bytes.Join(parts, nil) }
 const testMax = 4096
 
 func TestStream(t *testing.T) {
+	t.Parallel()
 	hello := cat(greeting("NULL"), ready("PUB"))
 	sub := cat(greeting("NULL"), ready("SUB"))
 	xsub := cat(greeting("NULL"), ready("XSUB"))
@@ -124,6 +125,7 @@ func describe(err error) string {
 // body, so the read that completes a header carries nothing after it. (A
 // long header is read as its first 2 bytes, which say it is long, then 7.)
 func TestStreamRoomStopsAtBoundaries(t *testing.T) {
+	t.Parallel()
 	rdy := ready("PUB")
 	in := cat(
 		greeting("NULL"), rdy,
@@ -152,6 +154,7 @@ func TestStreamRoomStopsAtBoundaries(t *testing.T) {
 
 // TestStreamReportsSizes: the LimitError says what was claimed.
 func TestStreamReportsSizes(t *testing.T) {
+	t.Parallel()
 	for _, c := range []struct {
 		in   []byte
 		want LimitError

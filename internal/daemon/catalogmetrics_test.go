@@ -16,6 +16,7 @@ import (
 // TestCatalogCollector: prefixd_catalog_up follows a real etcd going away;
 // the watch counters pass through.
 func TestCatalogCollector(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	store, err := etcdstore.New(context.Background(), etcdstore.Config{Endpoints: etcd.Endpoints()})
 	if err != nil {

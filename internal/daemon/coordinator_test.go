@@ -20,6 +20,7 @@ import (
 // the decode worker's kv-transfer domain; DELETE releases it (a second
 // DELETE is a 404); unregistering a booked decode worker compensates its plan.
 func TestDaemonDisaggPlan(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "tok")
 	zone := map[uint64]string{1: "a", 2: "b", 3: "a", 4: "b"}

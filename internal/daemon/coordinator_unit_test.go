@@ -14,6 +14,7 @@ import (
 // TestSelectorExpireAndRoleChange: expire releases stale plans (kept for
 // Get), and a worker that becomes an encoder leaves the pools.
 func TestSelectorExpireAndRoleChange(t *testing.T) {
+	t.Parallel()
 	s := newTestSelector(indexer.New(indexer.Options{}))
 	w := func(id uint64, role catalog.Role) catalog.Worker {
 		return catalog.Worker{WorkerID: id, ModelName: "m", RoutingGroup: "default", BlockSize: 16, DataParallelSize: 1,

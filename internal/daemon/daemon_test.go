@@ -79,6 +79,7 @@ func call(t *testing.T, method, url, token string, body any) (int, []byte) {
 // engine's blocks answer POST /query, /workers shows the rank, and POST
 // /unregister takes it all away. With --api-token, writes need it.
 func TestDaemonRegisterQueryUnregister(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "s3cret")
 	e := publishtest.Start(t, 0)
@@ -132,6 +133,7 @@ func TestDaemonRegisterQueryUnregister(t *testing.T) {
 // TestDaemonLeaseExpiry: a sidecar-registered worker (leased record) whose
 // sidecar stops renewing disappears with its blocks within TTL + 2 s.
 func TestDaemonLeaseExpiry(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 0)
@@ -169,6 +171,7 @@ func TestDaemonLeaseExpiry(t *testing.T) {
 // replay buffer no longer reaches back to seq 0 — where a replica without
 // a peer can only be degraded.
 func TestDaemonPeerBootstrap(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	a := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 5)
@@ -231,6 +234,7 @@ func TestDaemonPeerBootstrap(t *testing.T) {
 // stream cannot sync joins (a readiness probe failing on every replica
 // would take prefixd out of service because of one engine).
 func TestReadyLatches(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	testsupport.Eventually(t, 20*time.Second, "ready", func() bool { code, _ := call(t, "GET", d.url+"/ready", "", nil); return code == 200 })
@@ -249,7 +253,8 @@ func TestReadyLatches(t *testing.T) {
 
 // TestRunListenInUse: a taken --listen address fails Run at once with a
 // hint, and leaves no goroutine behind (the watch and the plan expiry
-// used to start before the listener and were never stopped).
+// used to start before the listener and were never stopped). Not
+// parallel: it looks for daemon goroutines in the whole process.
 func TestRunListenInUse(t *testing.T) {
 	etcd := storetest.StartEtcd(t)
 	taken, err := net.Listen("tcp", "127.0.0.1:0")
@@ -278,6 +283,7 @@ func TestRunListenInUse(t *testing.T) {
 // signals); one on another data dir but the same embedded etcd port says
 // which flag to change.
 func TestDataDirInUse(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	port, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -322,6 +328,7 @@ func TestDataDirInUse(t *testing.T) {
 // degraded too, with the peer's reason — the dump carries the flag — and
 // both lift it on the same event, the engine's AllBlocksCleared.
 func TestPeerBootstrapKeepsDegraded(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	a := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 3)
@@ -364,6 +371,7 @@ func TestPeerBootstrapKeepsDegraded(t *testing.T) {
 // TestDaemonRequestMetrics: a query the daemon answers with a 404 is
 // counted in its request latency histogram, by route, method and status.
 func TestDaemonRequestMetrics(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemonWith(t, etcd.Endpoints(), nil)
 	code, body := call(t, "POST", d.url+"/query", "", map[string]any{"token_ids": []int{1, 2}, "model_name": "m"})

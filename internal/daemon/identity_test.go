@@ -68,6 +68,7 @@ func etcdStore(t *testing.T, etcd *etcdstore.Embedded) *etcdstore.Store {
 // runs) is a 409 naming the holder, and leaves worker 2's stream and
 // blocks alone; unregistering the id from the other model is a 404.
 func TestWorkerIDIsOneEngine(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 0)
@@ -102,6 +103,7 @@ func TestWorkerIDIsOneEngine(t *testing.T) {
 // ranks of one instance all land (the record is merged with
 // compare-and-swap), in rounds so that an unlucky interleaving shows.
 func TestRegisterRanksConcurrently(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	store := etcdStore(t, etcd)
@@ -139,6 +141,7 @@ func TestRegisterRanksConcurrently(t *testing.T) {
 // TestRegisterSparseRanks: ranks may be registered in any order and leave
 // holes; removing one rank keeps the others.
 func TestRegisterSparseRanks(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	store := etcdStore(t, etcd)
@@ -169,6 +172,7 @@ func TestRegisterSparseRanks(t *testing.T) {
 // would leave the sidecar renewing a lease that holds nothing) through
 // the API: both are a 409 naming the lease, and the record keeps it.
 func TestSidecarRecordIsTheSidecars(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	store := etcdStore(t, etcd)
@@ -206,6 +210,7 @@ func TestSidecarRecordIsTheSidecars(t *testing.T) {
 // whose replay buffer no longer reaches its first batch could not give
 // them back.
 func TestSiblingRanksKeepTheirStreams(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	e0 := publishtest.Start(t, 4)
@@ -254,6 +259,7 @@ func TestSiblingRanksKeepTheirStreams(t *testing.T) {
 // and deleted leave nothing behind, and a new fleet may bring another
 // block size.
 func TestEmptyPartitionsGo(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	e := publishtest.Start(t, 0)
@@ -302,6 +308,7 @@ func TestEmptyPartitionsGo(t *testing.T) {
 // clears its cache. The index cap itself defaults to one derived from
 // memory.
 func TestRankCapacity(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	logs, log := testlog.New(nil)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })

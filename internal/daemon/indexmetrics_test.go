@@ -11,6 +11,7 @@ import (
 )
 
 func TestIndexCollector(t *testing.T) {
+	t.Parallel()
 	ix := indexer.New(indexer.Options{})
 	k := indexer.PartitionKey{Model: "meta/llama", Group: "a"}
 	if err := ix.AddPartition(k, 2); err != nil {

@@ -366,6 +366,7 @@ func daemonDump(t *testing.T, d *testDaemon) *indexer.Snapshot {
 // catches: salts ignored, and the hybrid model indexed as group 0 only
 // (what prefixd did before it learned groups), both differ from the truth.
 func TestDaemonEngineLayouts(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	d := startDaemon(t, etcd.Endpoints(), "")
 	c := workload.DefaultConfig()

@@ -18,6 +18,7 @@ import (
 // restart, lost history, a worker leaving and its rank removed, and the
 // daemon's own start and shutdown — each with its attributes.
 func TestDaemonLogsStateChanges(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	logs, log := testlog.New(t)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })

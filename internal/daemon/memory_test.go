@@ -7,6 +7,7 @@ import (
 )
 
 func TestMemoryLimit(t *testing.T) {
+	t.Parallel()
 	write := func(root, path, body string) {
 		t.Helper()
 		p := filepath.Join(root, path)

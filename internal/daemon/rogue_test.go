@@ -129,6 +129,7 @@ func silent(net.Conn) {}
 // refused connection is counted, logged once, and retried with backoff,
 // and the good engine stays exact.
 func TestRogueEngines(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	logs, log := testlog.New(nil)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) {

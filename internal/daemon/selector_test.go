@@ -101,6 +101,7 @@ func engine(id uint64) string { return fmt.Sprintf("http://w%d:8000", id) }
 // is known, and it is not logged (it was a 503 logged at ERROR). A
 // multi-megabyte model name is not echoed.
 func TestSelectorUnknownPartition(t *testing.T) {
+	t.Parallel()
 	a := newSelectorAPI(t, worker(1, "default", catalog.RoleAggregated, engine(1)), worker(2, "default", catalog.RoleDecode, engine(2)),
 		worker(3, "default", catalog.RolePrefill, engine(3)), worker(4, "g2", catalog.RoleAggregated, engine(4)))
 	huge := strings.Repeat("x", 3<<20)
@@ -158,6 +159,7 @@ func TestSelectorUnknownPartition(t *testing.T) {
 // the answer says why; once it registers an endpoint it is selectable,
 // and it leaves the pool again if the endpoint goes.
 func TestSelectorNoEngineEndpoint(t *testing.T) {
+	t.Parallel()
 	a := newSelectorAPI(t, worker(1, "default", catalog.RoleAggregated, engine(1)), worker(2, "default", catalog.RoleAggregated, ""))
 	for i := range 50 {
 		code, body := a.do("POST", "/select", fmt.Sprintf(`{"model_name":"m","token_ids":[%d]}`, i))
@@ -214,6 +216,7 @@ func TestSelectorNoEngineEndpoint(t *testing.T) {
 // transition (it said Released, as if the client had released it), and
 // counted in prefixd_plan_transitions_total{state="Expired"}.
 func TestExpiredPlanSaysExpired(t *testing.T) {
+	t.Parallel()
 	a := newSelectorAPI(t, worker(1, "default", catalog.RoleDecode, engine(1)), worker(2, "default", catalog.RolePrefill, engine(2)))
 	if code, body := a.do("POST", "/disagg/plans", `{"model_name":"m","request_id":"r","token_ids":[1,2,3]}`); code != 201 {
 		t.Fatalf("plan: %d %s", code, body)

@@ -26,6 +26,7 @@ import (
 // daemon restarting while the engines keep publishing, and etcd
 // restarting under both.
 func TestEndToEndFailures(t *testing.T) {
+	t.Parallel()
 	ctx, emb, store := e2eEtcd(t)
 
 	var cfgs []mocker.Config
@@ -84,6 +85,7 @@ func TestEndToEndFailures(t *testing.T) {
 // both replicas drop it and its blocks when the lease expires, while the
 // other engines stay exact.
 func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
+	t.Parallel()
 	ctx, emb, store := e2eEtcd(t)
 	const ttl = 2 * time.Second
 	cfg := mocker.Config{Publisher: mocker.PublisherConfig{BufferSteps: 8}, LeaseTTL: ttl}

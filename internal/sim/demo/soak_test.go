@@ -15,6 +15,7 @@ import (
 // requests are served and the daemon follows every engine at the end.
 // (Flatness needs minutes; make soak judges it.)
 func TestSoakShort(t *testing.T) {
+	t.Parallel()
 	bin := filepath.Join(t.TempDir(), "prefixd")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/prefixd/prefixd/cmd/prefixd").CombinedOutput(); err != nil {
 		t.Fatalf("build prefixd: %v\n%s", err, out)
@@ -55,6 +56,7 @@ func TestSoakShort(t *testing.T) {
 // TestFlatness: a flat curve passes, a steady climb does not, and the
 // warm-up is ignored.
 func TestFlatness(t *testing.T) {
+	t.Parallel()
 	curve := func(f func(i int) int64) []SoakSample {
 		var ss []SoakSample
 		for i := range 30 {

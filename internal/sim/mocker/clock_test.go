@@ -17,6 +17,7 @@ func fired(t *Timer) (time.Time, bool) {
 // TestVirtualClock: timers fire when the clock passes their deadline, in
 // deadline order, never before; a stopped timer never fires.
 func TestVirtualClock(t *testing.T) {
+	t.Parallel()
 	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
 	c := NewVirtualClock(start)
 	now := c.NewTimer(0)
@@ -66,6 +67,7 @@ func TestVirtualClock(t *testing.T) {
 }
 
 func TestRealClock(t *testing.T) {
+	t.Parallel()
 	tm := RealClock.NewTimer(time.Millisecond)
 	if at := <-tm.C; at.IsZero() {
 		t.Fatal("a real timer fired with no time")

@@ -119,6 +119,7 @@ func runWorkload(t *testing.T, e *Engine, from, to int) {
 }
 
 func TestEngineIndexMatchesCache(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cfg  Config
@@ -151,6 +152,7 @@ func TestEngineIndexMatchesCache(t *testing.T) {
 // Evictions must actually happen in the workload for the test to mean
 // anything.
 func TestWorkloadEvicts(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 24, testBS)
 	removed := 0
 	for n := range 200 {
@@ -171,6 +173,7 @@ func TestWorkloadEvicts(t *testing.T) {
 }
 
 func TestEngineRestart(t *testing.T) {
+	t.Parallel()
 	e := startEngine(t, Config{TotalBlocks: 24, BlockSize: testBS})
 	rank := indexer.Rank{WorkerID: 3}
 	s, ix := startSubscriber(t, e, rank)
@@ -204,6 +207,7 @@ func TestEngineRestart(t *testing.T) {
 }
 
 func TestEngineHTTPAndRegistration(t *testing.T) {
+	t.Parallel()
 	store := storetest.NewMemoryStore("/prefixd")
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Store: store,
 		Worker: catalog.Worker{WorkerID: 9, ModelName: "m"}, LeaseTTL: time.Second})
@@ -301,6 +305,7 @@ func advance(t *testing.T, clk *VirtualClock) time.Duration {
 // token plus decode per running sequence, measured on the engine's
 // (virtual) clock.
 func TestEngineTiming(t *testing.T) {
+	t.Parallel()
 	clk := NewVirtualClock(epoch)
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
 		Timing: Timing{StepOverhead: 100 * time.Microsecond, PrefillPerToken: time.Millisecond, DecodePerSeq: 10 * time.Millisecond}})
@@ -329,6 +334,7 @@ func TestEngineTiming(t *testing.T) {
 
 // TestEngineFaultEndpoints: the HTTP fault injections act on the engine.
 func TestEngineFaultEndpoints(t *testing.T) {
+	t.Parallel()
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS})
 	srv := httptest.NewServer(e)
 	defer srv.Close()
@@ -389,6 +395,7 @@ func TestEngineFaultEndpoints(t *testing.T) {
 // TestEngineCrash: a crashed engine stops serving and publishing but
 // leaves its lease to expire, where a stopped engine revokes it at once.
 func TestEngineCrash(t *testing.T) {
+	t.Parallel()
 	etcd := storetest.StartEtcd(t)
 	ctx := context.Background()
 	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: etcd.Endpoints()})
@@ -448,6 +455,7 @@ func TestEngineCrash(t *testing.T) {
 // request waits in the queue until they are freed, as vLLM's scheduler
 // does; one larger than the whole pool is refused at once.
 func TestEngineQueuesWhenFull(t *testing.T) {
+	t.Parallel()
 	clk := NewVirtualClock(epoch)
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
 		Timing: Timing{PrefillPerToken: time.Microsecond, DecodePerSeq: time.Millisecond}})
@@ -495,6 +503,7 @@ func TestEngineQueuesWhenFull(t *testing.T) {
 // frees its blocks at the next step; one abandoned before, or while it
 // waited in the queue, changes nothing.
 func TestEngineCancelAfterScheduling(t *testing.T) {
+	t.Parallel()
 	clk := NewVirtualClock(epoch)
 	e := startEngine(t, Config{TotalBlocks: 16, BlockSize: testBS, Clock: clk,
 		Timing: Timing{PrefillPerToken: time.Millisecond, DecodePerSeq: time.Millisecond}})
@@ -561,6 +570,7 @@ var gemmaLike = []Group{{Kind: "sliding_window", Window: 6}, {Kind: "sliding_win
 // tracks the sliding-window groups exactly, and Match's granted hit for
 // random prompts is what the engine would serve from its cache.
 func TestEngineHybridIndexMatchesCache(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name string
 		cfg  Config

@@ -17,6 +17,7 @@ import (
 // crashed one is forgotten, Stop revokes the rest; an engine that cannot
 // run fails Start, closes Failed and is in Stop's error.
 func TestFleet(t *testing.T) {
+	t.Parallel()
 	store := storetest.NewMemoryStore("")
 	t.Cleanup(func() { store.Close() })
 	ctx := context.Background()
@@ -91,6 +92,7 @@ func (s slowAckStore) Put(ctx context.Context, w catalog.Worker, lease catalog.L
 // registration is in flight is a clean stop, not a failure, and the
 // half-made registration leaves with its revoked lease.
 func TestFleetStoppedWhileRegistering(t *testing.T) {
+	t.Parallel()
 	store := slowAckStore{storetest.NewMemoryStore(""), make(chan struct{})}
 	t.Cleanup(func() { store.Close() })
 	ctx, cancel := context.WithCancel(context.Background())

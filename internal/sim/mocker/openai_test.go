@@ -86,6 +86,7 @@ func expectText(prompt []uint32, n int) string {
 }
 
 func TestOpenAIModelsAndTokenize(t *testing.T) {
+	t.Parallel()
 	_, url := openAIEngine(t, Config{MaxModelLen: 200})
 	resp, err := http.Get(url + "/v1/models")
 	if err != nil {
@@ -161,6 +162,7 @@ func checkError(t *testing.T, resp *http.Response, body []byte, param string) {
 }
 
 func TestOpenAICompletion(t *testing.T) {
+	t.Parallel()
 	_, url := openAIEngine(t, Config{})
 	prompt := "The quick brown fox jumps over the lazy dog and keeps running far away"
 	ptoks := Tokenize(prompt)
@@ -201,6 +203,7 @@ func TestOpenAICompletion(t *testing.T) {
 }
 
 func TestOpenAIChatCompletion(t *testing.T) {
+	t.Parallel()
 	_, url := openAIEngine(t, Config{})
 	msgs := []map[string]string{{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Why is the sky blue?"}}
 	ptoks := Tokenize(ChatPrompt([]Message{{"system", "Be brief."}, {"user", "Why is the sky blue?"}}, true))
@@ -262,6 +265,7 @@ func startStream(t *testing.T, ctx context.Context, url string, body any) (*http
 }
 
 func TestOpenAIStream(t *testing.T) {
+	t.Parallel()
 	_, url := openAIEngine(t, Config{})
 	prompt := "Stream me a few words please"
 	ptoks := Tokenize(prompt)
@@ -323,6 +327,7 @@ func TestOpenAIStream(t *testing.T) {
 // produces it ends, not when the request does: time to first token is
 // the real (here virtual) prefill time.
 func TestOpenAIStreamAsProduced(t *testing.T) {
+	t.Parallel()
 	clk := NewVirtualClock(epoch)
 	e, url := openAIEngine(t, Config{Clock: clk, Timing: Timing{PrefillPerToken: time.Millisecond, DecodePerSeq: 10 * time.Millisecond}})
 	prompt := []uint32{1, 2, 3, 4, 5, 6}
@@ -355,6 +360,7 @@ func TestOpenAIStreamAsProduced(t *testing.T) {
 // its request aborted at the next step and its blocks freed, as vLLM
 // does.
 func TestOpenAIDisconnectFreesBlocks(t *testing.T) {
+	t.Parallel()
 	rec, log := testlog.New(t)
 	clk := NewVirtualClock(epoch)
 	e, url := openAIEngine(t, Config{Clock: clk, Log: log, Timing: Timing{PrefillPerToken: time.Millisecond, DecodePerSeq: time.Millisecond}})
@@ -383,6 +389,7 @@ func TestOpenAIDisconnectFreesBlocks(t *testing.T) {
 }
 
 func TestOpenAIErrors(t *testing.T) {
+	t.Parallel()
 	e, url := openAIEngine(t, Config{MaxModelLen: 100, MaxBodyBytes: 4096})
 	long := `{"prompt": "` + strings.Repeat("x ", 3000) + `"}`
 	fullKV := func(kv string) string { return `{"prompt": [1,2,3,4,5,6,7,8,9], "kv_transfer_params": ` + kv + `}` }
@@ -475,6 +482,7 @@ func TestOpenAIErrors(t *testing.T) {
 }
 
 func TestOpenAIFaults(t *testing.T) {
+	t.Parallel()
 	rec, log := testlog.New(t)
 	clk := NewVirtualClock(epoch)
 	e, url := openAIEngine(t, Config{Log: log, Clock: clk, Timing: Timing{DecodePerSeq: time.Millisecond, PrefillPerToken: time.Millisecond}})
@@ -549,6 +557,7 @@ func TestOpenAIFaults(t *testing.T) {
 // TestEngineMetrics: /metrics shows vLLM's gauges of running and waiting
 // requests and KV usage.
 func TestEngineMetrics(t *testing.T) {
+	t.Parallel()
 	clk := NewVirtualClock(epoch)
 	e, url := openAIEngine(t, Config{TotalBlocks: 8, BlockSize: testBS, Clock: clk, Timing: Timing{DecodePerSeq: time.Millisecond}})
 	done := make(chan error, 2)
@@ -616,6 +625,7 @@ func prefillEngine(t *testing.T, id uint64, rack string) (*Engine, string) {
 // domains), stores and announces them on its own event stream, and
 // decodes.
 func TestPDHandoff(t *testing.T) {
+	t.Parallel()
 	pre, preURL := prefillEngine(t, 1, "r1")
 	prompt := "Disaggregated serving splits prefill and decode across engines"
 	ptoks := Tokenize(prompt)
@@ -705,6 +715,7 @@ func TestPDHandoff(t *testing.T) {
 // subscriber following the engine over ZMQ still holds exactly its
 // cache.
 func TestEngineChunkedIndexMatchesCache(t *testing.T) {
+	t.Parallel()
 	e := startEngine(t, Config{TotalBlocks: 24, BlockSize: testBS, Timing: Timing{MaxNumBatchedTokens: 6, MaxNumSeqs: 3}})
 	rank := indexer.Rank{WorkerID: 4}
 	s, ix := startSubscriber(t, e, rank)

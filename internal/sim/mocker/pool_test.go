@@ -29,6 +29,7 @@ func mustPool(t *testing.T, total, bs int) *Pool {
 }
 
 func TestBlockHashIsNotLocalHash(t *testing.T) {
+	t.Parallel()
 	tk := toks(1, 8)
 	eng := BlockHashes(tk, 4)
 	loc := indexer.HashBlocks(nil, tk, 4, 0)
@@ -44,6 +45,7 @@ func TestBlockHashIsNotLocalHash(t *testing.T) {
 }
 
 func TestPoolPrefixReuse(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 16, 4)
 	a, err := p.Alloc(toks(0, 10)) // 2 full + 1 partial
 	if err != nil {
@@ -86,6 +88,7 @@ func TestPoolPrefixReuse(t *testing.T) {
 }
 
 func TestPoolLRUEvictionTailFirst(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 4, 2)
 	x := toks(100, 6) // 3 blocks x0 x1 x2
 	a, _ := p.Alloc(x)
@@ -142,6 +145,7 @@ func TestPoolLRUEvictionTailFirst(t *testing.T) {
 }
 
 func TestPoolCapacityInvariant(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 8, 4)
 	var live []*Alloc
 	for i := range 300 {
@@ -197,6 +201,7 @@ func distinctUsed(p *Pool, live []*Alloc) int {
 }
 
 func TestPoolReset(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 8, 2)
 	a, _ := p.Alloc(toks(0, 6))
 	p.Events()
@@ -222,6 +227,7 @@ func TestPoolReset(t *testing.T) {
 // group, frees the blocks that left a sliding window, evicts any group's
 // blocks from the one LRU, and grants the hit every group serves.
 func TestPoolHybrid(t *testing.T) {
+	t.Parallel()
 	p, err := NewHybridPool(30, 2, []Group{{Kind: "sliding_window", Window: 3}, {Kind: "full_attention"}})
 	if err != nil {
 		t.Fatal(err)
@@ -305,6 +311,7 @@ func TestPoolHybrid(t *testing.T) {
 }
 
 func TestParseGroups(t *testing.T) {
+	t.Parallel()
 	got, err := ParseGroups("sliding_window:1024, sliding_window_mla:8,full_attention")
 	want := []Group{{Kind: "sliding_window", Window: 1024}, {Kind: "sliding_window_mla", Window: 8}, {Kind: "full_attention"}}
 	if err != nil || !slices.Equal(got, want) {
@@ -321,6 +328,7 @@ func TestParseGroups(t *testing.T) {
 // TestPoolAdmitCacheIsAlloc: Admit followed by Cache of the whole prompt
 // is Alloc, event for event, across a workload that evicts.
 func TestPoolAdmitCacheIsAlloc(t *testing.T) {
+	t.Parallel()
 	for _, groups := range [][]Group{nil, gemmaLike} {
 		whole, err := NewHybridPool(40, testBS, groups)
 		if err != nil {
@@ -373,6 +381,7 @@ func mapsEqual(a, b map[uint64]int) bool {
 // duplicates), and freeing a partly stored alloc returns its unstored
 // blocks to the empty ones.
 func TestPoolChunkedCache(t *testing.T) {
+	t.Parallel()
 	p := mustPool(t, 16, 4)
 	prompt := toks(0, 21) // 5 full blocks and a partial
 	h := BlockHashes(prompt, 4)

@@ -267,6 +267,7 @@ func requestReplay(t *testing.T, d zmq4.Socket, start uint64) {
 }
 
 func TestPublisherConfig(t *testing.T) {
+	t.Parallel()
 	bad := []PublisherConfig{
 		{},
 		{Endpoint: loopback, BufferSteps: -1},
@@ -296,6 +297,7 @@ func TestPublisherConfig(t *testing.T) {
 }
 
 func TestPublisherRunErrors(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback})
 	if p.ReplayEndpoint() != "" {
 		t.Errorf("ReplayEndpoint %q without a replay socket", p.ReplayEndpoint())
@@ -349,6 +351,7 @@ func TestPublisherRunErrors(t *testing.T) {
 // TestPublisherLiveFraming: a go-zeromq SUB receives [topic, seq8, payload]
 // with contiguous seqs, and Publish numbers batches 0, 1, 2, ….
 func TestPublisherLiveFraming(t *testing.T) {
+	t.Parallel()
 	const topic = "kv@pod1@m"
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback, Topic: topic})
 	if ep := p.Endpoint(); !strings.HasPrefix(ep, "tcp://127.0.0.1:") || strings.HasSuffix(ep, ":0") {
@@ -376,6 +379,7 @@ func TestPublisherLiveFraming(t *testing.T) {
 // select on. One SUB is connected to two publishers and subscribes to one's
 // topic only.
 func TestPublisherLiveTopicFilter(t *testing.T) {
+	t.Parallel()
 	p1 := startPublisher(t, PublisherConfig{Endpoint: loopback, Topic: "kv@pod1@m"})
 	p2 := startPublisher(t, PublisherConfig{Endpoint: loopback, Topic: "kv@pod2@m"})
 	s := zmq4.NewSub(context.Background())
@@ -412,6 +416,7 @@ func TestPublisherLiveTopicFilter(t *testing.T) {
 // TestPublisherReplay: a DEALER's ReplayRequest(start) gets exactly the
 // buffered batches >= start, then the end marker, in both layouts.
 func TestPublisherReplay(t *testing.T) {
+	t.Parallel()
 	for _, layout := range []ReplayLayout{ReplayTopic, ReplayLegacy} {
 		t.Run(layout.String(), func(t *testing.T) {
 			const topic = "kv@pod1@m"
@@ -460,6 +465,7 @@ func TestPublisherReplay(t *testing.T) {
 }
 
 func TestPublisherReplayRequestParse(t *testing.T) {
+	t.Parallel()
 	id := []byte("client")
 	tests := []struct {
 		frames [][]byte
@@ -491,6 +497,7 @@ func TestPublisherReplayRequestParse(t *testing.T) {
 // TestPublisherReplayInvalidRequest: requests the ROUTER does not see as
 // [identity, "", start] get no reply at all.
 func TestPublisherReplayInvalidRequest(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback, ReplayEndpoint: loopback})
 	publishN(t, p, "r", 5)
 	d, replies := dialDealer(t, p.ReplayEndpoint())
@@ -519,6 +526,7 @@ func TestPublisherReplayInvalidRequest(t *testing.T) {
 // TestPublisherReplayToRequester: replies go to the requesting identity
 // only, even with several DEALERs connected.
 func TestPublisherReplayToRequester(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback, ReplayEndpoint: loopback})
 	publishN(t, p, "r", 3)
 	d1, r1 := dialDealer(t, p.ReplayEndpoint())
@@ -535,6 +543,7 @@ func TestPublisherReplayToRequester(t *testing.T) {
 // TestPublisherDropLive: with DropLive the SUB sees gaps, but the dropped
 // batches are buffered and replay returns every seq.
 func TestPublisherDropLive(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{
 		Endpoint: loopback, ReplayEndpoint: loopback,
 		DropLive: 0.3, Rand: rand.New(rand.NewPCG(1, 1)),
@@ -571,6 +580,7 @@ func TestPublisherDropLive(t *testing.T) {
 // TestPublisherDropReplay: with DropReplay some replay messages are missing
 // (the end marker may be one of them, so the test waits on the counters).
 func TestPublisherDropReplay(t *testing.T) {
+	t.Parallel()
 	for _, layout := range []ReplayLayout{ReplayTopic, ReplayLegacy} {
 		t.Run(layout.String(), func(t *testing.T) {
 			p := startPublisher(t, PublisherConfig{
@@ -615,6 +625,7 @@ func TestPublisherDropReplay(t *testing.T) {
 // TestPublisherRestart: after Restart seqs start at 0 again, live and in
 // replay, and the old buffer is gone.
 func TestPublisherRestart(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback, ReplayEndpoint: loopback})
 	sub := dialSub(t, p.Endpoint(), "")
 	old := liveSeq(t, joinLive(t, p, sub, "old"), "", "old")
@@ -653,6 +664,7 @@ func TestPublisherRestart(t *testing.T) {
 // TestPublisherStall: a stalled publisher reads requests but writes
 // nothing until the stall ends.
 func TestPublisherStall(t *testing.T) {
+	t.Parallel()
 	p := startPublisher(t, PublisherConfig{Endpoint: loopback, ReplayEndpoint: loopback})
 	publishN(t, p, "r", 3)
 	d, replies := dialDealer(t, p.ReplayEndpoint())
@@ -671,6 +683,7 @@ func TestPublisherStall(t *testing.T) {
 // TestPublisherConcurrent publishes from two goroutines while replays are
 // served and a SUB reads the live stream; run with -race.
 func TestPublisherConcurrent(t *testing.T) {
+	t.Parallel()
 	const (
 		maxPerWriter = 20_000
 		wantReplays  = 20
@@ -782,6 +795,7 @@ func TestPublisherConcurrent(t *testing.T) {
 // reply write is blocked on a DEALER that stopped reading (go-zeromq's
 // ROUTER blocks on TCP back-pressure; it has no high-water mark).
 func TestPublisherRunStopsStalledReplay(t *testing.T) {
+	t.Parallel()
 	p, err := NewPublisher(PublisherConfig{Endpoint: loopback, ReplayEndpoint: loopback, BufferSteps: 40})
 	if err != nil {
 		t.Fatal(err)
@@ -827,7 +841,8 @@ func publisherGoroutines() (int, string) {
 
 // TestPublisherRunNoLeak: after Run returns and the clients are closed,
 // no goroutine of the Publisher or its sockets is left (but for the
-// go-zeromq PUB writer).
+// go-zeromq PUB writer). Not parallel: it counts the whole process's
+// goroutines.
 func TestPublisherRunNoLeak(t *testing.T) {
 	baseline, _ := publisherGoroutines()
 	running := 0

@@ -75,6 +75,7 @@ func run(t tb, s *Scheduler, now time.Time) (time.Time, []Step) {
 // and each decode step one more; every step costs overhead + prefill per
 // token + decode per sequence.
 func TestSchedulerChunkedPrefill(t *testing.T) {
+	t.Parallel()
 	tm := Timing{MaxNumBatchedTokens: 8, MaxNumSeqs: 4, StepOverhead: time.Millisecond, PrefillPerToken: 10 * time.Microsecond, DecodePerSeq: 100 * time.Microsecond}
 	s, p := mustScheduler(t, 16, 4, tm)
 	q := add(t, s, &Seq{Tokens: toks(0, 20), MaxTokens: 3}, epoch)
@@ -119,6 +120,7 @@ func TestSchedulerChunkedPrefill(t *testing.T) {
 // token each for a decode); a waiting prefill gets what is left, and the
 // step prices both.
 func TestSchedulerDecodeFirst(t *testing.T) {
+	t.Parallel()
 	tm := Timing{MaxNumBatchedTokens: 10, MaxNumSeqs: 8, PrefillPerToken: time.Millisecond, DecodePerSeq: time.Second}
 	s, _ := mustScheduler(t, 64, 4, tm)
 	var dec []*Seq
@@ -146,6 +148,7 @@ func TestSchedulerDecodeFirst(t *testing.T) {
 // too, even if they would fit; when nothing runs that could free blocks,
 // the head is refused instead.
 func TestSchedulerQueuesFIFO(t *testing.T) {
+	t.Parallel()
 	s, _ := mustScheduler(t, 10, 4, Timing{})
 	a := add(t, s, &Seq{Tokens: toks(0, 24), MaxTokens: 2}, epoch)   // 6 blocks
 	b := add(t, s, &Seq{Tokens: toks(100, 24), MaxTokens: 1}, epoch) // 6 blocks: waits for a
@@ -184,6 +187,7 @@ func TestSchedulerQueuesFIFO(t *testing.T) {
 
 // TestSchedulerMaxNumSeqs: no more than MaxNumSeqs sequences run at once.
 func TestSchedulerMaxNumSeqs(t *testing.T) {
+	t.Parallel()
 	s, _ := mustScheduler(t, 64, 4, Timing{MaxNumSeqs: 2, MaxNumBatchedTokens: 100})
 	for i := range 5 {
 		add(t, s, &Seq{Tokens: toks(10*i, 3), MaxTokens: 4}, epoch)
@@ -203,6 +207,7 @@ func TestSchedulerMaxNumSeqs(t *testing.T) {
 // TestSchedulerFullHit: a prompt the cache holds entirely still computes
 // its last token (one token to prefill), as vLLM recomputes it.
 func TestSchedulerFullHit(t *testing.T) {
+	t.Parallel()
 	s, _ := mustScheduler(t, 16, 4, Timing{PrefillPerToken: time.Millisecond})
 	add(t, s, &Seq{Tokens: toks(0, 8), MaxTokens: 1}, epoch)
 	run(t, s, epoch)
@@ -218,6 +223,7 @@ func TestSchedulerFullHit(t *testing.T) {
 // admitted into the step of the other's last chunk, hitting the blocks
 // that chunk stored when it was scheduled: the prompt is computed once.
 func TestSchedulerSamePromptAtOnce(t *testing.T) {
+	t.Parallel()
 	s, p := mustScheduler(t, 32, 4, Timing{MaxNumBatchedTokens: 16, MaxNumSeqs: 4})
 	prompt := toks(0, 24) // 6 blocks
 	a := add(t, s, &Seq{Tokens: prompt, MaxTokens: 1}, epoch)
@@ -247,6 +253,7 @@ func TestSchedulerSamePromptAtOnce(t *testing.T) {
 // BlockStored), computes the last prompt token and decodes; vLLM counts
 // the whole prompt as cached.
 func TestSchedulerTransfer(t *testing.T) {
+	t.Parallel()
 	tm := Timing{PrefillPerToken: time.Millisecond, DecodePerSeq: time.Millisecond, TransferPerBlock: 10 * time.Millisecond, CrossDomainFactor: 3}
 	s, p := mustScheduler(t, 32, 4, tm)
 	add(t, s, &Seq{Tokens: toks(0, 8), MaxTokens: 1}, epoch) // 2 blocks cached locally
@@ -291,6 +298,7 @@ func TestSchedulerTransfer(t *testing.T) {
 // the pool; an aborted running one is freed at the next step, what it
 // stored staying cached.
 func TestSchedulerAbort(t *testing.T) {
+	t.Parallel()
 	s, p := mustScheduler(t, 8, 4, Timing{})
 	running := add(t, s, &Seq{Tokens: toks(0, 32), MaxTokens: 5}, epoch) // the whole pool
 	waiting := add(t, s, &Seq{Tokens: toks(100, 8), MaxTokens: 5}, epoch)
@@ -312,6 +320,7 @@ func TestSchedulerAbort(t *testing.T) {
 // the pool's events (what an index sees) gives exactly the pool's cache,
 // every sequence ends, and the blocks in use return to none.
 func TestSchedulerEventsReproduceCache(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(rt *rapid.T) {
 		bs := rapid.IntRange(1, 5).Draw(rt, "bs")
 		seqs := rapid.IntRange(1, 8).Draw(rt, "seqs")
@@ -363,6 +372,7 @@ func TestSchedulerEventsReproduceCache(t *testing.T) {
 }
 
 func TestTimingValidate(t *testing.T) {
+	t.Parallel()
 	for _, tm := range []Timing{
 		{MaxNumBatchedTokens: -1},
 		{MaxNumBatchedTokens: 4, MaxNumSeqs: 8},
@@ -458,6 +468,7 @@ func simulate(t tb, tm Timing, clients, isl, osl, requests int) simResult {
 // for Llama-3.1-8B-Instruct, 4.63 ms at concurrency 1 and 7.57 ms at 100,
 // for steps that only decode.
 func TestH100Llama8BCalibration(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		clients int
 		itl     time.Duration

@@ -10,6 +10,7 @@ import (
 )
 
 func TestTokenizePieces(t *testing.T) {
+	t.Parallel()
 	var got []string
 	forEachPiece("<|im_start|>user\nHello world, how  are you?<|im_end|>\n"+strings.Repeat("a", 20), func(p string, _ int) { got = append(got, p) })
 	want := []string{"<|im_start|>", "user", "\n", "Hello", " world", ",", " how", " ", " are", " you", "?", "<|im_end|>", "\n",
@@ -40,6 +41,7 @@ func genText(t *rapid.T, label string) string {
 // TestTokenizePrefixStable: a text extended at a word boundary (by a text
 // not beginning with a letter or digit) extends its tokens.
 func TestTokenizePrefixStable(t *testing.T) {
+	t.Parallel()
 	rapid.Check(t, func(t *rapid.T) {
 		a, b := genText(t, "a"), genText(t, "b")
 		if r, _ := utf8.DecodeRuneInString(b); b != "" && isWord(r) {
@@ -56,6 +58,7 @@ func TestTokenizePrefixStable(t *testing.T) {
 // generation prompt followed by the generated tokens is the start of the
 // assistant's turn in the next request, token for token.
 func TestChatPromptPrefix(t *testing.T) {
+	t.Parallel()
 	msgs := []Message{{"system", "You are terse."}, {"user", "Hello there, model."}}
 	p1 := ChatPrompt(msgs, true)
 	if want := "<|im_start|>system\nYou are terse.<|im_end|>\n<|im_start|>user\nHello there, model.<|im_end|>\n<|im_start|>assistant\n"; p1 != want {
@@ -86,6 +89,7 @@ func TestChatPromptPrefix(t *testing.T) {
 // TestOutputToken: the same seed generates the same tokens; each is one
 // piece that tokenizes to its id.
 func TestOutputToken(t *testing.T) {
+	t.Parallel()
 	seen := map[string]bool{}
 	for i := range 200 {
 		id, piece := OutputToken(7, i)
