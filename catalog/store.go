@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // LeaseID identifies a lease. NoLease (0) writes a persistent record.
@@ -216,11 +218,11 @@ func DecodeRecord(prefix, path string, value []byte, deleted bool, modRev int64,
 	}
 	w, err := DecodeWorker(value)
 	if err != nil {
-		rec.Err = fmt.Errorf("record %s: %w", path, err)
+		rec.Err = fmt.Errorf("record %s: %w", clip.String(path), err)
 		return rec
 	}
 	if w.Key() != k {
-		rec.Err = fmt.Errorf("record %s: body is for %v", path, w.Key())
+		rec.Err = fmt.Errorf("record %s: body is for %v", clip.String(path), w.Key())
 		return rec
 	}
 	rec.Worker = w

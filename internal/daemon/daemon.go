@@ -233,10 +233,8 @@ func Run(ctx context.Context, cfg Config) error {
 	watcher := catalog.NewWatcher(store, catalog.WatcherConfig{
 		Logger:   log,
 		OnChange: view.apply, // returns at once: streams start and stop on their own goroutine
-		OnBadRecord: func(path string, err error) {
-			badRecords.Inc()
-			log.Warn("bad worker record ignored", "key", path, "err", err)
-		},
+		// The watcher logs each bad record (clipped); here it is counted.
+		OnBadRecord: func(string, error) { badRecords.Inc() },
 	})
 	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
 	g.Go(func() error { return watcher.Run(gctx) })
