@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/stream"
@@ -34,8 +35,42 @@ func (v *workerView) Register(ctx context.Context, r catalog.Registration) error
 			return conflict("%d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, clip.String(r.Model), clip.String(group))
 		}
 	}
+	old, _ := v.ranks.Registered(key)
+	now := time.Now()
+	id, err := v.ranks.Reserve(key, newRanks(old, r), now, now.Add(reserveFor))
 	v.mu.Unlock()
-	return catalog.RegisterRanks(ctx, v.store, r)
+	if err != nil {
+		return err
+	}
+	if err := catalog.RegisterRanks(ctx, v.store, r); err != nil {
+		v.mu.Lock()
+		v.ranks.Release(id)
+		v.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// reserveFor is how long a registration's ranks count against the rank
+// cap before the watch delivers its record: the write, then the watch's
+// delivery, normally milliseconds; a record removed before the watch saw
+// it is never delivered, and its reservation lapses.
+const reserveFor = 30 * time.Second
+
+// newRanks counts the ranks r registers that record old (zero: none) does
+// not hold yet.
+func newRanks(old catalog.Worker, r catalog.Registration) int {
+	size := max(r.Size, 1)
+	if old.DataParallelSize == 0 || size > catalog.MaxDataParallelSize { // too many is RegisterRanks's to refuse
+		return int(size)
+	}
+	n := 0
+	for i := range size {
+		if !old.HasRank(r.Rank + i) {
+			n++
+		}
+	}
+	return n
 }
 
 // Unregister removes a worker, or one rank of it, from the catalog
