@@ -41,12 +41,13 @@ type serveOptions struct {
 	maxMessage   int64
 	handshake    time.Duration
 	maxRanks     int
+	writeTimeout time.Duration
 }
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{overlap: coordinator.DefaultOverlapWeight, etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout,
-		maxRanks: daemon.DefaultMaxRanks}
+		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -65,6 +66,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.overlap, "overlap-weight", o.overlap, "the cost function's credit per cached block (Dynamo's overlap_score_weight, whose default is 1; a request's router_config_override still wins)")
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
+	fs.DurationVar(&o.writeTimeout, "catalog-write-timeout", o.writeTimeout, "longest wait for etcd of one POST /register or /unregister; past it they answer 503 with Retry-After")
 	fs.IntVar(&o.maxRanks, "max-ranks", o.maxRanks, "worker ranks streamed, over all workers: POST /register refuses more (409); a record beyond it written to etcd directly is ignored until ranks leave; 0 = no cap")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	// The fast lane is gone; a command line that still asks for it is
@@ -97,6 +99,9 @@ func (o *serveOptions) Validate() error {
 	}
 	if o.maxMessage < 1<<10 {
 		return fmt.Errorf("--max-message-bytes %d: must be at least 1024", o.maxMessage)
+	}
+	if o.writeTimeout <= 0 {
+		return fmt.Errorf("--catalog-write-timeout %v: must be positive", o.writeTimeout)
 	}
 	if o.maxRanks < 0 {
 		return fmt.Errorf("--max-ranks %d: want a count of ranks, or 0 (no cap)", o.maxRanks)
@@ -148,7 +153,7 @@ func newServeCommand() *cobra.Command {
 			coord, _ := o.disagg.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
-				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks),
+				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks), CatalogWriteTimeout: o.writeTimeout,
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,11 @@ type Config struct {
 	// OverlapWeight is the cost function's default credit per cached
 	// block; nil is coordinator.DefaultOverlapWeight.
 	OverlapWeight *float64
+	// CatalogWriteTimeout bounds each catalog write of POST /register and
+	// POST /unregister, compare-and-swap retries included (default
+	// DefaultCatalogWriteTimeout): while etcd does not answer, they answer
+	// 503 then instead of waiting for it.
+	CatalogWriteTimeout time.Duration
 	// MaxRanks caps the worker ranks streamed, over all workers (0:
 	// DefaultMaxRanks; negative: no cap). POST /register refuses a
 	// registration that would take the catalog beyond it (409); a record
@@ -232,6 +238,7 @@ func Run(ctx context.Context, cfg Config) error {
 		maxRanks = 0
 	}
 	view := newWorkerView(store, ix, streams, svc, maxRanks, log)
+	view.writeTimeout = cmp.Or(cfg.CatalogWriteTimeout, DefaultCatalogWriteTimeout)
 	reg.MustRegister(view.collectors()...)
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
@@ -310,6 +317,10 @@ type workerView struct {
 	streams *stream.Manager
 	svc     *coordinator.Service // nil in tests that build a view by hand
 	log     *slog.Logger
+
+	// writeTimeout bounds each catalog write (Register, Unregister); 0:
+	// none (tests that build a view by hand).
+	writeTimeout time.Duration
 
 	mu    sync.Mutex // guards known and ranks
 	known map[catalog.Key]catalog.Worker

@@ -42,6 +42,8 @@ func (v *workerView) Register(ctx context.Context, r catalog.Registration) error
 	if err != nil {
 		return err
 	}
+	ctx, cancel := v.writeContext(ctx)
+	defer cancel()
 	if err := catalog.RegisterRanks(ctx, v.store, r); err != nil {
 		v.mu.Lock()
 		v.ranks.Release(id)
@@ -73,9 +75,27 @@ func newRanks(old catalog.Worker, r catalog.Registration) int {
 	return n
 }
 
+// DefaultCatalogWriteTimeout is Config.CatalogWriteTimeout's default:
+// well past what a registration takes through a healthy etcd under load,
+// and past a leader election (a few of etcd's election timeouts), so that
+// it ends only writes etcd does not answer.
+const DefaultCatalogWriteTimeout = 5 * time.Second
+
+// writeContext bounds a catalog write by the view's write timeout: the
+// etcd client waits for an unreachable etcd for as long as its context
+// lasts, and a request's context lasts as long as its client waits.
+func (v *workerView) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if v.writeTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, v.writeTimeout)
+}
+
 // Unregister removes a worker, or one rank of it, from the catalog
 // (catalog.UnregisterRanks).
 func (v *workerView) Unregister(ctx context.Context, model, group string, id uint64, rank *uint32) error {
+	ctx, cancel := v.writeContext(ctx)
+	defer cancel()
 	return catalog.UnregisterRanks(ctx, v.store, model, group, id, rank)
 }
 
