@@ -35,6 +35,7 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		{[]string{"serve", "--handshake-timeout", "0s"}, nil, "--handshake-timeout"},
 		{[]string{"serve", "--max-ranks", "-1"}, nil, "--max-ranks"},
 		{[]string{"serve", "--catalog-write-timeout", "0s"}, nil, "--catalog-write-timeout"},
+		{[]string{"serve", "--dump-progress-timeout", "0s"}, nil, "--dump-progress-timeout"},
 		{[]string{"serve", "--no-fast-lane"}, nil, "--no-fast-lane: the fast lane was removed"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_NO_FAST_LANE": "true"}, "--no-fast-lane: the fast lane was removed"},
 		{[]string{"serve", "--peers", "dns+prefixd-peers"}, nil, "--peers"},

@@ -88,6 +88,10 @@ type Config struct {
 	// DefaultCatalogWriteTimeout): while etcd does not answer, they answer
 	// 503 then instead of waiting for it.
 	CatalogWriteTimeout time.Duration
+	// DumpProgressTimeout bounds each write of a GET /dump: a client that
+	// takes nothing for that long is cut off (0:
+	// apiserver.DefaultDumpProgressTimeout).
+	DumpProgressTimeout time.Duration
 	// MaxRanks caps the worker ranks streamed, over all workers (0:
 	// DefaultMaxRanks; negative: no cap). POST /register refuses a
 	// registration that would take the catalog beyond it (409); a record
@@ -285,7 +289,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewHandler(apiserver.Config{
 		Index: ix, Predicted: pred, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}), DumpProgressTimeout: cfg.DumpProgressTimeout,
 	})
 	srv := apiserver.NewServer(handler, apiserver.ServerConfig{Logger: log})
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
