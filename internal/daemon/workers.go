@@ -13,9 +13,11 @@ import (
 )
 
 // Register checks that r's block size fits its partition, in the index
-// and among the workers known, and writes r into the catalog
-// (catalog.RegisterRanks). Every replica sees the record through the
-// watch; none owns it.
+// and among the workers known, and that the ranks it adds fit under the
+// rank cap (rankCap.Reserve; both *catalog.ConflictError), and writes r
+// into the catalog (catalog.RegisterRanks), waiting for the store at most
+// the write timeout. Every replica sees the record through the watch;
+// none owns it.
 func (v *workerView) Register(ctx context.Context, r catalog.Registration) error {
 	group := r.Group
 	if group == "" {
