@@ -5,6 +5,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // DefaultPrefix is the key prefix of prefixd's records in etcd.
@@ -20,7 +22,7 @@ type Key struct {
 }
 
 func (k Key) String() string {
-	return fmt.Sprintf("worker %d (model %q, group %q)", k.WorkerID, k.Model, k.Group)
+	return fmt.Sprintf("worker %d (model %q, group %q)", k.WorkerID, clip.String(k.Model), clip.String(k.Group))
 }
 
 // Path returns the record's store key under prefix (DefaultPrefix if
@@ -37,18 +39,18 @@ func (k Key) Path(prefix string) string {
 func ParseKey(prefix, path string) (Key, error) {
 	rest, ok := strings.CutPrefix(path, WorkersPrefix(prefix))
 	if !ok {
-		return Key{}, fmt.Errorf("key %q is not under %q", path, WorkersPrefix(prefix))
+		return Key{}, fmt.Errorf("key %q is not under %q", clip.String(path), WorkersPrefix(prefix))
 	}
 	parts := strings.Split(rest, "/")
 	if len(parts) != 3 {
-		return Key{}, fmt.Errorf("key %q: want <model>/<group>/<worker_id> after %q", path, WorkersPrefix(prefix))
+		return Key{}, fmt.Errorf("key %q: want <model>/<group>/<worker_id> after %q", clip.String(path), WorkersPrefix(prefix))
 	}
 	model, err1 := url.PathUnescape(parts[0])
 	group, err2 := url.PathUnescape(parts[1])
 	id, err3 := strconv.ParseUint(parts[2], 10, 64)
 	k := Key{Model: model, Group: group, WorkerID: id}
 	if err1 != nil || err2 != nil || err3 != nil || model == "" || group == "" || k.Path(prefix) != path {
-		return Key{}, fmt.Errorf("key %q is not a canonical worker key", path)
+		return Key{}, fmt.Errorf("key %q is not a canonical worker key", clip.String(path))
 	}
 	return k, nil
 }

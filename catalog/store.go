@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // LeaseID identifies a lease. NoLease (0) writes a persistent record.
@@ -36,6 +38,13 @@ var (
 
 	// ErrStoreClosed: the store was closed.
 	ErrStoreClosed = errors.New("catalog: store closed")
+
+	// ErrUnavailable: the store did not answer before the operation's
+	// context ended, or said it cannot answer now (etcd down, cut off,
+	// without a leader, or too slow). A write that fails so was cut at
+	// its deadline: it may still land, whole (each write is one
+	// transaction), or not at all; retry it.
+	ErrUnavailable = errors.New("catalog: store unavailable")
 )
 
 // IDInUseError says which record holds a worker id that a write wanted
@@ -103,8 +112,11 @@ type Store interface {
 	// only if the record has not changed since it was read; after a
 	// concurrent change it reads again and calls fn again. It returns the
 	// store revision of the write, fn's error as it is, an *IDInUseError
-	// when k's worker id is registered under another key, or
-	// ErrNotFound when fn removes a record that does not exist.
+	// when k's worker id is registered under another key,
+	// ErrNotFound when fn removes a record that does not exist, or an
+	// error wrapping ErrUnavailable when the store did not answer before
+	// ctx ended. Without a deadline on ctx it waits for an unreachable
+	// store for as long as ctx lasts.
 	Update(ctx context.Context, k Key, fn UpdateFunc) (int64, error)
 	// Delete removes the record under k, reporting whether there was one.
 	Delete(ctx context.Context, k Key) (bool, error)
@@ -216,11 +228,11 @@ func DecodeRecord(prefix, path string, value []byte, deleted bool, modRev int64,
 	}
 	w, err := DecodeWorker(value)
 	if err != nil {
-		rec.Err = fmt.Errorf("record %s: %w", path, err)
+		rec.Err = fmt.Errorf("record %s: %w", clip.String(path), err)
 		return rec
 	}
 	if w.Key() != k {
-		rec.Err = fmt.Errorf("record %s: body is for %v", path, w.Key())
+		rec.Err = fmt.Errorf("record %s: body is for %v", clip.String(path), w.Key())
 		return rec
 	}
 	rec.Worker = w

@@ -11,8 +11,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
+
+// maxLoggedErr is the most of a bad record's error a log line repeats,
+// as much as the HTTP API's errors.
+const maxLoggedErr = 1024
 
 // ChangeKind says how a worker record changed.
 type ChangeKind int
@@ -349,7 +354,11 @@ func (w *Watcher) badRecord(rec Record) {
 	}
 	w.badSeen[rec.Path] = rec.ModRevision
 	w.bad.Add(1)
-	w.cfg.Logger.Warn("catalog: ignoring bad worker record", "key", rec.Path, "revision", rec.ModRevision, "err", rec.Err)
+	// Whoever writes to etcd chooses the key and the record: the line
+	// repeats at most clip.Echo bytes of the key and maxLoggedErr of the
+	// error, each with its length when cut.
+	w.cfg.Logger.Warn("catalog: ignoring bad worker record", "key", clip.String(rec.Path), "revision", rec.ModRevision,
+		"err", clip.N(rec.Err.Error(), maxLoggedErr))
 	if w.cfg.OnBadRecord != nil {
 		w.cfg.OnBadRecord(rec.Path, rec.Err)
 	}

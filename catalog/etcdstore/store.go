@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	"go.etcd.io/etcd/client/pkg/v3/transport"
@@ -17,7 +18,9 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/connectivity"
+	"google.golang.org/grpc/status"
 )
 
 // Config is how to reach etcd. The serve and sidecar commands map
@@ -158,7 +161,7 @@ func (s *Store) Prefix() string { return s.prefix }
 func (s *Store) Ping(ctx context.Context) (int64, error) {
 	resp, err := s.cli.Get(ctx, catalog.WorkersPrefix(s.prefix), clientv3.WithPrefix(), clientv3.WithCountOnly())
 	if err != nil {
-		return 0, etcdErr("ping", err)
+		return 0, s.etcdErr("ping", err)
 	}
 	return resp.Header.Revision, nil
 }
@@ -167,17 +170,62 @@ func (s *Store) Ping(ctx context.Context) (int64, error) {
 // that), so records written with them stay until their TTL runs out.
 func (s *Store) Close() error { return s.cli.Close() }
 
-// etcdErr wraps err, adding this package's sentinel for the etcd errors
+// etcdErr wraps err, adding the catalog's sentinel for the etcd errors
 // callers branch on.
-func etcdErr(op string, err error) error {
+func (s *Store) etcdErr(op string, err error) error {
+	return s.etcdErrAfter(op, 0, err)
+}
+
+// etcdErrAfter is etcdErr for a compare-and-swap that lost attempts to
+// concurrent writers before err.
+func (s *Store) etcdErrAfter(op string, lost int, err error) error {
 	switch {
 	case errors.Is(err, rpctypes.ErrLeaseNotFound):
 		return fmt.Errorf("%s: %w: %w", op, catalog.ErrLeaseNotFound, err)
 	case errors.Is(err, rpctypes.ErrCompacted):
 		return fmt.Errorf("%s: %w: %w", op, catalog.ErrCompacted, err)
+	case unreachable(err):
+		return &unavailableError{op: op, endpoints: strings.Join(s.endpoints, ","), lost: lost, err: err}
 	}
 	return fmt.Errorf("%s: %w", op, err)
 }
+
+// unreachable reports whether err says etcd did not answer in time or
+// cannot answer now. The etcd client waits for a connection for as long as
+// the call's context lasts (gRPC's WaitForReady), so an etcd that is down
+// or cut off shows as the context's deadline; one without a leader
+// answers with errors of its own.
+func unreachable(err error) bool {
+	switch {
+	case errors.Is(err, context.DeadlineExceeded),
+		errors.Is(err, rpctypes.ErrNoLeader), errors.Is(err, rpctypes.ErrTimeout),
+		errors.Is(err, rpctypes.ErrTimeoutDueToLeaderFail), errors.Is(err, rpctypes.ErrTimeoutDueToConnectionLost),
+		errors.Is(err, rpctypes.ErrLeaderChanged), errors.Is(err, rpctypes.ErrTimeoutWaitAppliedIndex):
+		return true
+	}
+	code := status.Code(err)
+	return code == codes.Unavailable || code == codes.DeadlineExceeded
+}
+
+// unavailableError is an operation etcd did not answer in time.
+// errors.Is(err, catalog.ErrUnavailable) holds, and so does it for the
+// error it wraps (e.g. context.DeadlineExceeded).
+type unavailableError struct {
+	op        string
+	endpoints string
+	lost      int // compare-and-swap attempts lost to concurrent writers first
+	err       error
+}
+
+func (e *unavailableError) Error() string {
+	if e.lost > 0 { // etcd answered, but others wrote the record meanwhile
+		return fmt.Sprintf("catalog: etcd busy: %s: %d attempts lost to concurrent changes, then no answer from %s in time: %v", e.op, e.lost, e.endpoints, e.err)
+	}
+	return fmt.Sprintf("catalog: etcd unreachable: %s: no answer from %s in time: %v", e.op, e.endpoints, e.err)
+}
+
+func (e *unavailableError) Is(target error) bool { return target == catalog.ErrUnavailable }
+func (e *unavailableError) Unwrap() error        { return e.err }
 
 // Put implements Registrar.
 func (s *Store) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID) (int64, error) {
@@ -186,14 +234,14 @@ func (s *Store) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID
 		return 0, err
 	}
 	op := fmt.Sprintf("put %v lease %x", w.Key(), lease)
-	for range catalog.MaxUpdateAttempts {
+	for lost := range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, w.Key())
 		if err != nil {
-			return 0, etcdErr(op, err)
+			return 0, s.etcdErrAfter(op, lost, err)
 		}
 		rev, ok, err := s.commit(ctx, st, b, lease, false)
 		if err != nil || ok {
-			return rev, wrapOp(op, err)
+			return rev, s.wrapOp(op, lost, err)
 		}
 	}
 	return 0, fmt.Errorf("%s: %w", op, catalog.ErrContended)
@@ -202,10 +250,10 @@ func (s *Store) Put(ctx context.Context, w catalog.Worker, lease catalog.LeaseID
 // Update implements Store.
 func (s *Store) Update(ctx context.Context, k catalog.Key, fn catalog.UpdateFunc) (int64, error) {
 	op := fmt.Sprintf("update %v", k)
-	for range catalog.MaxUpdateAttempts {
+	for lost := range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
-			return 0, etcdErr(op, err)
+			return 0, s.etcdErrAfter(op, lost, err)
 		}
 		w, cur, err := st.current(s.prefix)
 		if err != nil {
@@ -227,18 +275,18 @@ func (s *Store) Update(ctx context.Context, k catalog.Key, fn catalog.UpdateFunc
 		}
 		rev, ok, err := s.commit(ctx, st, b, cur.Lease, true)
 		if err != nil || ok {
-			return rev, wrapOp(op, err)
+			return rev, s.wrapOp(op, lost, err)
 		}
 	}
 	return 0, fmt.Errorf("%s: %w", op, catalog.ErrContended)
 }
 
-func wrapOp(op string, err error) error {
+func (s *Store) wrapOp(op string, lost int, err error) error {
 	var inUse *catalog.IDInUseError
 	if err == nil || errors.As(err, &inUse) {
 		return err
 	}
-	return etcdErr(op, err)
+	return s.etcdErrAfter(op, lost, err)
 }
 
 // keyState is what a write read: the record and its id claim, and the
@@ -350,7 +398,7 @@ func (s *Store) Get(ctx context.Context, k catalog.Key) (catalog.Worker, error) 
 	path := k.Path(s.prefix)
 	resp, err := s.cli.Get(ctx, path)
 	if err != nil {
-		return catalog.Worker{}, etcdErr(fmt.Sprintf("get %v", k), err)
+		return catalog.Worker{}, s.etcdErr(fmt.Sprintf("get %v", k), err)
 	}
 	if len(resp.Kvs) == 0 {
 		return catalog.Worker{}, fmt.Errorf("get %v: %w", k, catalog.ErrNotFound)
@@ -367,17 +415,17 @@ func (s *Store) Get(ctx context.Context, k catalog.Key) (catalog.Worker, error) 
 // id claim, in one transaction.
 func (s *Store) Delete(ctx context.Context, k catalog.Key) (bool, error) {
 	op := fmt.Sprintf("delete %v", k)
-	for range catalog.MaxUpdateAttempts {
+	for lost := range catalog.MaxUpdateAttempts {
 		st, err := s.read(ctx, k)
 		if err != nil {
-			return false, etcdErr(op, err)
+			return false, s.etcdErrAfter(op, lost, err)
 		}
 		if st.rec == nil {
 			return false, nil
 		}
 		_, ok, err := s.commit(ctx, st, nil, catalog.NoLease, true)
 		if err != nil {
-			return false, etcdErr(op, err)
+			return false, s.etcdErrAfter(op, lost, err)
 		}
 		if ok {
 			return true, nil
@@ -390,7 +438,7 @@ func (s *Store) Delete(ctx context.Context, k catalog.Key) (bool, error) {
 func (s *Store) Keys(ctx context.Context, model string, id uint64) ([]catalog.Key, error) {
 	resp, err := s.cli.Get(ctx, catalog.ModelPrefix(s.prefix, model), clientv3.WithPrefix(), clientv3.WithKeysOnly())
 	if err != nil {
-		return nil, etcdErr(fmt.Sprintf("keys of worker %d in model %q", id, model), err)
+		return nil, s.etcdErr(fmt.Sprintf("keys of worker %d in model %q", id, clip.String(model)), err)
 	}
 	var out []catalog.Key
 	for _, kv := range resp.Kvs {
@@ -415,7 +463,7 @@ func (s *Store) List(ctx context.Context, rev int64) (catalog.Snapshot, error) {
 		}
 		resp, err := s.cli.Get(ctx, from, opts...)
 		if err != nil {
-			return catalog.Snapshot{}, etcdErr(fmt.Sprintf("list %s at revision %d", wp, snap.Revision), err)
+			return catalog.Snapshot{}, s.etcdErr(fmt.Sprintf("list %s at revision %d", wp, snap.Revision), err)
 		}
 		if snap.Revision == 0 {
 			snap.Revision = resp.Header.Revision
@@ -435,7 +483,7 @@ func (s *Store) List(ctx context.Context, rev int64) (catalog.Snapshot, error) {
 // schedule.
 func (s *Store) Compact(ctx context.Context, rev int64) error {
 	if _, err := s.cli.Compact(ctx, rev, clientv3.WithCompactPhysical()); err != nil {
-		return etcdErr(fmt.Sprintf("compact at revision %d", rev), err)
+		return s.etcdErr(fmt.Sprintf("compact at revision %d", rev), err)
 	}
 	return nil
 }
@@ -444,7 +492,7 @@ func (s *Store) Compact(ctx context.Context, rev int64) error {
 func (s *Store) Grant(ctx context.Context, ttl time.Duration) (catalog.LeaseID, error) {
 	resp, err := s.cli.Grant(ctx, catalog.TTLSeconds(ttl))
 	if err != nil {
-		return 0, etcdErr(fmt.Sprintf("grant lease of %v", ttl), err)
+		return 0, s.etcdErr(fmt.Sprintf("grant lease of %v", ttl), err)
 	}
 	return catalog.LeaseID(resp.ID), nil
 }
@@ -453,7 +501,7 @@ func (s *Store) Grant(ctx context.Context, ttl time.Duration) (catalog.LeaseID, 
 func (s *Store) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (time.Duration, error) {
 	resp, err := s.cli.KeepAliveOnce(ctx, clientv3.LeaseID(id))
 	if err != nil {
-		return 0, etcdErr(fmt.Sprintf("keep lease %x alive", id), err)
+		return 0, s.etcdErr(fmt.Sprintf("keep lease %x alive", id), err)
 	}
 	return time.Duration(resp.TTL) * time.Second, nil
 }
@@ -461,7 +509,7 @@ func (s *Store) KeepAliveOnce(ctx context.Context, id catalog.LeaseID) (time.Dur
 // Revoke implements Registrar.
 func (s *Store) Revoke(ctx context.Context, id catalog.LeaseID) error {
 	if _, err := s.cli.Revoke(ctx, clientv3.LeaseID(id)); err != nil {
-		return etcdErr(fmt.Sprintf("revoke lease %x", id), err)
+		return s.etcdErr(fmt.Sprintf("revoke lease %x", id), err)
 	}
 	return nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/daemon"
 )
@@ -40,11 +41,16 @@ type serveOptions struct {
 	logLevel     string
 	maxMessage   int64
 	handshake    time.Duration
+	maxRanks     int
+	writeTimeout time.Duration
+	dumpProgress time.Duration
 }
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{overlap: coordinator.DefaultOverlapWeight, etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
-		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout}
+		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout,
+		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout,
+		dumpProgress: apiserver.DefaultDumpProgressTimeout}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -63,6 +69,9 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.overlap, "overlap-weight", o.overlap, "the cost function's credit per cached block (Dynamo's overlap_score_weight, whose default is 1; a request's router_config_override still wins)")
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
+	fs.DurationVar(&o.writeTimeout, "catalog-write-timeout", o.writeTimeout, "longest wait for etcd of one POST /register or /unregister; past it they answer 503 with Retry-After")
+	fs.DurationVar(&o.dumpProgress, "dump-progress-timeout", o.dumpProgress, "a GET /dump client that takes nothing of the dump for this long is cut off, freeing its slot")
+	fs.IntVar(&o.maxRanks, "max-ranks", o.maxRanks, "worker ranks streamed, over all workers: POST /register refuses more (409); a record beyond it written to etcd directly is ignored until ranks leave; 0 = no cap")
 	fs.DurationVar(&o.readyTimeout, "ready-timeout", o.readyTimeout, "open /ready after this long even if some streams are still replaying")
 	// The fast lane is gone; a command line that still asks for it is
 	// told so rather than refused as an unknown flag.
@@ -94,6 +103,15 @@ func (o *serveOptions) Validate() error {
 	}
 	if o.maxMessage < 1<<10 {
 		return fmt.Errorf("--max-message-bytes %d: must be at least 1024", o.maxMessage)
+	}
+	if o.writeTimeout <= 0 {
+		return fmt.Errorf("--catalog-write-timeout %v: must be positive", o.writeTimeout)
+	}
+	if o.dumpProgress <= 0 {
+		return fmt.Errorf("--dump-progress-timeout %v: must be positive", o.dumpProgress)
+	}
+	if o.maxRanks < 0 {
+		return fmt.Errorf("--max-ranks %d: want a count of ranks, or 0 (no cap)", o.maxRanks)
 	}
 	if o.handshake <= 0 {
 		return fmt.Errorf("--handshake-timeout %v: must be positive", o.handshake)
@@ -142,7 +160,7 @@ func newServeCommand() *cobra.Command {
 			coord, _ := o.disagg.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
-				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays),
+				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks), CatalogWriteTimeout: o.writeTimeout, DumpProgressTimeout: o.dumpProgress,
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
@@ -151,8 +169,9 @@ func newServeCommand() *cobra.Command {
 	return cmd
 }
 
-// concurrency maps the flag (0 = unbounded) onto daemon.Config's field
-// (0 = default, negative = unbounded).
+// concurrency maps a flag whose 0 means unbounded (--max-concurrent-replays,
+// --max-ranks) onto daemon.Config's field (0 = default, negative =
+// unbounded).
 func concurrency(n int) int {
 	if n == 0 {
 		return -1

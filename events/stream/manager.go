@@ -93,8 +93,12 @@ func NewManager(ix *indexer.Index, cfg SubscriberConfig, log *slog.Logger) *Mana
 // Set adds or updates a worker. It returns at once; Run starts, restarts
 // and stops streams to match. A block size that conflicts with the
 // partition's (another worker's) keeps the worker out of the index, which
-// Status reports, until the conflict goes.
+// Status reports, until the conflict goes. Set copies w.Sources but keeps
+// their Ranks, which the streams read without copies (the ranks of a
+// worker should share one slice): the caller must not change them
+// afterwards.
 func (s *Manager) Set(w Worker) {
+	w.Sources = slices.Clone(w.Sources)
 	for i := range w.Sources {
 		w.Sources[i].Worker = w.ID
 	}
@@ -227,7 +231,7 @@ func (s *Manager) reconcile(ctx context.Context) {
 			st.cancel()
 			stop = append(stop, stopped{st, k})
 		default:
-			if !slices.Equal(src.Ranks, st.src.Ranks) {
+			if !sameRanks(src.Ranks, st.src.Ranks) {
 				st.sub.SetRanks(src.Ranks)
 				st.src.Ranks = src.Ranks
 			}
@@ -384,6 +388,15 @@ func (s *Manager) pruneRanks(part indexer.PartitionKey, workers map[uint64]Worke
 			s.log.Info("restored worker removed from index: not in the catalog", "worker", id, "model", part.Model, "group", part.Group)
 		}
 	}
+}
+
+// sameRanks reports whether two rank lists are equal, at once when they
+// are the same slice (the ranks of one worker share theirs).
+func sameRanks(a, b []uint32) bool {
+	if len(a) == len(b) && (len(a) == 0 || &a[0] == &b[0]) {
+		return true
+	}
+	return slices.Equal(a, b)
 }
 
 func sameSource(a, b Source) bool {

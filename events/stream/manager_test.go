@@ -96,3 +96,32 @@ func TestManagerLifecycle(t *testing.T) {
 		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
 	})
 }
+
+// TestManagerSharesRanks: the streams of a worker's ranks keep the one
+// list of the worker's ranks they were given, not a copy each, which
+// would cost the square of the ranks (a 4,096-rank worker: 64 MiB).
+func TestManagerSharesRanks(t *testing.T) {
+	ix := indexer.New(indexer.Options{})
+	s := startManager(t, ix)
+	const n = 64
+	ranks := make([]uint32, n)
+	w := Worker{ID: 3, Partition: indexer.PartitionKey{Model: "m", Group: "default"}, BlockSize: 16}
+	for r := range uint32(n) {
+		ranks[r] = r
+		// Nothing listens: the streams retry, which is all this needs.
+		w.Sources = append(w.Sources, Source{Rank: r, Ranks: ranks, Endpoint: "tcp://127.0.0.1:1"})
+	}
+	s.Set(w)
+	testsupport.Eventually(t, 10*time.Second, "every rank's stream running", func() bool {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return len(s.subs) == n
+	})
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, st := range s.subs {
+		if got := *st.sub.ranks.Load(); len(got) != n || &got[0] != &ranks[0] {
+			t.Fatalf("rank %d's stream holds a copy of the worker's ranks", k.rank)
+		}
+	}
+}

@@ -27,7 +27,8 @@ type Source struct {
 	Rank   uint32 // the rank this socket belongs to
 	// Ranks are the worker's registered dp ranks. A batch stamped with
 	// another rank is applied under that rank only if it is one of these;
-	// otherwise it is dropped and counted. Empty means just Rank.
+	// otherwise it is dropped and counted. Empty means just Rank. It is
+	// read, never written: the ranks of one worker may share one slice.
 	Ranks          []uint32
 	Endpoint       string // ZMQ PUB address to dial
 	ReplayEndpoint string // ZMQ ROUTER address; "" when the engine has none
@@ -179,10 +180,12 @@ func NewSubscriber(src Source, app Applier, cfg SubscriberConfig) (*Subscriber, 
 
 // SetRanks changes the worker's registered ranks (Source.Ranks) while the
 // Subscriber runs: another rank of the worker registered or removed does
-// not restart this rank's stream. Safe for concurrent use.
+// not restart this rank's stream. The Subscriber keeps ranks and only
+// reads it; the caller must not change it afterwards, so that every rank
+// of a worker can share one slice (a copy per rank costs the square of
+// the worker's ranks). Safe for concurrent use.
 func (s *Subscriber) SetRanks(ranks []uint32) {
-	rs := slices.Clone(ranks)
-	s.ranks.Store(&rs)
+	s.ranks.Store(&ranks)
 }
 
 // State returns the latest state. Safe for concurrent use.

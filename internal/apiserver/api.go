@@ -84,6 +84,14 @@ type Config struct {
 	// MaxConcurrentDumps limits the GET /dump responses streaming at once
 	// (503 with Retry-After beyond); 0 means DefaultMaxConcurrentDumps.
 	MaxConcurrentDumps int
+	// PeerDumpSlots are more GET /dump slots, only for replicas
+	// restoring their index (PeerDumpHeader); 0 means
+	// DefaultPeerDumpSlots.
+	PeerDumpSlots int
+	// DumpProgressTimeout bounds each write of a GET /dump (64 KiB at
+	// most): a client that takes nothing for that long is cut off and
+	// its slot freed; 0 means DefaultDumpProgressTimeout.
+	DumpProgressTimeout time.Duration
 	// Registerer, when set, receives prefixd_http_request_duration_seconds
 	// {handler, method, code} for every route.
 	Registerer prometheus.Registerer
@@ -166,7 +174,7 @@ func newHandler(cfg Config) (*handler, http.Handler) {
 	route("/workers", methods{http.MethodGet: h.workers})
 	route("/query", methods{http.MethodPost: h.query})
 	route("/query_by_hash", methods{http.MethodPost: h.queryByHash})
-	route("/dump", methods{http.MethodGet: newDumper(cfg.Index, cfg.MaxConcurrentDumps, h.log).ServeHTTP})
+	route("/dump", methods{http.MethodGet: newDumper(cfg, h.log).ServeHTTP})
 	route("/health", methods{http.MethodGet: h.health})
 	route("/ready", methods{http.MethodGet: h.ready})
 	route("/metrics", methods{http.MethodGet: h.metrics})

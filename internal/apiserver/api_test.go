@@ -410,13 +410,26 @@ func TestRegisterErrors(t *testing.T) {
 		{&catalog.IDInUseError{ID: 1, Holder: catalog.Key{Model: "n", Group: "h", WorkerID: 1}}, 409,
 			`instance_id: 1 is registered for model=n routing_group=h; a worker id names one engine, so unregister it there first`},
 		{fmt.Errorf("update: %w", catalog.ErrContended), 503, `update: catalog: too many concurrent changes; try again`},
+		{fmt.Errorf("catalog: etcd unreachable: update worker 1: no answer in time: %w", catalog.ErrUnavailable), 503,
+			`catalog: etcd unreachable: update worker 1: no answer in time: catalog: store unavailable`},
 	} {
 		fw.registerErr = c.err
 		want, _ := json.Marshal(map[string]string{"error": c.want})
-		s.post("/register", body).expect(t, c.status, string(want))
+		for _, route := range []string{"/register", "/unregister"} {
+			fw.unregisterErr = c.err
+			reqBody := body
+			if route == "/unregister" {
+				reqBody = `{"instance_id":1,"model_name":"m"}`
+			}
+			resp := s.post(route, reqBody)
+			resp.expect(t, c.status, string(want))
+			if ra := resp.header.Get("Retry-After"); (c.status == 503) != (ra == "1") {
+				t.Errorf("%s %d %s: Retry-After %q", route, c.status, c.want, ra)
+			}
+		}
 	}
-	if !strings.Contains(logs.String(), "boom") || strings.Contains(logs.String(), "conflict") {
-		t.Errorf("want exactly the 500 logged, got:\n%s", logs.String())
+	if !strings.Contains(logs.String(), "boom") || strings.Contains(logs.String(), "conflict") || strings.Contains(logs.String(), "unreachable") {
+		t.Errorf("want the 500 logged, and neither the 4xx nor the store's unavailability (not per request), got:\n%s", logs.String())
 	}
 	// Without a catalog.
 	s = newServer(t, Config{Index: newIndex(t)})

@@ -95,7 +95,7 @@ func (g *gatedWriter) WriteHeader(code int) {
 // slot.
 func TestDumpConcurrencyLimit(t *testing.T) {
 	ix, _ := dumpIndex(t, 2)
-	d := newDumper(ix, 2, nil)
+	d := newDumper(Config{Index: ix, MaxConcurrentDumps: 2}, nil)
 	req := httptest.NewRequest(http.MethodGet, "/dump", nil)
 	gates := []*gatedWriter{newGatedWriter(), newGatedWriter()}
 	done := make(chan struct{}, len(gates))
@@ -147,7 +147,7 @@ func TestDumpConcurrencyLimit(t *testing.T) {
 // the partitions is left out, not reported as an error.
 func TestDumpSkipsRemovedPartition(t *testing.T) {
 	ix, _ := dumpIndex(t, 3)
-	d := newDumper(ix, 1, nil)
+	d := newDumper(Config{Index: ix, MaxConcurrentDumps: 1}, nil)
 	g := newGatedWriter()
 	done := make(chan struct{})
 	go func() {
@@ -204,7 +204,7 @@ func (failingWriter) Write([]byte) (int, error) { return 0, fmt.Errorf("broken p
 // its slot.
 func TestDumpStopsWhenTheClientGoes(t *testing.T) {
 	ix, _ := dumpIndex(t, 12)
-	d := newDumper(ix, 1, nil)
+	d := newDumper(Config{Index: ix, MaxConcurrentDumps: 1}, nil)
 	d.ServeHTTP(failingWriter{httptest.NewRecorder()}, httptest.NewRequest(http.MethodGet, "/dump", nil))
 	ok := httptest.NewRecorder()
 	d.ServeHTTP(ok, httptest.NewRequest(http.MethodGet, "/dump", nil))

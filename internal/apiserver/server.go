@@ -43,9 +43,9 @@ type ServerConfig struct {
 // closed (httpbody.CloseChunked: a chunked request may be one that also
 // sent a Content-Length, which RFC 9112 says to close after).
 // It sets no WriteTimeout: /dump streams the whole index, which can take
-// longer than any fixed bound, and a client too slow to read is cut off by
-// the kernel's send buffer filling and TCP keep-alives instead. The caller
-// serves it (Serve) and owns the listener.
+// longer than any fixed bound; it sets a deadline on each of its writes
+// instead (Config.DumpProgressTimeout), so a client that stops reading is
+// cut off. The caller serves it (Serve) and owns the listener.
 func NewServer(h http.Handler, cfg ServerConfig) *http.Server {
 	if cfg.ReadHeaderTimeout <= 0 {
 		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout

@@ -28,9 +28,12 @@ type Workers interface {
 	// (catalog.RegisterRanks). Errors: the catalog's
 	// (*catalog.ValidationError → 400 naming the field,
 	// *catalog.ConflictError and *catalog.IDInUseError → 409), or one
-	// wrapping this package's sentinels; a store error is a 503. The
-	// error text is sent to the client, so it should read "<field>:
-	// <problem>".
+	// wrapping this package's sentinels; a store error is a 503 with
+	// Retry-After (catalog.ErrUnavailable: the store did not answer in
+	// time, which is not logged per request). The error text is sent to
+	// the client, so it should read "<field>: <problem>". The
+	// implementation bounds how long it waits for the store: the
+	// request's context lasts as long as its client waits.
 	Register(ctx context.Context, r catalog.Registration) error
 	// Unregister removes worker id of model from group, from every group
 	// of the model (group ""), or only rank (catalog.UnregisterRanks);
@@ -109,11 +112,28 @@ func catalogChange[T any](h *handler, w http.ResponseWriter, r *http.Request, op
 		return
 	}
 	if err := apply(h.cfg.Workers, r.Context(), req); err != nil {
-		h.fail(w, r, workersError(err))
+		herr := workersError(err)
+		var he *httpError
+		if errors.As(herr, &he) && he.status == http.StatusServiceUnavailable {
+			w.Header().Set("Retry-After", catalogRetryAfter)
+		}
+		if errors.Is(err, catalog.ErrUnavailable) {
+			// Not logged per request: while etcd does not answer, every
+			// write fails so; the catalog watch logs the outage, and
+			// prefixd_catalog_up and the 503s' count show it.
+			writeError(w, he)
+			return
+		}
+		h.fail(w, r, herr)
 		return
 	}
 	writeRaw(w, status, statusOK)
 }
+
+// catalogRetryAfter is the Retry-After, in seconds, of a catalog change
+// answered 503: etcd did not answer in time (the request already waited
+// for the write's deadline), or the write lost to concurrent changes.
+const catalogRetryAfter = "1"
 
 // workersError maps a Workers error to its status: the catalog's errors
 // (catalogError), then this package's sentinels.
@@ -156,7 +176,7 @@ func catalogError(err error) *httpError {
 		return badRequest("body", "%v", err)
 	case errors.Is(err, catalog.ErrNotFound):
 		return &httpError{http.StatusNotFound, err.Error()}
-	case errors.Is(err, catalog.ErrContended), errors.Is(err, catalog.ErrStoreClosed):
+	case errors.Is(err, catalog.ErrContended), errors.Is(err, catalog.ErrStoreClosed), errors.Is(err, catalog.ErrUnavailable):
 		return &httpError{http.StatusServiceUnavailable, err.Error()}
 	}
 	return nil

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -82,6 +83,21 @@ type Config struct {
 	// OverlapWeight is the cost function's default credit per cached
 	// block; nil is coordinator.DefaultOverlapWeight.
 	OverlapWeight *float64
+	// CatalogWriteTimeout bounds each catalog write of POST /register and
+	// POST /unregister, compare-and-swap retries included (default
+	// DefaultCatalogWriteTimeout): while etcd does not answer, they answer
+	// 503 then instead of waiting for it.
+	CatalogWriteTimeout time.Duration
+	// DumpProgressTimeout bounds each write of a GET /dump: a client that
+	// takes nothing for that long is cut off (0:
+	// apiserver.DefaultDumpProgressTimeout).
+	DumpProgressTimeout time.Duration
+	// MaxRanks caps the worker ranks streamed, over all workers (0:
+	// DefaultMaxRanks; negative: no cap). POST /register refuses a
+	// registration that would take the catalog beyond it (409); a record
+	// beyond it written to etcd directly (a sidecar's) is ignored until
+	// ranks leave (rankCap).
+	MaxRanks int
 	// PredictedTTL, when positive, turns booking predictions on: every
 	// booking's prompt counts as cached on its worker for this long, or
 	// until the worker's events arrive (indexer.Predictions); /query
@@ -218,7 +234,16 @@ func Run(ctx context.Context, cfg Config) error {
 		Predicted: pred, Observer: newPlanMetrics(reg)})
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
 		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
-	view := &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}}
+	maxRanks := cfg.MaxRanks
+	switch {
+	case maxRanks == 0:
+		maxRanks = DefaultMaxRanks
+	case maxRanks < 0:
+		maxRanks = 0
+	}
+	view := newWorkerView(store, ix, streams, svc, maxRanks, log)
+	view.writeTimeout = cmp.Or(cfg.CatalogWriteTimeout, DefaultCatalogWriteTimeout)
+	reg.MustRegister(view.collectors()...)
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
 		Help: "Worker records in etcd that failed to decode or validate, ignored."})
 	reg.MustRegister(badRecords)
@@ -233,10 +258,8 @@ func Run(ctx context.Context, cfg Config) error {
 	watcher := catalog.NewWatcher(store, catalog.WatcherConfig{
 		Logger:   log,
 		OnChange: view.apply, // returns at once: streams start and stop on their own goroutine
-		OnBadRecord: func(path string, err error) {
-			badRecords.Inc()
-			log.Warn("bad worker record ignored", "key", path, "err", err)
-		},
+		// The watcher logs each bad record (clipped); here it is counted.
+		OnBadRecord: func(string, error) { badRecords.Inc() },
 	})
 	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
 	g.Go(func() error { return watcher.Run(gctx) })
@@ -266,7 +289,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	handler := apiserver.NewHandler(apiserver.Config{
 		Index: ix, Predicted: pred, Workers: view, Selector: svc, Ready: ready, APIToken: cfg.APIToken, ReadToken: cfg.ReadToken, Logger: log, Registerer: reg,
-		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}), DumpProgressTimeout: cfg.DumpProgressTimeout,
 	})
 	srv := apiserver.NewServer(handler, apiserver.ServerConfig{Logger: log})
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
@@ -290,7 +313,8 @@ func Run(ctx context.Context, cfg Config) error {
 }
 
 // workerView is the catalog and streams as the API sees them. It keeps
-// the latest record of every worker the watch delivered.
+// the latest record of every worker the watch delivered and the rank cap
+// admitted.
 type workerView struct {
 	store   catalog.Store
 	ix      *indexer.Index
@@ -298,15 +322,65 @@ type workerView struct {
 	svc     *coordinator.Service // nil in tests that build a view by hand
 	log     *slog.Logger
 
-	mu    sync.Mutex // guards known
+	// writeTimeout bounds each catalog write (Register, Unregister); 0:
+	// none (tests that build a view by hand).
+	writeTimeout time.Duration
+
+	mu    sync.Mutex // guards known and ranks
 	known map[catalog.Key]catalog.Worker
+	ranks *rankCap
 }
 
 var _ apiserver.Workers = (*workerView)(nil)
 
-// apply turns a catalog change into pool and stream changes, and logs it.
-// It runs on the watcher's goroutine and returns at once.
+// newWorkerView returns the view over store, feeding ix through streams
+// and the coordinator svc, admitting at most maxRanks ranks (0: no cap).
+func newWorkerView(store catalog.Store, ix *indexer.Index, streams *stream.Manager, svc *coordinator.Service, maxRanks int, log *slog.Logger) *workerView {
+	return &workerView{store: store, ix: ix, streams: streams, svc: svc, log: log, known: map[catalog.Key]catalog.Worker{}, ranks: newRankCap(maxRanks)}
+}
+
+// ignoredMsg is the line logged when a record's ranks do not fit under
+// the rank cap. docs/operations.md quotes it.
+const ignoredMsg = "worker ignored: its ranks would exceed --max-ranks; it joins when ranks leave"
+
+// apply passes a catalog change through the rank cap, then applies what
+// the cap admits. It runs on the watcher's goroutine and returns at once.
 func (v *workerView) apply(c catalog.Change) {
+	v.mu.Lock()
+	out, held := v.ranks.Apply(c)
+	streamed, limit := v.ranks.Admitted(), v.ranks.limit
+	v.mu.Unlock()
+	if held {
+		v.log.Warn(ignoredMsg, "worker", c.Key.WorkerID, "model", c.Key.Model, "group", c.Key.Group, "ranks", ranksOf(c.Worker),
+			"streamed_ranks", streamed, "max_ranks", limit, "registration", registration(c.Lease), "revision", c.Revision)
+	}
+	for _, ch := range out {
+		v.applyAdmitted(ch)
+	}
+}
+
+// collectors are the rank cap's gauges.
+func (v *workerView) collectors() []prometheus.Collector {
+	read := func(f func(*rankCap) int) func() float64 {
+		return func() float64 {
+			v.mu.Lock()
+			defer v.mu.Unlock()
+			return float64(f(v.ranks))
+		}
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_catalog_ranks",
+			Help: "Worker ranks streamed: the ranks of the records admitted under --max-ranks."}, read((*rankCap).Admitted)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_catalog_ignored_ranks",
+			Help: "Worker ranks of catalog records ignored because they would exceed --max-ranks."}, read((*rankCap).Held)),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_catalog_max_ranks",
+			Help: "The cap on worker ranks streamed (--max-ranks; 0 = none)."}, read(func(c *rankCap) int { return c.limit })),
+	}
+}
+
+// applyAdmitted turns a catalog change into pool and stream changes, and
+// logs it.
+func (v *workerView) applyAdmitted(c catalog.Change) {
 	// The coordinator's pools first, so a worker listed by /workers is
 	// selectable; a worker leaving leaves the pools and the index before
 	// /workers stops listing it.

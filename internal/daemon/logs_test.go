@@ -1,15 +1,19 @@
 package daemon
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
+	"github.com/prefixd/prefixd/internal/testsupport"
 	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
@@ -66,4 +70,44 @@ func TestDaemonLogsStateChanges(t *testing.T) {
 	}
 	logs.Wait(t, wait, "shutting down: draining HTTP, then stopping the catalog watch and the streams")
 	logs.Wait(t, wait, "prefixd stopped")
+}
+
+// TestBadRecordLogClipped: a worker record in etcd with a 600,000-byte
+// model name (a key and an error as long) is logged once, in a short line
+// that names the lengths, and counted.
+func TestBadRecordLogClipped(t *testing.T) {
+	etcd := storetest.StartEtcd(t)
+	logs, log := testlog.New(nil) // the lines are checked here, not printed
+	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) { c.Logger = log })
+	logs.Wait(t, 20*time.Second, "catalog synced")
+	raw := storetest.NewEtcdStore(t, etcd.Endpoints(), "")
+	model := strings.Repeat("m", 600_000)
+	key := catalog.Key{Model: model, Group: "default", WorkerID: 9}
+	w := storetest.Worker(model, "default", 9)
+	body, err := json.Marshal(w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := raw.PutRaw(context.Background(), key.Path(""), body); err != nil {
+		t.Fatal(err)
+	}
+	rec := logs.Wait(t, 20*time.Second, "catalog: ignoring bad worker record")
+	if n := len(rec.String()); n > 2<<10 {
+		t.Errorf("the bad record's line is %d bytes; want at most 2 KiB", n)
+	}
+	if !strings.Contains(rec.Attrs["key"], fmt.Sprintf("(%d bytes)", len(key.Path("")))) {
+		t.Errorf("key=%.200q…: want the key's length named", rec.Attrs["key"])
+	}
+	if !strings.Contains(rec.Attrs["err"], "model_name: longer than 512 bytes (600000)") {
+		t.Errorf("err=%.300q…: want the reason", rec.Attrs["err"])
+	}
+	testsupport.Eventually(t, 10*time.Second, "the bad record counted", func() bool {
+		_, body := call(t, "GET", d.url+"/metrics", "", nil)
+		return strings.Contains(string(body), "prefixd_catalog_bad_records_total 1\n")
+	})
+	for _, r := range logs.Records() {
+		if n := len(r.String()); n > 2<<10 {
+			t.Errorf("a %d-byte line: %.200s…", n, r.String())
+		}
+	}
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/events/stream"
@@ -12,9 +13,11 @@ import (
 )
 
 // Register checks that r's block size fits its partition, in the index
-// and among the workers known, and writes r into the catalog
-// (catalog.RegisterRanks). Every replica sees the record through the
-// watch; none owns it.
+// and among the workers known, and that the ranks it adds fit under the
+// rank cap (rankCap.Reserve; both *catalog.ConflictError), and writes r
+// into the catalog (catalog.RegisterRanks), waiting for the store at most
+// the write timeout. Every replica sees the record through the watch;
+// none owns it.
 func (v *workerView) Register(ctx context.Context, r catalog.Registration) error {
 	group := r.Group
 	if group == "" {
@@ -34,13 +37,67 @@ func (v *workerView) Register(ctx context.Context, r catalog.Registration) error
 			return conflict("%d conflicts with block size %d of worker %d in model=%s routing_group=%s", r.BlockSize, w.BlockSize, k.WorkerID, clip.String(r.Model), clip.String(group))
 		}
 	}
+	old, _ := v.ranks.Registered(key)
+	now := time.Now()
+	id, err := v.ranks.Reserve(key, newRanks(old, r), now, now.Add(reserveFor))
 	v.mu.Unlock()
-	return catalog.RegisterRanks(ctx, v.store, r)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := v.writeContext(ctx)
+	defer cancel()
+	if err := catalog.RegisterRanks(ctx, v.store, r); err != nil {
+		v.mu.Lock()
+		v.ranks.Release(id)
+		v.mu.Unlock()
+		return err
+	}
+	return nil
+}
+
+// reserveFor is how long a registration's ranks count against the rank
+// cap before the watch delivers its record: the write, then the watch's
+// delivery, normally milliseconds; a record removed before the watch saw
+// it is never delivered, and its reservation lapses.
+const reserveFor = 30 * time.Second
+
+// newRanks counts the ranks r registers that record old (zero: none) does
+// not hold yet.
+func newRanks(old catalog.Worker, r catalog.Registration) int {
+	size := max(r.Size, 1)
+	if old.DataParallelSize == 0 || size > catalog.MaxDataParallelSize { // too many is RegisterRanks's to refuse
+		return int(size)
+	}
+	n := 0
+	for i := range size {
+		if !old.HasRank(r.Rank + i) {
+			n++
+		}
+	}
+	return n
+}
+
+// DefaultCatalogWriteTimeout is Config.CatalogWriteTimeout's default:
+// well past what a registration takes through a healthy etcd under load,
+// and past a leader election (a few of etcd's election timeouts), so that
+// it ends only writes etcd does not answer.
+const DefaultCatalogWriteTimeout = 5 * time.Second
+
+// writeContext bounds a catalog write by the view's write timeout: the
+// etcd client waits for an unreachable etcd for as long as its context
+// lasts, and a request's context lasts as long as its client waits.
+func (v *workerView) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	if v.writeTimeout <= 0 {
+		return context.WithCancel(ctx)
+	}
+	return context.WithTimeout(ctx, v.writeTimeout)
 }
 
 // Unregister removes a worker, or one rank of it, from the catalog
 // (catalog.UnregisterRanks).
 func (v *workerView) Unregister(ctx context.Context, model, group string, id uint64, rank *uint32) error {
+	ctx, cancel := v.writeContext(ctx)
+	defer cancel()
 	return catalog.UnregisterRanks(ctx, v.store, model, group, id, rank)
 }
 

@@ -11,7 +11,10 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
@@ -60,24 +63,61 @@ func limitsFor(ix *indexer.Index) dumpLimits {
 // uncappedDumpBytes without a cap). Partitions restored from a peer that
 // then fails are removed again, unless they existed before.
 // Peers that fail are logged and skipped; no peer answering is an error.
+// The dump is asked for as a replica's bootstrap (apiserver.PeerDumpHeader),
+// which peers serve from slots of their own; a peer that answers 503 all
+// the same (other replicas bootstrapping) is asked again after its
+// Retry-After, until ctx ends.
 func Bootstrap(ctx context.Context, peers []string, ix *indexer.Index, hc *http.Client, token string, log *slog.Logger) (string, error) {
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	peers, errs := ExpandPeers(ctx, peers, nil)
-	for _, e := range errs {
+	peers, unresolved := ExpandPeers(ctx, peers, nil)
+	for _, e := range unresolved {
 		log.Warn("peer bootstrap: cannot resolve peer", "err", e)
 	}
-	for _, peer := range peers {
-		if err := bootstrapFrom(ctx, peer, ix, hc, token, limitsFor(ix)); err != nil {
-			log.Warn("peer bootstrap failed", "peer", peer, "err", err)
+	for {
+		errs := slices.Clone(unresolved)
+		var wait time.Duration // the shortest Retry-After of a busy peer; 0: none busy
+		for _, peer := range peers {
+			err := bootstrapFrom(ctx, peer, ix, hc, token, limitsFor(ix))
+			if err == nil {
+				return peer, nil
+			}
 			errs = append(errs, fmt.Sprintf("%s: %v", peer, err))
-			continue
+			if b := (*busyError)(nil); errors.As(err, &b) {
+				log.Info("peer bootstrap: the peer's dump slots are taken; asking again", "peer", peer, "retry_in", b.after)
+				wait = min(cmp.Or(wait, b.after), b.after)
+				continue
+			}
+			log.Warn("peer bootstrap failed", "peer", peer, "err", err)
 		}
-		return peer, nil
+		if wait == 0 {
+			return "", fmt.Errorf("no peer to bootstrap from: %s", strings.Join(errs, "; "))
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return "", fmt.Errorf("no peer to bootstrap from: %s: %w", strings.Join(errs, "; "), ctx.Err())
+		case <-t.C:
+		}
 	}
-	return "", fmt.Errorf("no peer to bootstrap from: %s", strings.Join(errs, "; "))
 }
+
+// busyError is a peer's 503 to GET /dump: its dump slots are taken.
+type busyError struct {
+	after time.Duration // its Retry-After
+}
+
+func (e *busyError) Error() string {
+	return fmt.Sprintf("HTTP 503: the peer's dump slots are taken (Retry-After %v)", e.after)
+}
+
+// Bounds on the wait a busy peer asks for.
+const (
+	minBusyWait = 100 * time.Millisecond
+	maxBusyWait = 10 * time.Second
+)
 
 // errDumpTooLarge: the peer's dump is past the byte limit.
 var errDumpTooLarge = errors.New("dump too large")
@@ -108,12 +148,12 @@ func (l *limitReader) Read(p []byte) (int, error) {
 }
 
 func bootstrapFrom(ctx context.Context, peer string, ix *indexer.Index, hc *http.Client, token string, lim dumpLimits) (err error) {
-	ready, err := get(ctx, hc, peer+"/ready", token)
+	ready, err := get(ctx, hc, peer+"/ready", token, false)
 	if err != nil {
 		return err
 	}
 	ready.Close()
-	body, err := get(ctx, hc, peer+"/dump", token)
+	body, err := get(ctx, hc, peer+"/dump", token, true)
 	if err != nil {
 		return err
 	}
@@ -239,9 +279,10 @@ func ExpandPeers(ctx context.Context, peers []string, lookup func(ctx context.Co
 	return out, errs
 }
 
-// get GETs url (with the bearer token, if any) and returns the body of a
-// 200 answer; the caller closes it.
-func get(ctx context.Context, hc *http.Client, url, token string) (io.ReadCloser, error) {
+// get GETs url (with the bearer token, if any; as a replica's
+// bootstrap, if dump) and returns the body of a 200 answer; the caller
+// closes it. A dump's 503 is a *busyError.
+func get(ctx context.Context, hc *http.Client, url, token string, dump bool) (io.ReadCloser, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
@@ -249,12 +290,22 @@ func get(ctx context.Context, hc *http.Client, url, token string) (io.ReadCloser
 	if token != "" {
 		req.Header.Set("Authorization", "Bearer "+token)
 	}
+	if dump {
+		req.Header.Set(apiserver.PeerDumpHeader, apiserver.PeerDumpBootstrap)
+	}
 	resp, err := hc.Do(req)
 	if err != nil {
 		return nil, err
 	}
 	if resp.StatusCode != http.StatusOK {
 		resp.Body.Close()
+		if dump && resp.StatusCode == http.StatusServiceUnavailable {
+			after := time.Second
+			if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil {
+				after = time.Duration(s) * time.Second
+			}
+			return nil, fmt.Errorf("GET %s: %w", url, &busyError{after: min(max(after, minBusyWait), maxBusyWait)})
+		}
 		return nil, fmt.Errorf("GET %s: HTTP %d", url, resp.StatusCode)
 	}
 	return resp.Body, nil

@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
@@ -209,5 +210,44 @@ func TestExpandPeers(t *testing.T) {
 	got, errs = ExpandPeers(context.Background(), []string{"dns+http://localhost:8090"}, nil)
 	if len(errs) != 0 || !slices.Contains(got, "http://127.0.0.1:8090") {
 		t.Errorf("localhost: %q %q", got, errs)
+	}
+}
+
+// TestBootstrapWaitsForABusyPeer: Bootstrap asks for the dump as a
+// replica's bootstrap (the header that gives it a peer slot), and a peer
+// whose dump slots are taken all the same (503) is asked again after its
+// Retry-After instead of being given up on.
+func TestBootstrapWaitsForABusyPeer(t *testing.T) {
+	src := bootstrapSource(t, 3)
+	h := apiserver.NewHandler(apiserver.Config{Index: src})
+	dumps := make(chan string, 10) // the header of each /dump request
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/dump" {
+			dumps <- r.Header.Get(apiserver.PeerDumpHeader)
+			if len(dumps) == 1 { // the first ask: busy
+				w.Header().Set("Retry-After", "0")
+				http.Error(w, `{"error":"dump: 2 dumps already in progress; retry later"}`, http.StatusServiceUnavailable)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	dst := indexer.New(indexer.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := Bootstrap(ctx, []string{srv.URL}, dst, nil, "", quiet); err != nil || got != srv.URL {
+		t.Fatalf("Bootstrap from a peer busy once: %q, %v", got, err)
+	}
+	close(dumps)
+	var headers []string
+	for h := range dumps {
+		headers = append(headers, h)
+	}
+	if want := []string{apiserver.PeerDumpBootstrap, apiserver.PeerDumpBootstrap}; !slices.Equal(headers, want) {
+		t.Fatalf("/dump asked %d times with %s %q; want twice with %q", len(headers), apiserver.PeerDumpHeader, headers, apiserver.PeerDumpBootstrap)
+	}
+	if want, have := dumptest.Lines(t, dumpBody(src)), dumptest.Lines(t, dumpBody(dst)); !slices.Equal(want, have) {
+		t.Fatal("the restored index differs from the peer's")
 	}
 }
