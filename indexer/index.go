@@ -44,20 +44,17 @@ type Options struct {
 const MaxShards = 256
 
 // DefaultShards is the shard count of Options' zero value, from
-// GOMAXPROCS as it is when the index is made: 1 on one core (nothing runs
-// in parallel there, and every shard costs a match an edge walk), else
-// four per core, at most 16. Writers of ranks that share a shard take
-// turns, so shards well past the cores keep them apart: on the Mooncake
-// benchmark at two cores, 2 shards applied no faster than one core, 4
-// gave 1.28×, 8 1.61× and 16 1.60×, while a match's idle p99 grew from 11
-// to 13 and 18 µs (docs/benchmarks.md).
-func DefaultShards() int {
-	n := runtime.GOMAXPROCS(0)
-	if n == 1 {
-		return 1
-	}
-	return min(4*n, 16)
-}
+// GOMAXPROCS as it is when the index is made: one per core, at most 8.
+// Every shard costs a match one more edge walk: scoring an 8,192-token
+// prompt took 1.43× the time of hashing it with one shard, 1.53× with 2,
+// 1.73× with 4, 2.04× with 8 (BenchmarkIndexScore8192). But writers of
+// ranks that share a shard take turns, and with fewer shards than cores
+// they queue on its lock: on the Mooncake benchmark (a goroutine per
+// rank, as the daemon applies) one shard at two cores applied 2.6–4.8M
+// ops/s against 12.0–12.8M at one core, while 2 shards applied 13.3–16.6M
+// and 8 shards 22.0–24.1M (docs/benchmarks.md). One shard per core keeps
+// writes from falling below one core's rate at the least cost to reads.
+func DefaultShards() int { return min(runtime.GOMAXPROCS(0), 8) }
 
 var (
 	// ErrNoPartition: the partition was never added, or was removed.

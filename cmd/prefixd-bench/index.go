@@ -36,7 +36,7 @@ func (o *indexOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.Repeats, "repeats", o.Repeats, "replays of each offered load (its point is the median)")
 	fs.Float64Var(&o.Track, "track", o.Track, "achieved tracks offered while it is at least this fraction of it")
 	fs.IntVar(&o.IdleProbes, "idle-probes", o.IdleProbes, "scores timed at idle")
-	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: 1 on one core, else four per core, at most 16)")
+	fs.IntVar(&o.Shards, "shards", o.Shards, "index shards per partition (0: the index's default, one per core, at most 8)")
 	fs.StringVar(&o.out, "out", "", "also write the report (report.md, report.json) and SVG charts into this directory")
 	fs.IntVar(&o.WriteChunk, "write-chunk", o.WriteChunk, "blocks a batch applies per hold of its shard's write lock (0: the index's default)")
 }

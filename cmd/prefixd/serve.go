@@ -62,7 +62,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.apiToken, "api-token", o.apiToken, "bearer token required by the endpoints that change the catalog or bookings and by GET /dump; sent to --peers (prefer PREFIXD_API_TOKEN)")
 	fs.StringVar(&o.readToken, "read-token", o.readToken, "bearer token required by every other endpoint but /health and /ready (the API token works there too; prefer PREFIXD_READ_TOKEN)")
 	fs.IntVar(&o.maxEntries, "index-max-entries", o.maxEntries, "cap on indexed (block, rank) entries; 0 = derived from the memory limit (half of it); -1 = no cap")
-	fs.IntVar(&o.indexShards, "index-shards", o.indexShards, "trees each partition's ranks are spread over, written in parallel (0 = 1 on one core, else four per core, at most 16)")
+	fs.IntVar(&o.indexShards, "index-shards", o.indexShards, "trees each partition's ranks are spread over, written in parallel (0 = one per core, at most 8; see docs/index.md)")
 	fs.StringSliceVar(&o.peers, "peers", o.peers, "other prefixd replicas: base URLs, or dns+http://host:port for every address host resolves to (a headless Service); the index is restored from the first ready one's /dump at start")
 	o.disagg.AddFlags(fs)
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
