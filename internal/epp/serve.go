@@ -103,6 +103,9 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, t TLS, drain time.D
 	if tc != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(tc)))
 	}
+	// A connection dialed for a tokenize request that was cancelled
+	// meanwhile is pooled unused, and would hold up an engine's drain.
+	defer s.cfg.Engines.CloseIdleConnections()
 	srv := grpc.NewServer(opts...)
 	extprocv3.RegisterExternalProcessorServer(srv, s)
 	hs := health.NewServer()
