@@ -58,7 +58,7 @@ func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *s
 	eppAddr := make(chan string, 1)
 	cfg := daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 		ReadyTimeout: 30 * time.Second, Logger: slog.New(slog.DiscardHandler),
-		EPP: daemon.EPPConfig{Listen: "127.0.0.1:0", OnReady: func(a string) { eppAddr <- a }, Server: func(s *epp.Server) { picker.Store(s) }},
+		EPP:        daemon.EPPConfig{Listen: "127.0.0.1:0", OnReady: func(a string) { eppAddr <- a }, Server: func(s *epp.Server) { picker.Store(s) }},
 		Subscriber: stream.SubscriberConfig{ProbeInterval: 100 * time.Millisecond, IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond}}
 	if edit != nil {
 		edit(&cfg)
