@@ -155,6 +155,11 @@ type Query struct {
 	// Allowed restricts candidates to these worker ids; empty allows all.
 	Allowed     []uint64
 	Constraints Constraints
+	// Fallbacks asks for up to this many next-best ranks after the
+	// chosen one (SelectFallbacks, SelectAndReserveFallbacks): the
+	// candidates that passed every filter, cheapest first, the chosen
+	// rank never among them. 0 asks for none and costs nothing.
+	Fallbacks int
 }
 
 // Selection is the outcome of a selection: the chosen rank and its view of
@@ -409,8 +414,15 @@ func (p *Pool) candidates(q *Query) ([]*workerState, error) {
 
 // Select chooses a worker for q without booking anything (advisory).
 func (p *Pool) Select(q Query) (Selection, error) {
-	s, _, err := p.sel(&q)
+	s, _, _, err := p.sel(&q)
 	return s, err
+}
+
+// SelectFallbacks is Select with the next-best ranks q.Fallbacks asks
+// for, cheapest first; the slice is the caller's.
+func (p *Pool) SelectFallbacks(q Query) (Selection, []Selection, error) {
+	s, fb, _, err := p.sel(&q)
+	return s, fb, err
 }
 
 type scored struct {
@@ -426,13 +438,15 @@ func (p *Pool) options(q *Query) Options {
 	return p.cfg.Options
 }
 
-func (p *Pool) sel(q *Query) (Selection, []uint64, error) {
+// sel scores q's candidates and samples one; with q.Fallbacks it also
+// returns the next-best candidates by cost, from the same scores.
+func (p *Pool) sel(q *Query) (Selection, []Selection, []uint64, error) {
 	if q.Prompt.BlockSize <= 0 {
-		return Selection{}, nil, fmt.Errorf("pool %v: block size %d: %w", p.key, q.Prompt.BlockSize, ErrInvalidPrompt)
+		return Selection{}, nil, nil, fmt.Errorf("pool %v: block size %d: %w", p.key, q.Prompt.BlockSize, ErrInvalidPrompt)
 	}
 	cands, err := p.candidates(q)
 	if err != nil {
-		return Selection{}, nil, err
+		return Selection{}, nil, nil, err
 	}
 	opt := p.options(q)
 	seq := indexer.HashSequence(nil, q.Prompt.Hashes)
@@ -445,7 +459,32 @@ func (p *Pool) sel(q *Query) (Selection, []uint64, error) {
 		sc[i] = p.score(ws, q, &opt, seq, minPrefill)
 	}
 	i := sample(sc, opt.Temperature, p.rng)
-	return sc[i].sel, seq, nil
+	var fb []Selection
+	if q.Fallbacks > 0 && len(sc) > 1 {
+		fb = nextBest(sc, i, q.Fallbacks)
+	}
+	return sc[i].sel, fb, seq, nil
+}
+
+// nextBest returns up to n selections of sc other than chosen, cheapest
+// first; equal costs keep the pool's rank order. It selects n times over
+// sc (n is small: the gateway tries a handful of endpoints).
+func nextBest(sc []scored, chosen, n int) []Selection {
+	n = min(n, len(sc)-1)
+	out := make([]Selection, 0, n)
+	taken := make([]bool, len(sc))
+	taken[chosen] = true
+	for range n {
+		best := -1
+		for j := range sc {
+			if !taken[j] && (best < 0 || sc[j].cost < sc[best].cost) {
+				best = j
+			}
+		}
+		taken[best] = true
+		out = append(out, sc[best].sel)
+	}
+	return out
 }
 
 func (p *Pool) score(ws *workerState, q *Query, opt *Options, seq []uint64, minPrefill int) scored {
@@ -552,15 +591,22 @@ func sample(sc []scored, temp float64, rng Rand) int {
 // (ErrDuplicateReservation); at the cap it fails with ErrTooManyReservations.
 // Neither books anything.
 func (p *Pool) SelectAndReserve(id string, q Query, now time.Time) (Selection, error) {
+	s, _, err := p.SelectAndReserveFallbacks(id, q, now)
+	return s, err
+}
+
+// SelectAndReserveFallbacks is SelectAndReserve with the next-best ranks
+// q.Fallbacks asks for (as SelectFallbacks), of which none is booked.
+func (p *Pool) SelectAndReserveFallbacks(id string, q Query, now time.Time) (Selection, []Selection, error) {
 	if _, dup := p.res[id]; dup {
-		return Selection{}, fmt.Errorf("pool %v reserve %q: %w", p.key, id, ErrDuplicateReservation)
+		return Selection{}, nil, fmt.Errorf("pool %v reserve %q: %w", p.key, id, ErrDuplicateReservation)
 	}
 	if len(p.res) >= p.cfg.MaxReservations {
-		return Selection{}, fmt.Errorf("pool %v reserve %q: %d live: %w", p.key, id, len(p.res), ErrTooManyReservations)
+		return Selection{}, nil, fmt.Errorf("pool %v reserve %q: %d live: %w", p.key, id, len(p.res), ErrTooManyReservations)
 	}
-	s, seq, err := p.sel(&q)
+	s, fb, seq, err := p.sel(&q)
 	if err != nil {
-		return Selection{}, err
+		return Selection{}, nil, err
 	}
 	opt := p.options(&q)
 	ws := p.workers[s.Rank]
@@ -580,7 +626,39 @@ func (p *Pool) SelectAndReserve(id string, q Query, now time.Time) (Selection, e
 	}
 	ws.reqs++
 	p.res[id] = r
-	return s, nil
+	return s, fb, nil
+}
+
+// Move moves live reservation id to rank, a worker of the pool, with
+// everything it books (its blocks, its prefill tokens if its prefill has
+// not completed, its request), whatever rank's load: the request already
+// runs there (a gateway fell back to it). It reports false, changing
+// nothing, for an unknown id or rank; moving to the rank that holds it
+// changes nothing and reports true.
+func (p *Pool) Move(id string, rank indexer.Rank) bool {
+	r, ok := p.res[id]
+	to, known := p.workers[rank]
+	if !ok || !known {
+		return false
+	}
+	if r.rank == rank {
+		return true
+	}
+	from := p.workers[r.rank]
+	for _, h := range r.seq {
+		if from.refs[h]--; from.refs[h] <= 0 {
+			delete(from.refs, h)
+		}
+		to.refs[h]++
+	}
+	from.private -= r.private
+	to.private += r.private
+	from.prefill -= r.prefill
+	to.prefill += r.prefill
+	from.reqs--
+	to.reqs++
+	r.rank = rank
+	return true
 }
 
 // PrefillComplete removes reservation id's prefill tokens from its worker's

@@ -347,6 +347,9 @@ type SelectRequest struct {
 	Constraints Constraints
 	// Temperature, when set, overrides the pool's selection temperature.
 	Temperature *float64
+	// Fallbacks asks for up to this many next-best ranks after the
+	// chosen one, in Choice.Fallbacks (Query.Fallbacks).
+	Fallbacks int
 }
 
 // A Choice is a selection made through the Service: the pool's Selection
@@ -358,6 +361,11 @@ type Choice struct {
 	// TrackPrefillTokens says whether a booking holds prefill load until
 	// ReservePrefillComplete or Free.
 	TrackPrefillTokens bool
+	// Fallbacks are the next-best ranks SelectRequest.Fallbacks asked
+	// for, cheapest first: eligible and under the busy thresholds when
+	// chosen, none of them the chosen rank, none booked. Move books the
+	// request on one that ran it instead.
+	Fallbacks []Selection
 }
 
 // Select chooses a worker of r.Pool and books nothing.
@@ -368,11 +376,12 @@ func (s *Service) Select(r SelectRequest) (Choice, error) {
 	if err != nil {
 		return Choice{}, err
 	}
-	sel, err := p.Select(q)
+	sel, fb, err := p.SelectFallbacks(q)
 	if err != nil {
 		return Choice{}, s.poolError(r.Pool, err)
 	}
 	c := choice(p, &q, sel)
+	c.Fallbacks = fb
 	s.obs.Selected(OpSelect, c)
 	return c, nil
 }
@@ -402,7 +411,7 @@ func (s *Service) reserve(r *SelectRequest, op SelectOp) (Choice, error) {
 		return Choice{}, err
 	}
 	now := s.now()
-	sel, err := p.SelectAndReserve(r.ID, q, now)
+	sel, fb, err := p.SelectAndReserveFallbacks(r.ID, q, now)
 	if err != nil {
 		return Choice{}, s.poolError(r.Pool, err)
 	}
@@ -411,6 +420,7 @@ func (s *Service) reserve(r *SelectRequest, op SelectOp) (Choice, error) {
 	}
 	s.byID[r.ID] = r.Pool
 	c := choice(p, &q, sel)
+	c.Fallbacks = fb
 	s.obs.Selected(op, c)
 	return c, nil
 }
@@ -442,7 +452,7 @@ func (s *Service) query(r *SelectRequest) (*Pool, Query, error) {
 	if err != nil {
 		return nil, Query{}, err
 	}
-	q := Query{Prompt: prompt, Pin: ptrClone(r.Pin), Allowed: r.Allowed, Constraints: r.Constraints}
+	q := Query{Prompt: prompt, Pin: ptrClone(r.Pin), Allowed: r.Allowed, Constraints: r.Constraints, Fallbacks: r.Fallbacks}
 	if r.Temperature != nil {
 		o := p.Config().Options
 		o.Temperature = *r.Temperature
@@ -528,6 +538,30 @@ func (s *Service) ReservePrefillComplete(id string) error {
 	}
 	p.PrefillComplete(id)
 	s.settle(s.now(), id)
+	return nil
+}
+
+// Move books live reservation id on rank to instead, a rank of the same
+// pool, whatever its load (Pool.Move): the request runs there. An
+// unknown or freed id is ErrReservationNotFound, a rank not in the
+// reservation's pool ErrBadPinnedRank. A plan's bookings are not
+// reservations the Service booked: they cannot move. The booking's
+// prediction (ServiceConfig.Predicted) is settled on the rank it leaves
+// and not made on the new one, whose own events report its blocks.
+func (s *Service) Move(id string, to indexer.Rank) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := s.reservation(id)
+	if err != nil {
+		return err
+	}
+	from, _ := p.Reserved(id)
+	if !p.Move(id, to) {
+		return fmt.Errorf("move %s to %v: not in pool %v: %w", id, to, p.Key(), ErrBadPinnedRank)
+	}
+	if from != to {
+		s.settle(s.now(), id)
+	}
 	return nil
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/events/zmtp"
@@ -18,6 +19,7 @@ import (
 	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/daemon"
+	"github.com/prefixd/prefixd/internal/epp"
 )
 
 type serveOptions struct {
@@ -44,6 +46,16 @@ type serveOptions struct {
 	maxRanks     int
 	writeTimeout time.Duration
 	dumpProgress time.Duration
+	epp          eppFlags
+}
+
+// eppFlags are the endpoint picker's flags.
+type eppFlags struct {
+	listen            string
+	certFile, keyFile string
+	selfSigned        bool
+	group             string
+	disagg            bool
 }
 
 func newServeOptions() *serveOptions {
@@ -80,6 +92,12 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
 	fs.Int64Var(&o.maxMessage, "max-message-bytes", o.maxMessage, "largest KV-event message accepted from an engine; a bigger frame closes that connection before anything is allocated for it")
 	fs.DurationVar(&o.handshake, "handshake-timeout", o.handshake, "an engine socket that has not completed the ZMTP handshake after this long is closed and retried")
+	fs.StringVar(&o.epp.listen, "epp-listen", o.epp.listen, "serve the Gateway API Inference Extension's endpoint picker (Envoy ext_proc and gRPC health) on this address, e.g. :9002; empty = off")
+	fs.StringVar(&o.epp.certFile, "epp-cert-file", o.epp.certFile, "the endpoint picker's TLS certificate (PEM; with --epp-key-file)")
+	fs.StringVar(&o.epp.keyFile, "epp-key-file", o.epp.keyFile, "the endpoint picker's TLS key (PEM; with --epp-cert-file)")
+	fs.BoolVar(&o.epp.selfSigned, "epp-self-signed", o.epp.selfSigned, "serve the endpoint picker over TLS with a certificate made in memory at start")
+	fs.StringVar(&o.epp.group, "epp-routing-group", catalog.DefaultRoutingGroup, "the routing group the endpoint picker picks in")
+	fs.BoolVar(&o.epp.disagg, "epp-disagg", o.epp.disagg, "the endpoint picker books decode-first plans (--disagg-order, --disagg-policy, …): the decode engine is the destination, the prefill engine goes in x-prefiller-host-port")
 }
 
 func (o *serveOptions) Validate() error {
@@ -115,6 +133,18 @@ func (o *serveOptions) Validate() error {
 	}
 	if o.handshake <= 0 {
 		return fmt.Errorf("--handshake-timeout %v: must be positive", o.handshake)
+	}
+	if (o.epp.certFile == "") != (o.epp.keyFile == "") {
+		return fmt.Errorf("--epp-cert-file and --epp-key-file: give both or neither")
+	}
+	if o.epp.selfSigned && o.epp.certFile != "" {
+		return fmt.Errorf("--epp-self-signed and --epp-cert-file: give one or the other")
+	}
+	if o.epp.listen == "" && (o.epp.selfSigned || o.epp.certFile != "" || o.epp.disagg) {
+		return fmt.Errorf("--epp-self-signed, --epp-cert-file and --epp-disagg need --epp-listen")
+	}
+	if o.epp.group == "" {
+		return fmt.Errorf("--epp-routing-group: must not be empty")
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
@@ -161,6 +191,8 @@ func newServeCommand() *cobra.Command {
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks), CatalogWriteTimeout: o.writeTimeout, DumpProgressTimeout: o.dumpProgress,
+				EPP: daemon.EPPConfig{Listen: o.epp.listen, TLS: epp.TLS{CertFile: o.epp.certFile, KeyFile: o.epp.keyFile, SelfSigned: o.epp.selfSigned},
+					Group: o.epp.group, Disagg: o.epp.disagg},
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

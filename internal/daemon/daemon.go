@@ -25,6 +25,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
+	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/peer"
 )
@@ -98,11 +99,31 @@ type Config struct {
 	// beyond it written to etcd directly (a sidecar's) is ignored until
 	// ranks leave (rankCap).
 	MaxRanks int
+	// EPP, when its Listen is set, serves the Gateway API Inference
+	// Extension's endpoint picker (package epp) beside the HTTP API,
+	// sharing the coordinator.
+	EPP EPPConfig
 	// PredictedTTL, when positive, turns booking predictions on: every
 	// booking's prompt counts as cached on its worker for this long, or
 	// until the worker's events arrive (indexer.Predictions); /query
 	// shows them apart.
 	PredictedTTL time.Duration
+}
+
+// EPPConfig configures the endpoint picker.
+type EPPConfig struct {
+	// Listen is the gRPC address ("" = no picker; port 0 picks one).
+	Listen string
+	TLS    epp.TLS
+	// Group is the routing group picked in (default "default").
+	Group string
+	// Disagg books decode-first plans (Config.Coordinator's order and
+	// policy); the destination is the decode engine.
+	Disagg bool
+	// OnReady, if set, is called with the picker's address when it serves.
+	OnReady func(addr string)
+	// Server, if set, is called with the picker (tests read its bookings).
+	Server func(*epp.Server)
 }
 
 // Run runs the daemon until ctx ends: (embedded) etcd, the catalog watch,
@@ -203,6 +224,13 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close() // a no-op once the server has it
+	var eppLn net.Listener
+	if cfg.EPP.Listen != "" {
+		if eppLn, err = net.Listen("tcp", cfg.EPP.Listen); err != nil {
+			return fmt.Errorf("listen %s (--epp-listen): %w", cfg.EPP.Listen, err)
+		}
+		defer eppLn.Close()
+	}
 	subCfg := cfg.Subscriber
 	if subCfg.Metrics == nil {
 		subCfg.Metrics = stream.NewMetrics(reg)
@@ -242,6 +270,9 @@ func Run(ctx context.Context, cfg Config) error {
 		maxRanks = 0
 	}
 	view := newWorkerView(store, ix, streams, svc, maxRanks, log)
+	if eppLn != nil {
+		view.endpoints = epp.NewEndpoints(log, 0)
+	}
 	view.writeTimeout = cmp.Or(cfg.CatalogWriteTimeout, DefaultCatalogWriteTimeout)
 	reg.MustRegister(view.collectors()...)
 	badRecords := prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_catalog_bad_records_total",
@@ -293,6 +324,27 @@ func Run(ctx context.Context, cfg Config) error {
 	})
 	srv := apiserver.NewServer(handler, apiserver.ServerConfig{Logger: log})
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
+	if eppLn != nil {
+		picker, err := epp.New(epp.Config{Service: svc, Endpoints: view.endpoints, Group: cfg.EPP.Group, Disagg: cfg.EPP.Disagg,
+			Ready: func() bool { ok, _ := ready(); return ok }, Logger: log, Registerer: reg})
+		if err != nil {
+			return err
+		}
+		if cfg.EPP.Server != nil {
+			cfg.EPP.Server(picker)
+		}
+		g.Go(func() error { return view.endpoints.Run(gctx) })
+		g.Go(func() error { return picker.Serve(gctx, eppLn, cfg.EPP.TLS, cfg.ShutdownTimeout) }) // drains streams in flight
+		mode := "aggregated"
+		if cfg.EPP.Disagg {
+			mode = "disaggregated (decode-first plans)"
+		}
+		log.Info("prefixd endpoint picker serving (ext_proc)", "grpc", eppLn.Addr().String(), "tls", cfg.EPP.TLS.Mode(), "mode", mode,
+			"routing_group", cmp.Or(cfg.EPP.Group, catalog.DefaultRoutingGroup))
+		if cfg.EPP.OnReady != nil {
+			cfg.EPP.OnReady(eppLn.Addr().String())
+		}
+	}
 	log.Info("prefixd serving", "http", ln.Addr().String())
 	if cfg.OnReady != nil {
 		cfg.OnReady(ln.Addr().String())
@@ -321,6 +373,8 @@ type workerView struct {
 	streams *stream.Manager
 	svc     *coordinator.Service // nil in tests that build a view by hand
 	log     *slog.Logger
+	// endpoints, when set, are the endpoint picker's engine addresses.
+	endpoints *epp.Endpoints
 
 	// writeTimeout bounds each catalog write (Register, Unregister); 0:
 	// none (tests that build a view by hand).
@@ -393,6 +447,13 @@ func (v *workerView) applyAdmitted(c catalog.Change) {
 	}
 	if c.Kind == catalog.Removed {
 		v.streams.Remove(c.Key.WorkerID)
+	}
+	if v.endpoints != nil {
+		if c.Kind == catalog.Removed {
+			v.endpoints.Remove(c.Key.WorkerID)
+		} else {
+			v.endpoints.Set(c.Worker)
+		}
 	}
 	v.mu.Lock()
 	if c.Kind == catalog.Removed {

@@ -66,10 +66,10 @@ func newMetrics(bodies func() int64) *metrics {
 func (m *metrics) watchCache(c *tokenCache) {
 	m.cacheBytes = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_proxy_tokenize_cache_bytes",
 		Help: "Bytes the tokenize cache holds (the ids and a fixed cost per entry), of --tokenize-cache-bytes."},
-		func() float64 { b, _ := c.size(); return float64(b) })
+		func() float64 { b, _ := c.Size(); return float64(b) })
 	m.cacheEntries = prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_proxy_tokenize_cache_entries",
 		Help: "Tokenize answers the cache holds, of --tokenize-cache."},
-		func() float64 { _, n := c.size(); return float64(n) })
+		func() float64 { _, n := c.Size(); return float64(n) })
 }
 
 func (m *metrics) register(r prometheus.Registerer) error {

@@ -31,6 +31,7 @@ import (
 	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
+	"github.com/prefixd/prefixd/internal/tokenize"
 )
 
 // Policy is how the proxy chooses an engine for an aggregated request.
@@ -532,9 +533,7 @@ const prefixdMaxBody = 8 << 20
 const maxPromptJSON = prefixdMaxBody - 64<<10
 
 // promptTooLong is a prompt prefixd would refuse to route: a 413.
-type promptTooLong struct{ msg string }
-
-func (e *promptTooLong) Error() string { return e.msg }
+type promptTooLong = tokenize.PromptTooLong
 
 // routable returns a *promptTooLong if ids, written as JSON, would not fit
 // in a body prefixd accepts (their count is bounded where they are read).
@@ -551,5 +550,5 @@ func routable(ids []uint32) error {
 	if n <= maxPromptJSON {
 		return nil
 	}
-	return &promptTooLong{fmt.Sprintf("prompt: its %d token ids take %d bytes as JSON, more than the %d a prompt may take to be routed", len(ids), n, maxPromptJSON)}
+	return &promptTooLong{Msg: fmt.Sprintf("prompt: its %d token ids take %d bytes as JSON, more than the %d a prompt may take to be routed", len(ids), n, maxPromptJSON)}
 }

@@ -129,7 +129,7 @@ func TestTokenizeCacheRefusesLarge(t *testing.T) {
 	if n := calls.Load(); n != 2 {
 		t.Errorf("the engine was asked %d times, want 2", n)
 	}
-	if b, n := c.size(); b != 0 || n != 0 {
+	if b, n := c.Size(); b != 0 || n != 0 {
 		t.Errorf("the cache holds %d bytes in %d entries", b, n)
 	}
 	if got := testutil.ToFloat64(m.cacheRefusals); got != 2 {
