@@ -40,6 +40,7 @@ var kustomizations = map[string][]string{
 	"kubernetes/overlays/smoke":         nil,
 	"kubernetes/examples/vllm":          {"hf-token"},
 	"kubernetes/examples/proxy":         {"prefixd-api-token"},
+	"kubernetes/examples/gateway":       {"hf-token", "prefixd-api-token"},
 }
 
 var (
@@ -242,6 +243,10 @@ type probe struct {
 	TCPSocket *struct {
 		Port any `json:"port"`
 	} `json:"tcpSocket"`
+	GRPC *struct {
+		Port    int     `json:"port"`
+		Service *string `json:"service"`
+	} `json:"grpc"`
 }
 
 func (c container) envNames() []string {
@@ -342,14 +347,22 @@ func render(t *testing.T, dir string) rendering {
 	if err != nil {
 		t.Fatalf("kustomize build %s: %v", dir, err)
 	}
-	r := rendering{dir: dir}
+	var objects []object
 	for _, res := range m.Resources() {
 		mp, err := res.Map()
 		if err != nil {
 			t.Fatalf("%s: %s: %v", dir, res.CurId(), err)
 		}
-		o := object(mp)
-		r.objects = append(r.objects, o)
+		objects = append(objects, object(mp))
+	}
+	return newRendering(t, dir, objects)
+}
+
+// newRendering decodes the pod templates of objects.
+func newRendering(t *testing.T, dir string, objects []object) rendering {
+	t.Helper()
+	r := rendering{dir: dir, objects: objects}
+	for _, o := range objects {
 		w := workload{kind: o.kind(), name: o.name(), replicas: 1}
 		switch o.kind() {
 		case "Deployment", "StatefulSet", "Job":
@@ -519,10 +532,11 @@ func checkContainer(t *testing.T, where string, w workload, c container, secrets
 	for name, p := range map[string]*probe{"startup": c.StartupProbe, "liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
 		switch {
 		case p == nil:
-		case p.HTTPGet != nil && !c.hasPort(p.HTTPGet.Port), p.TCPSocket != nil && !c.hasPort(p.TCPSocket.Port):
+		case p.HTTPGet != nil && !c.hasPort(p.HTTPGet.Port), p.TCPSocket != nil && !c.hasPort(p.TCPSocket.Port),
+			p.GRPC != nil && !c.hasPort(float64(p.GRPC.Port)):
 			t.Errorf("%s: %s probe's port is not a port of the container", where, name)
-		case p.HTTPGet == nil && p.TCPSocket == nil:
-			t.Errorf("%s: %s probe is neither httpGet nor tcpSocket", where, name)
+		case p.HTTPGet == nil && p.TCPSocket == nil && p.GRPC == nil:
+			t.Errorf("%s: %s probe is neither httpGet, tcpSocket nor grpc", where, name)
 		}
 	}
 	if exempt {
