@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -37,15 +38,13 @@ type exchange struct {
 	origHeader http.Header // the client's headers, hop-by-hop ones left out
 	header     http.Header // as the picker mutated them
 	path       string
-	orig       []byte // the client's body, as read (for FailOpen)
-	bodyRead   bool   // orig holds the whole body
-	body       []byte // the body the picker passed back
+	orig       []byte      // the client's body, as read (for FailOpen)
+	bodyRead   atomic.Bool // orig holds the whole body: the client's is read to its end
+	body       []byte      // the body the picker passed back
 
 	// sendDone reports the request body's sender (FULL_DUPLEX_STREAMED);
-	// nil when none runs. readingBody is set while it may be blocked on
-	// the client.
-	sendDone    chan error
-	readingBody bool
+	// nil when none runs.
+	sendDone chan error
 
 	metaDest string // envoy.lb / x-gateway-destination-endpoint
 	metaSet  bool
@@ -116,14 +115,21 @@ func (x *exchange) run() {
 }
 
 // finish ends the exchange: the stream is cancelled (a no-op after a
-// clean end), a sender blocked on the client's body is released, and
-// every goroutine is waited for.
+// clean end) and every goroutine waited for. A client's body the
+// exchange left unread (an early answer) is read and discarded, within
+// Config.MaxRequestBody and closeWait, so the client reads the answer
+// rather than a reset; its connection is closed after the answer (see
+// writeHeader).
 func (x *exchange) finish() {
 	x.cancel()
-	if x.readingBody {
-		_ = http.NewResponseController(x.w).SetReadDeadline(time.Now())
+	unread := x.hasBody && !x.bodyRead.Load()
+	if unread {
+		_ = http.NewResponseController(x.w).SetReadDeadline(time.Now().Add(closeWait))
 	}
 	x.wg.Wait()
+	if unread && !x.bodyRead.Load() {
+		_, _ = io.CopyN(io.Discard, x.r.Body, x.g.cfg.MaxRequestBody)
+	}
 	if x.resp != nil {
 		x.resp.Body.Close()
 	}
@@ -155,7 +161,7 @@ func (x *exchange) next() (recvResult, bool) {
 	}
 }
 
-// send sends a message on the stream, with the request's metadata.
+// send sends a message on the stream.
 func (x *exchange) send(m *extprocv3.ProcessingRequest) error {
 	return x.stream.Send(m)
 }
@@ -229,10 +235,7 @@ func (x *exchange) requestStreamed() bool {
 	}
 	if x.hasBody {
 		x.sendDone = make(chan error, 1)
-		x.readingBody = true
 		x.wg.Go(func() { x.sendDone <- x.sendRequestBody() })
-	} else {
-		x.bodyRead = true
 	}
 	headersDone, bodyDone := false, !x.hasBody
 	for !headersDone || !bodyDone {
@@ -302,7 +305,6 @@ func (x *exchange) requestStreamed() bool {
 // senderEnded handles the request body sender's end: false when the
 // client has been answered (a body too large) or is gone.
 func (x *exchange) senderEnded(err error) bool {
-	x.readingBody = false
 	switch {
 	case err == nil:
 		return true
@@ -348,12 +350,12 @@ func (x *exchange) sendRequestBody() error {
 				}
 			}
 			if eos {
-				x.bodyRead = true
+				x.bodyRead.Store(true)
 				return sendErr
 			}
 		}
 		if err == io.EOF {
-			x.bodyRead = true
+			x.bodyRead.Store(true)
 			if sending {
 				if serr := x.send(x.requestBodyMessage(nil, true)); serr != nil {
 					sendErr = errStreamSend
@@ -371,7 +373,7 @@ func (x *exchange) sendRequestBody() error {
 // Config.MaxRequestBody (413 beyond it); false when the client has been
 // answered or is gone.
 func (x *exchange) readBody() bool {
-	if x.bodyRead {
+	if !x.hasBody || x.bodyRead.Load() {
 		return true
 	}
 	b, err := io.ReadAll(io.LimitReader(x.r.Body, x.g.cfg.MaxRequestBody+1-int64(len(x.orig))))
@@ -384,7 +386,7 @@ func (x *exchange) readBody() bool {
 		x.local(http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", x.g.cfg.MaxRequestBody))
 		return false
 	}
-	x.bodyRead = true
+	x.bodyRead.Store(true)
 	return true
 }
 
@@ -407,7 +409,6 @@ func (x *exchange) requestBuffered() bool {
 		return x.protocolFail("request headers response: %v", err)
 	}
 	if !x.hasBody {
-		x.bodyRead = true
 		return true
 	}
 	if !x.readBody() {
@@ -809,11 +810,16 @@ func (x *exchange) closeStream() {
 	}
 }
 
-// writeHeader starts the client's response.
+// writeHeader starts the client's response. An answer given before the
+// client's body ended closes the connection after it, as Envoy does: the
+// body's rest is discarded, not read as a next request.
 func (x *exchange) writeHeader(h http.Header, status int) {
 	dst := x.w.Header()
 	for k, v := range h {
 		dst[k] = v
+	}
+	if x.hasBody && !x.bodyRead.Load() {
+		dst.Set("Connection", "close")
 	}
 	x.written = true
 	x.w.WriteHeader(status)
@@ -880,7 +886,6 @@ func (x *exchange) eppDown(err error) {
 		select {
 		case serr := <-x.sendDone:
 			x.sendDone = nil
-			x.readingBody = false
 			if serr != nil && !errors.Is(serr, errStreamSend) {
 				x.senderEnded(serr)
 				return
