@@ -8,7 +8,9 @@
 // registered in the catalog with a lease. An Engine serves vLLM's
 // OpenAI routes (completions, chat completions, tokenize, models, with a
 // deterministic prefix-stable tokenizer), the prefill/decode handoff of
-// vLLM's NIXL connector (kv_transfer_params), POST /generate, metrics and
+// vLLM's NIXL connector (kv_transfer_params) and, on the decode side, the
+// routing sidecar's prefill first (x-prefiller-host-port, sidecar.go),
+// POST /generate, metrics and
 // fault injection over HTTP; Fleet runs engines in one store.
 //
 // Publisher is the Go KV-event publisher: PUB and ROUTER sockets with the

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
@@ -134,6 +136,10 @@ type Engine struct {
 
 	sessMu sync.Mutex
 	sess   *catalog.Session
+
+	// The routing sidecar (sidecar.go): its client and counters.
+	prefillClient                    *http.Client
+	sidecarPrefills, sidecarFailures atomic.Uint64
 }
 
 // New validates cfg and returns an Engine; Run starts it.
@@ -201,7 +207,8 @@ func New(cfg Config) (*Engine, error) {
 	log := cfg.Log.With("worker", cfg.Worker.WorkerID, "dp_rank", cfg.DPRank)
 	return &Engine{cfg: cfg, pub: pub, clock: cfg.Clock, log: log, pool: pool, sched: sched,
 		waiters: map[uint64]chan struct{}{}, faults: faultPlan{afterTokens: -1},
-		wake: make(chan struct{}, 1), ready: make(chan struct{}), crashed: make(chan struct{})}, nil
+		wake: make(chan struct{}, 1), ready: make(chan struct{}), crashed: make(chan struct{}),
+		prefillClient: newPrefillClient()}, nil
 }
 
 // endpointHostPort returns the host and port of an http(s) base URL (port

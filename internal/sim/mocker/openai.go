@@ -631,6 +631,21 @@ func (e *Engine) serveGeneration(w http.ResponseWriter, r *http.Request, chat bo
 		writeError(w, rerr)
 		return
 	}
+	addr, remote, rerr := prefillerAddr(r.Header)
+	if rerr != nil {
+		writeError(w, rerr)
+		return
+	}
+	if remote { // the routing sidecar's prefill, then the decode here
+		var gone bool
+		if body, gone, rerr = e.remotePrefill(r, addr, body, chat); gone {
+			return
+		}
+		if rerr != nil {
+			writeError(w, rerr)
+			return
+		}
+	}
 	var g generation
 	if chat {
 		g, rerr = e.parseChat(body)
