@@ -246,6 +246,29 @@ func (s sse) next() (string, error) {
 	}
 }
 
+// completionText reads a streamed completion to its [DONE]: the text of
+// its choices and its usage chunk (nil if none).
+func completionText(t *testing.T, s sse) (string, map[string]any) {
+	t.Helper()
+	var text strings.Builder
+	var usage map[string]any
+	for {
+		ev, err := s.next()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if ev == "[DONE]" {
+			return text.String(), usage
+		}
+		m := obj(t, []byte(ev))
+		if u, ok := m["usage"].(map[string]any); ok {
+			usage = u
+			continue
+		}
+		text.WriteString(m["choices"].([]any)[0].(map[string]any)["text"].(string))
+	}
+}
+
 func startStream(t *testing.T, ctx context.Context, url string, body any) (*http.Response, sse) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(mustJSON(body)))
@@ -670,25 +693,9 @@ func TestPDHandoff(t *testing.T) {
 			autoAdvance(t, clk)
 			_, s := startStream(t, context.Background(), decURL+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 3,
 				"stream": true, "stream_options": map[string]bool{"include_usage": true}, "kv_transfer_params": preResp.KVTransferParams})
-			var text strings.Builder
-			var usage map[string]any
-			for {
-				ev, err := s.next()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if ev == "[DONE]" {
-					break
-				}
-				m := obj(t, []byte(ev))
-				if u, ok := m["usage"].(map[string]any); ok {
-					usage = u
-					continue
-				}
-				text.WriteString(m["choices"].([]any)[0].(map[string]any)["text"].(string))
-			}
-			if text.String() != expectText(ptoks, 3) {
-				t.Fatalf("decoded %q, want %q", text.String(), expectText(ptoks, 3))
+			text, usage := completionText(t, s)
+			if text != expectText(ptoks, 3) {
+				t.Fatalf("decoded %q, want %q", text, expectText(ptoks, 3))
 			}
 			// Every block transferred (the last, partial one too), one token
 			// computed, two decoded.

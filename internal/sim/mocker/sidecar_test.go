@@ -106,25 +106,9 @@ func TestSidecarPrefill(t *testing.T) {
 		t.Fatalf("completion through the sidecar: %d %s", resp.StatusCode, b)
 	}
 	s := sse{bufio.NewReader(resp.Body)}
-	var text strings.Builder
-	var usage map[string]any
-	for {
-		ev, err := s.next()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if ev == "[DONE]" {
-			break
-		}
-		m := obj(t, []byte(ev))
-		if u, ok := m["usage"].(map[string]any); ok {
-			usage = u
-			continue
-		}
-		text.WriteString(m["choices"].([]any)[0].(map[string]any)["text"].(string))
-	}
-	if text.String() != expectText(ctoks, 3) {
-		t.Fatalf("decoded %q, want %q", text.String(), expectText(ctoks, 3))
+	text, usage := completionText(t, s)
+	if text != expectText(ctoks, 3) {
+		t.Fatalf("decoded %q, want %q", text, expectText(ctoks, 3))
 	}
 	if cached := usage["prompt_tokens_details"].(map[string]any)["cached_tokens"]; cached != float64(len(ctoks)) || usage["completion_tokens"] != 3.0 {
 		t.Fatalf("usage %v: want 3 tokens and the whole prompt cached (its KV came from the prefill engine)", usage)
