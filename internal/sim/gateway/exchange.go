@@ -1024,9 +1024,10 @@ func applyMutation(h http.Header, m *extprocv3.HeaderMutation, path *string, sta
 		case strings.HasPrefix(k, ":") || k == "host" || strings.HasPrefix(k, "x-envoy-"):
 			continue
 		}
-		switch {
-		case o.GetAppend() != nil:
-			if o.GetAppend().GetValue() {
+		//lint:ignore SA1019 Envoy still honours the deprecated append field when set, and so does a gateway standing in for it
+		switch appendOld := o.GetAppend(); {
+		case appendOld != nil:
+			if appendOld.GetValue() {
 				h.Add(k, v)
 			} else {
 				h.Set(k, v)

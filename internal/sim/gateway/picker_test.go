@@ -160,7 +160,7 @@ func setHeaders(m map[string]string) []*corev3.HeaderValueOption {
 func picker(tr *transcript, mode BodyMode, decide func(headers *corev3.HeaderMap, body []byte) decision) func(extprocv3.ExternalProcessor_ProcessServer) error {
 	return func(s extprocv3.ExternalProcessor_ProcessServer) error {
 		var headers *corev3.HeaderMap
-		var body, respBody []byte
+		var body []byte
 		var d decision
 		send := func(r *extprocv3.ProcessingResponse) error { return s.Send(r) }
 		decideAndAnswer := func() error {
@@ -255,7 +255,6 @@ func picker(tr *transcript, mode BodyMode, decide func(headers *corev3.HeaderMap
 						common.BodyMutation = &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_Body{Body: d.respBody(v.ResponseBody.Body)}}
 					}
 				} else {
-					respBody = append(respBody, v.ResponseBody.Body...)
 					common = &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
 						StreamedResponse: &extprocv3.StreamedBodyResponse{Body: v.ResponseBody.Body, EndOfStream: v.ResponseBody.EndOfStream}}}}
 				}
