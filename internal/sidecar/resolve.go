@@ -11,7 +11,7 @@ import (
 
 // The sources Resolve writes for values not from the engine.
 const (
-	SourceFlagPrefix = "flag "   // "flag --block-size"
+	SourceFlagPrefix = "flag "    // "flag --block-size"
 	SourceEngine     = "engine: " // "engine: GET /metrics vllm:cache_config_info"
 	SourceDefault    = "default"
 )
