@@ -136,7 +136,18 @@ func Describe(ctx context.Context, c *http.Client, base string) (Description, er
 	}
 	base = strings.TrimSuffix(base, "/")
 	var d Description
-	body, status, err := get(ctx, c, base, "/server_info?config_format=json")
+	// vLLM's metrics first: always served, so the values every vLLM
+	// reports are named by the route every vLLM has.
+	body, status, err := get(ctx, c, base, "/metrics")
+	if err != nil {
+		return d, err
+	}
+	if status == http.StatusOK {
+		if err := d.vllmMetrics(body); err != nil {
+			return d, err
+		}
+	}
+	body, status, err = get(ctx, c, base, "/server_info?config_format=json")
 	if err != nil {
 		return d, err
 	}
@@ -144,17 +155,6 @@ func Describe(ctx context.Context, c *http.Client, base string) (Description, er
 	if infoFound {
 		if err := d.serverInfo(body, routeSGLangInfo); err != nil {
 			return d, err
-		}
-	}
-	if d.Flavor != "sglang" {
-		body, status, err = get(ctx, c, base, "/metrics")
-		if err != nil {
-			return d, err
-		}
-		if status == http.StatusOK {
-			if err := d.vllmMetrics(body); err != nil {
-				return d, err
-			}
 		}
 	}
 	if d.Flavor == "" && !infoFound {
