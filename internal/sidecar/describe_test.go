@@ -151,6 +151,10 @@ func TestDescribeSGLang(t *testing.T) {
 	if _, err := Resolve(catalog.Worker{WorkerID: 1}, nil, d); err == nil || !strings.Contains(err.Error(), "the engine publishes no KV events (GET /server_info kv_events_config)") {
 		t.Fatalf("Resolve of an engine without events: %v", err)
 	}
+	if _, err := Resolve(catalog.Worker{WorkerID: 1, EventsEndpoint: "tcp://*:6000"}, map[string]string{"events_endpoint": "--events-endpoint"}, d); err == nil ||
+		!strings.Contains(err.Error(), `--events-endpoint "tcp://*:6000" contradicts the engine, which publishes no KV events (GET /server_info kv_events_config)`) {
+		t.Fatalf("Resolve of an events endpoint the engine does not publish on: %v", err)
+	}
 }
 
 // TestDescribeRefusesNonEngines: a server that describes itself on none

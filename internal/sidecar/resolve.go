@@ -21,8 +21,8 @@ const (
 // "block_size": "--block-size") the operator set, completed with what the
 // engine said in d. A given field wins, but one that contradicts the
 // engine is refused, naming both values; so is an engine that runs with
-// prefix caching off (nothing would ever be cached), one that publishes
-// no KV events when no events endpoint is given, and a record whose model
+// prefix caching off (nothing would ever be cached), one that says it
+// publishes no KV events, and a record whose model
 // or block size neither the operator nor the engine gave. The record's
 // Sources say where each value came from.
 func Resolve(flags catalog.Worker, given map[string]string, d Description) (catalog.Worker, error) {
@@ -32,8 +32,12 @@ func Resolve(flags catalog.Worker, given map[string]string, d Description) (cata
 	if d.PrefixCaching.Known() && !d.PrefixCaching.V {
 		errs = append(errs, fmt.Sprintf("the engine runs with prefix caching off (%s): it never reuses a prefix, so prefixd would find nothing cached; start it with prefix caching on", d.PrefixCaching.From))
 	}
-	if _, ok := given["events_endpoint"]; !ok && d.KVEvents.Known() && !d.KVEvents.V {
-		errs = append(errs, fmt.Sprintf("the engine publishes no KV events (%s): start it with a ZMQ kv-events config, or give --events-endpoint", d.KVEvents.From))
+	if d.KVEvents.Known() && !d.KVEvents.V {
+		if flag, ok := given["events_endpoint"]; ok {
+			errs = append(errs, fmt.Sprintf("%s %s contradicts the engine, which publishes no KV events (%s)", flag, show(w.EventsEndpoint), d.KVEvents.From))
+		} else {
+			errs = append(errs, fmt.Sprintf("the engine publishes no KV events (%s): start it with a ZMQ kv-events config", d.KVEvents.From))
+		}
 	}
 
 	// The model: one the engine serves.

@@ -1,8 +1,12 @@
 // Package sidecar registers one engine in the worker catalog and keeps it
 // there while the engine is healthy: `prefixd sidecar` runs next to each
-// vLLM or SGLang engine. The record is held by a lease (a crashed sidecar's
-// worker disappears when the lease expires); it advertises routable
-// addresses for endpoints the engine binds on a wildcard host.
+// vLLM or SGLang engine. It asks the engine what it is (Describe: model,
+// block size, capacity, event endpoints, dp ranks, from the routes vLLM
+// and SGLang serve) and completes the operator's flags with it, refusing
+// flags that contradict the engine (Resolve). The record is held by a
+// lease (a crashed sidecar's worker disappears when the lease expires); it
+// advertises routable addresses for endpoints the engine binds on a
+// wildcard host.
 package sidecar
 
 import (
