@@ -103,7 +103,20 @@ type Worker struct {
 	Lifecycle             Lifecycle `json:"lifecycle"`          // default LifecycleActive
 	// SeqBase is the first event seq of an engine incarnation (0 for vLLM).
 	SeqBase uint64 `json:"seq_base,omitempty"`
+	// Sources says where the registrant took the record's values from,
+	// keyed by JSON field name: a sidecar that asked its engine writes e.g.
+	// "block_size": "engine: GET /metrics vllm:cache_config_info" and
+	// "model_name": "flag --model". Informational and optional (records
+	// written before it have none); at most MaxSources entries.
+	Sources map[string]string `json:"sources,omitempty"`
 }
+
+// MaxSources bounds a record's sources, and MaxSourceBytes each key and
+// value.
+const (
+	MaxSources     = 32
+	MaxSourceBytes = 256
+)
 
 // Attributes are a worker record's fields that describe the engine
 // (everything but its identity, its ranks' endpoints and the record's
@@ -379,6 +392,16 @@ func (w Worker) Validate() error {
 			add("taints", "%q is listed twice", t)
 		}
 	}
+	if len(w.Sources) > MaxSources {
+		add("sources", "%d entries, more than %d", len(w.Sources), MaxSources)
+	} else {
+		for _, k := range slices.Sorted(maps.Keys(w.Sources)) {
+			if !printable(k) || !printable(w.Sources[k]) {
+				add("sources", "an entry is empty, longer than %d bytes or not printable UTF-8", MaxSourceBytes)
+				break
+			}
+		}
+	}
 	switch w.Lifecycle {
 	case LifecycleActive, LifecycleDraining:
 	default:
@@ -388,6 +411,12 @@ func (w Worker) Validate() error {
 		return nil
 	}
 	return &ValidationError{Fields: errs}
+}
+
+// printable reports whether s is a non-empty sources key or value within
+// MaxSourceBytes, UTF-8 and without control characters.
+func printable(s string) bool {
+	return s != "" && len(s) <= MaxSourceBytes && utf8.ValidString(s) && strings.IndexFunc(s, unicode.IsControl) < 0
 }
 
 // checkName validates a model name or routing group: non-empty, UTF-8,

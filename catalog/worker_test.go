@@ -3,6 +3,7 @@ package catalog_test
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -43,6 +44,18 @@ func TestValidate(t *testing.T) {
 			w.TopologyDomains = map[string]string{"rack": "r1"}
 			w.KVTransferDomain, w.KVTransferEnforcement, w.KVTransferPreferredWeight = "rack", catalog.EnforcementPreferred, weight(0.5)
 		}, "", ""},
+		{"valid sources", func(w *catalog.Worker) {
+			w.Sources = map[string]string{"block_size": "engine: GET /metrics vllm:cache_config_info", "model_name": "flag --model"}
+		}, "", ""},
+		{"too many sources", func(w *catalog.Worker) {
+			w.Sources = map[string]string{}
+			for i := range catalog.MaxSources + 1 {
+				w.Sources[fmt.Sprint("f", i)] = "flag"
+			}
+		}, "sources", "more than 32"},
+		{"empty source", func(w *catalog.Worker) { w.Sources = map[string]string{"block_size": ""} }, "sources", "not printable"},
+		{"control char in source", func(w *catalog.Worker) { w.Sources = map[string]string{"block_size": "a\nb"} }, "sources", "not printable"},
+		{"huge source", func(w *catalog.Worker) { w.Sources = map[string]string{"block_size": strings.Repeat("x", 257)} }, "sources", "longer than 256"},
 		{"version missing", func(w *catalog.Worker) { w.Version = 0 }, "version", "missing"},
 		{"version future", func(w *catalog.Worker) { w.Version = 2 }, "version", "unsupported record version 2"},
 		{"empty model", func(w *catalog.Worker) { w.ModelName = "" }, "model_name", "must not be empty"},
@@ -270,6 +283,7 @@ func TestDecodeWorker(t *testing.T) {
 	}{
 		{"defaults applied", `{"version":1,"worker_id":3,"model_name":"m","block_size":16}`, ""},
 		{"unknown fields ignored", `{"version":1,"worker_id":3,"model_name":"m","block_size":16,"future":true}`, ""},
+		{"with sources", `{"version":1,"worker_id":3,"model_name":"m","block_size":16,"sources":{"block_size":"engine: GET /metrics"}}`, ""},
 		{"no version", `{"worker_id":3,"model_name":"m","block_size":16}`, "version: missing"},
 		{"not json", `{"version":1,`, "decode worker record"},
 		{"bad rank key", `{"version":1,"worker_id":3,"model_name":"m","block_size":16,"events_endpoints":{"x":"tcp://h:1"}}`, "decode worker record"},

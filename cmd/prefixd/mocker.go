@@ -43,13 +43,18 @@ type mockerOptions struct {
 	ttl          time.Duration
 	kvGroups     string
 	groups       []mocker.Group // parsed from kvGroups by Validate
+	register     bool
+	flavor       string
+	serverInfo   bool
+	caching      bool
 }
 
 func newMockerOptions() *mockerOptions {
 	return &mockerOptions{etcd: newEtcdFlags("http://127.0.0.1:2379"), model: "mock-model",
 		group: catalog.DefaultRoutingGroup, role: string(catalog.RoleAggregated), engines: 1, firstID: 1, blockSize: 16,
 		totalBlocks: 4096, host: "127.0.0.1", httpPort: 18000, timing: mocker.H100Llama8B.WithDefaults(),
-		maxBodyBytes: mocker.DefaultMaxBodyBytes, era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL}
+		maxBodyBytes: mocker.DefaultMaxBodyBytes, era: "map", layout: "topic", ttl: catalog.DefaultSessionTTL,
+		register: true, flavor: mocker.FlavorVLLM, serverInfo: true, caching: true}
 }
 
 func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
@@ -80,12 +85,19 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kvDomain, "kv-transfer-domain", o.kvDomain, "topology domain that constrains KV transfers (with --topology)")
 	fs.StringToStringVar(&o.topology, "topology", o.topology, "topology domains, e.g. zone=a")
 	fs.DurationVar(&o.ttl, "ttl", o.ttl, "registration lease TTL")
+	fs.BoolVar(&o.register, "register", o.register, "register each engine in etcd under a lease; --register=false leaves registration to a sidecar (prefixd sidecar --engine-url)")
+	fs.StringVar(&o.flavor, "flavor", o.flavor, "what the HTTP API describes the engine as: vllm (vllm:cache_config_info on /metrics, /server_info) or sglang (/server_info)")
+	fs.BoolVar(&o.serverInfo, "server-info", o.serverInfo, "vllm flavor: serve GET /server_info?config_format=json, as vLLM does with VLLM_SERVER_DEV_MODE=1")
+	fs.BoolVar(&o.caching, "prefix-caching", o.caching, "what the engine says of its prefix caching (--prefix-caching=false: says off, for testing a sidecar's refusal; the pool still caches)")
 	fs.StringVar(&o.kvGroups, "kv-groups", o.kvGroups, "hybrid KV-cache layout in group_idx order, e.g. sliding_window:1024,full_attention (Gemma 3's groups); empty: one full-attention group")
 }
 
 func (o *mockerOptions) Validate() error {
-	if len(o.etcd.endpoints) == 0 {
-		return fmt.Errorf("--etcd-endpoints: required")
+	if len(o.etcd.endpoints) == 0 && o.register {
+		return fmt.Errorf("--etcd-endpoints: required (or --register=false)")
+	}
+	if o.flavor != mocker.FlavorVLLM && o.flavor != mocker.FlavorSGLang {
+		return fmt.Errorf("--flavor %q: want %s or %s", o.flavor, mocker.FlavorVLLM, mocker.FlavorSGLang)
 	}
 	if err := o.etcd.Validate(); err != nil {
 		return err
@@ -171,7 +183,9 @@ func newMockerCommand() *cobra.Command {
 			"on a real ZMQ PUB with a replay ROUTER (the vLLM wire protocol), serves vLLM's OpenAI routes\n" +
 			"(/v1/completions, /v1/chat/completions, /tokenize, /v1/models, with NIXL-style\n" +
 			"kv_transfer_params for prefill/decode handoffs) and POST /generate {token_ids, max_tokens} on\n" +
-			"its HTTP port, and registers itself in etcd under a lease, as a sidecar would.",
+			"its HTTP port, describes itself as vLLM does (vllm:cache_config_info on /metrics, /server_info)\n" +
+			"or as SGLang does (--flavor sglang), and registers itself in etcd under a lease, as a sidecar\n" +
+			"would (--register=false leaves that to `prefixd sidecar --engine-url`).",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Prepare(cmd.Flags(), o); err != nil {
@@ -186,11 +200,15 @@ func newMockerCommand() *cobra.Command {
 }
 
 func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
-	store, err := etcdstore.New(ctx, o.etcd.Config())
-	if err != nil {
-		return err
+	var reg catalog.Registrar // nil: the engines do not register
+	if o.register {
+		store, err := etcdstore.New(ctx, o.etcd.Config())
+		if err != nil {
+			return err
+		}
+		defer store.Close()
+		reg = store
 	}
-	defer store.Close()
 	enc := wire.Encoder{}
 	if o.era == "array" {
 		enc = wire.Encoder{Era: wire.EraArray, Wide: true}
@@ -199,7 +217,7 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 	if o.layout == "legacy" {
 		layout = mocker.ReplayLegacy
 	}
-	fl := mocker.NewFleet(ctx, store, log)
+	fl := mocker.NewFleet(ctx, reg, log)
 	for i := 0; i < o.engines; i++ {
 		port := 0
 		if o.httpPort != 0 {
@@ -213,7 +231,8 @@ func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
 			Publisher: mocker.PublisherConfig{Endpoint: "tcp://" + o.host + ":0", ReplayEndpoint: "tcp://" + o.host + ":0",
 				Layout: layout, DropLive: o.dropLive, DropReplay: o.dropReplay},
 			Timing: o.timing, MaxModelLen: o.maxModelLen, MaxBodyBytes: o.maxBodyBytes, Log: log,
-			Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl}
+			Worker: o.worker(i, ln.Addr().(*net.TCPAddr).Port), LeaseTTL: o.ttl,
+			Flavor: o.flavor, ServerInfo: o.serverInfo, PrefixCachingOff: !o.caching}
 		addr := ln.Addr().String()
 		if _, err := fl.Start(ctx, cfg, ln); err != nil {
 			if ctx.Err() != nil { // shut down while starting: not a failure

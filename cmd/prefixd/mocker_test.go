@@ -38,6 +38,8 @@ func TestMockerRejectsBadFlags(t *testing.T) {
 		{[]string{"mocker", "--kv-transfer-cross-domain-factor", "NaN"}, "--kv-transfer-cross-domain-factor"},
 		{[]string{"mocker", "--max-model-len", "-1"}, "--max-model-len"},
 		{[]string{"mocker", "--max-body-bytes", "0"}, "--max-body-bytes"},
+		{[]string{"mocker", "--flavor", "trtllm"}, "--flavor"},
+		{[]string{"mocker", "--etcd-endpoints", ""}, "--etcd-endpoints: required (or --register=false)"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, _, err := run(t, tc.args...)

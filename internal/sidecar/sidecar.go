@@ -1,8 +1,12 @@
 // Package sidecar registers one engine in the worker catalog and keeps it
 // there while the engine is healthy: `prefixd sidecar` runs next to each
-// vLLM or SGLang engine. The record is held by a lease (a crashed sidecar's
-// worker disappears when the lease expires); it advertises routable
-// addresses for endpoints the engine binds on a wildcard host.
+// vLLM or SGLang engine. It asks the engine what it is (Describe: model,
+// block size, capacity, event endpoints, dp ranks, from the routes vLLM
+// and SGLang serve) and completes the operator's flags with it, refusing
+// flags that contradict the engine (Resolve). The record is held by a
+// lease (a crashed sidecar's worker disappears when the lease expires); it
+// advertises routable addresses for endpoints the engine binds on a
+// wildcard host.
 package sidecar
 
 import (
@@ -10,13 +14,16 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/catalog/etcdstore"
+	"github.com/prefixd/prefixd/internal/leaf/retry"
 )
 
 // Options configure a sidecar. Worker is the record to register; its
@@ -33,8 +40,19 @@ type Options struct {
 	HealthURL      string
 	HealthInterval time.Duration
 	HealthFailures int
-	Client         *http.Client
-	Logger         *slog.Logger
+	// AskEngine makes Run ask the engine at Worker.Endpoint to describe
+	// itself (Describe) before it registers, retrying with backoff while
+	// the engine does not answer, and register Resolve's record: the
+	// fields named in Given (JSON field name → the flag that set it) as
+	// given, the others from the engine. A given value that contradicts
+	// the engine, or an engine with prefix caching off, ends Run with an
+	// error naming both values.
+	AskEngine bool
+	Given     map[string]string
+	// DescribeRetryMax caps the delay between attempts (default 30 s).
+	DescribeRetryMax time.Duration
+	Client           *http.Client
+	Logger           *slog.Logger
 }
 
 // Advertise replaces a wildcard host (*, 0.0.0.0, [::], ::) in a ZMQ
@@ -143,6 +161,18 @@ func Run(ctx context.Context, o Options) error {
 	if log == nil {
 		log = slog.Default()
 	}
+	if o.AskEngine {
+		d, err := o.describe(ctx, log)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil // stopped while waiting for the engine
+			}
+			return err
+		}
+		if o.Worker, err = Resolve(o.Worker, o.Given, d); err != nil {
+			return fmt.Errorf("the engine at %s: %w", o.Worker.Endpoint, err)
+		}
+	}
 	w, err := o.Record()
 	if err != nil {
 		return fmt.Errorf("worker record: %w", err)
@@ -191,7 +221,8 @@ func Run(ctx context.Context, o Options) error {
 			go func(s *catalog.Session, done chan error) { done <- s.Run(ctx) }(sess, sessDone)
 			waitLogged = time.Time{}
 			log.Info("worker registered", "worker", w.WorkerID, "model", w.ModelName, "group", w.RoutingGroup, "role", w.Role,
-				"ranks", w.Ranks(), "events", streamEndpoints(w, false), "replay", streamEndpoints(w, true), "lease", fmt.Sprintf("%x", s.Lease()), "ttl", o.TTL)
+				"ranks", w.Ranks(), "events", streamEndpoints(w, false), "replay", streamEndpoints(w, true), "block_size", w.BlockSize,
+				"total_kv_blocks", w.TotalKVBlocks, "lease", fmt.Sprintf("%x", s.Lease()), "ttl", o.TTL, "sources", sourceList(w.Sources))
 		case !healthy && sess == nil && (waitLogged.IsZero() || time.Since(waitLogged) >= 30*time.Second):
 			// Say what registration waits for, at once and then every 30 s.
 			log.Info("waiting for the engine to be healthy before registering", "worker", w.WorkerID, "health_url", o.HealthURL, "probe", why)
@@ -206,6 +237,64 @@ func Run(ctx context.Context, o Options) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// describe asks the engine to describe itself until it answers (or ctx
+// ends), with backoff; it logs when it starts waiting, when what it sees
+// changes, and every 30 s while nothing changes. A *PermanentError ends
+// it at once.
+func (o Options) describe(ctx context.Context, log *slog.Logger) (Description, error) {
+	maxDelay := o.DescribeRetryMax
+	if maxDelay <= 0 {
+		maxDelay = 30 * time.Second
+	}
+	client := &http.Client{Transport: o.Client.Transport} // Describe bounds each request itself
+	b := retry.Backoff(min(250*time.Millisecond, maxDelay), maxDelay)
+	var last string
+	var logged time.Time
+	for attempt := 1; ; attempt++ {
+		d, err := Describe(ctx, client, o.Worker.Endpoint)
+		if err == nil {
+			if attempt > 1 {
+				log.Info("the engine answers: it described itself", "worker", o.Worker.WorkerID, "engine_url", o.Worker.Endpoint, "attempts", attempt)
+			}
+			log.Info("engine described itself", "worker", o.Worker.WorkerID, "engine_url", o.Worker.Endpoint, "flavor", d.Flavor,
+				"model", d.Model.V, "models", d.Models, "block_size", d.BlockSize.V, "total_kv_blocks", d.TotalKVBlocks.V,
+				"prefix_caching", d.PrefixCaching.V, "kv_events", d.KVEvents.V, "events", d.EventsEndpoint.V, "replay", d.ReplayEndpoint.V,
+				"dp_start", d.DPStart.V, "dp_size", d.DPSize.V, "max_model_len", d.MaxModelLen.V, "max_num_batched_tokens", d.MaxNumBatchedTokens.V)
+			return d, nil
+		}
+		var perm *PermanentError
+		if errors.As(err, &perm) {
+			return d, fmt.Errorf("the engine at %s: %w", o.Worker.Endpoint, err)
+		}
+		if ctx.Err() != nil {
+			return d, ctx.Err()
+		}
+		delay := b.NextBackOff()
+		if msg := err.Error(); msg != last || time.Since(logged) >= 30*time.Second {
+			log.Info("waiting for the engine to describe itself", "worker", o.Worker.WorkerID, "engine_url", o.Worker.Endpoint,
+				"err", msg, "attempts", attempt, "retry_in", delay.Round(time.Millisecond))
+			last, logged = msg, time.Now()
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return d, ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// sourceList lists a record's sources, "field=source" in field order,
+// for the log.
+func sourceList(src map[string]string) []string {
+	out := make([]string, 0, len(src))
+	for _, k := range slices.Sorted(maps.Keys(src)) {
+		out = append(out, k+"="+src[k])
+	}
+	return out
 }
 
 // probe checks the engine's health URL; when it is not healthy, why says

@@ -72,6 +72,19 @@ type Config struct {
 	KVEngineID string
 	KVHost     string
 	KVPort     int
+	// Flavor is the engine the HTTP API describes itself as (describe.go):
+	// "" or FlavorVLLM (vllm:cache_config_info on GET /metrics, and GET
+	// /server_info?config_format=json with ServerInfo) or FlavorSGLang
+	// (GET /server_info and GET /get_server_info). It changes nothing
+	// else: the events are the Encoder's.
+	Flavor string
+	// ServerInfo serves vLLM's GET /server_info, as vLLM does with
+	// VLLM_SERVER_DEV_MODE=1.
+	ServerInfo bool
+	// PrefixCachingOff makes the engine say that its prefix caching is off
+	// (vLLM's enable_prefix_caching, SGLang's disable_radix_cache), for
+	// tests of a sidecar that must refuse it; the pool still caches.
+	PrefixCachingOff bool
 	// Log receives the engine's state changes (requests aborted, KV
 	// transfers, injected faults); nil discards them.
 	Log *slog.Logger
@@ -158,6 +171,8 @@ func New(cfg Config) (*Engine, error) {
 		return nil, fmt.Errorf("mocker: max model len %d: must not be negative", cfg.MaxModelLen)
 	case cfg.MaxBodyBytes < 0:
 		return nil, fmt.Errorf("mocker: max body bytes %d: must not be negative", cfg.MaxBodyBytes)
+	case cfg.Flavor != "" && cfg.Flavor != FlavorVLLM && cfg.Flavor != FlavorSGLang:
+		return nil, fmt.Errorf("mocker: flavor %q: want %s or %s", cfg.Flavor, FlavorVLLM, FlavorSGLang)
 	case cfg.KVPort < 0 || cfg.KVPort > 65535:
 		return nil, fmt.Errorf("mocker: kv port %d: want 0 (default) to 65535", cfg.KVPort)
 	}

@@ -16,7 +16,10 @@ import (
 //     POST /v1/chat/completions, POST /tokenize, GET /v1/models;
 //   - POST /generate with a JSON Request, answered with a JSON Result;
 //   - GET /health (200 while running, as vLLM's) and GET /metrics (vLLM's
-//     scheduler gauges in the Prometheus text format);
+//     scheduler gauges in the Prometheus text format, and in the vLLM
+//     flavor vllm:cache_config_info);
+//   - GET /server_info (vLLM's with Config.ServerInfo, or SGLang's) and
+//     GET /get_server_info (SGLang's), as describe.go says;
 //   - the fault injections POST /faults/restart,
 //     /faults/reset_prefix_cache, /faults/stall_replay?for=<duration>,
 //     /faults/crash and /faults/fail?status=&count=&after_tokens=.
@@ -43,6 +46,8 @@ func (e *Engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusOK)
 	case p == "/metrics":
 		e.serveMetrics(w, r)
+	case p == "/server_info", p == "/get_server_info":
+		e.serveServerInfo(w, r)
 	case p == "/generate":
 		e.serveGenerate(w, r)
 	default:
@@ -106,6 +111,9 @@ func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total%s %d\n", label, l.PrefixQueries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in prompt tokens.\n"+
 		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total%s %d\n", label, l.PrefixHits)
+	if e.cfg.Flavor != FlavorSGLang {
+		e.writeCacheConfigInfo(w)
+	}
 }
 
 // faultPlan is the failures POST /faults/fail injected into the OpenAI
