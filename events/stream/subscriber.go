@@ -71,12 +71,14 @@ type Applier interface {
 	ResetRank(r indexer.Rank, degraded bool, reason string) error
 }
 
-// truncation is implemented by Appliers that can tell when the index
-// dropped some of a rank's blocks itself (IndexApplier): the rank then
-// holds a strict subset of its engine's cache and is reported degraded,
-// whatever its stream says.
-type truncation interface {
-	Truncated(r indexer.Rank) bool
+// indexWord is implemented by Appliers that hold the rank's degraded
+// flag (IndexApplier): the index's word — its stream's, a foreign
+// batch's (a publisher carrying several ranks), or a truncation (the
+// index dropped some of the rank's blocks itself) — is the one every view
+// reports, so the Subscriber's State and metrics report it too, whatever
+// the rank's own stream says.
+type indexWord interface {
+	Degraded(r indexer.Rank) (degraded, truncated bool)
 }
 
 // batchResults is implemented by Appliers that say what the index made of
@@ -246,7 +248,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		labels:   [2]string{strconv.FormatUint(s.src.Worker, 10), strconv.FormatUint(uint64(s.src.Rank), 10)},
 		replayCh: make(chan replayMsg, 64),
 	}
-	if w := s.src.Resume; w != nil && w.Degraded && s.src.ReplayEndpoint != "" {
+	if w := s.src.Resume; w != nil && w.Degraded {
 		r.degradedWhy = w.Reason // restored degraded: it stays so until lifted here
 		r.wasDegraded = true
 	}
@@ -266,6 +268,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			m.forget(r.labels[0], r.labels[1])
 		}
 	}()
+	// What is known before the first connection (a rank restored degraded
+	// from a peer stays so while its engine cannot be reached) is the
+	// State and metrics from the start.
+	r.publish()
 	bo := retry.Backoff(s.cfg.RetryMin, s.cfg.RetryMax)
 	for {
 		start := time.Now()
@@ -286,9 +292,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
+// newCursorFor returns s's cursor, resumed from what the index already
+// holds (Source.Resume). Without a replay endpoint nothing can verify the
+// restored batches, and the cursor says so at the first live batch: one
+// of a new incarnation resets the rank, any other is lost history (reset,
+// degraded); until then the rank is what it was restored as.
 func newCursorFor(s *Subscriber) *cursor.Cursor {
 	c := cursor.New(s.cfg.Cursor)
-	if w := s.src.Resume; w != nil && s.src.ReplayEndpoint != "" {
+	if w := s.src.Resume; w != nil {
 		c.Resume(w.Seq, w.Digest, w.Degraded)
 	}
 	return c
@@ -767,11 +778,11 @@ func (r *run) setUp(up bool) {
 func (r *run) publish() {
 	c := r.cur
 	st := c.Stats()
-	truncated := false
-	if t, ok := r.s.app.(truncation); ok {
-		truncated = t.Truncated(r.s.src.rank())
+	degraded, truncated := c.Degraded(), false
+	if w, ok := r.s.app.(indexWord); ok {
+		d, t := w.Degraded(r.s.src.rank())
+		degraded, truncated = degraded || d || t, t
 	}
-	degraded := c.Degraded() || truncated
 	if !r.synced && c.Mode() == cursor.ModeLive {
 		r.synced = true
 	}
