@@ -111,6 +111,7 @@ func (s *Manager) Set(w Worker) {
 	w.Sources = slices.Clone(w.Sources)
 	for i := range w.Sources {
 		w.Sources[i].Worker = w.ID
+		w.Sources[i].BlockSize = w.BlockSize
 	}
 	s.mu.Lock()
 	if !s.stopped {

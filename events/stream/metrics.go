@@ -17,16 +17,19 @@ type Metrics struct {
 	degraded *prometheus.GaugeVec // set by Subscribers; collected unless status is set
 	// status, when set (reportFrom), is what prefixd_stream_degraded
 	// reports.
-	status     atomic.Pointer[func() []Rank]
-	batches    *prometheus.CounterVec
-	events     *prometheus.CounterVec
-	gaps       *prometheus.CounterVec
-	restarts   *prometheus.CounterVec
-	replays    *prometheus.CounterVec
-	dropped    *prometheus.CounterVec
-	skipped    *prometheus.CounterVec
-	redundant  *prometheus.CounterVec
-	replayTime prometheus.Histogram
+	status    atomic.Pointer[func() []Rank]
+	batches   *prometheus.CounterVec
+	events    *prometheus.CounterVec
+	gaps      *prometheus.CounterVec
+	restarts  *prometheus.CounterVec
+	replays   *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	skipped   *prometheus.CounterVec
+	redundant *prometheus.CounterVec
+	// sizeMismatch counts BlockStored events left out because their blocks
+	// contradict the worker's registered block size.
+	sizeMismatch *prometheus.CounterVec
+	replayTime   prometheus.Histogram
 }
 
 // NewMetrics registers the stream metrics on reg.
@@ -58,10 +61,12 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			append(wr, "kind", "reason")),
 		redundant: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_index_redundant_store_blocks_total",
 			Help: "Blocks of redundant BlockStored events: device copies of blocks the rank already held on the device, on the chain it held. Applied as copies; a steady rate under prefix-cache hits means the engine re-reports cached blocks (vLLM's kv_cache_report_mode=\"full\"), so its copy counts, and the index, may exceed the engine's."}, wr),
+		sizeMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_block_size_mismatch_total",
+			Help: "BlockStored events whose blocks contradict the worker's registered block size (their block_size field, or their token_ids per block_hashes): not indexed, and the rank is marked degraded."}, wr),
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, degradedCollector{m}, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, degradedCollector{m}, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.sizeMismatch, m.replayTime)
 	return m
 }
 
@@ -115,4 +120,5 @@ func (m *Metrics) forget(worker, rank string) {
 	m.dropped.DeletePartialMatch(l)
 	m.skipped.DeletePartialMatch(l)
 	m.redundant.DeletePartialMatch(l)
+	m.sizeMismatch.DeletePartialMatch(l)
 }
