@@ -52,9 +52,11 @@ type RankWatermark struct {
 	// Truncated: the rank had lost entries to the memory cap or its
 	// capacity (Tree.Truncated); a restored rank keeps the flag.
 	Truncated bool
-	// Degraded and DegradedReason: the stream layer's word on the rank
-	// (Mark); a restored rank keeps it until the event that would lift it
-	// on the replica that dumped it.
+	// Degraded and DegradedReason: whether the rank is known to hold a
+	// strict subset of its engine's cache, and why (RankState.Degraded:
+	// the stream layer's word, a foreign batch's, or its truncation); a
+	// restored rank keeps it until the event that would lift it on the
+	// replica that dumped it.
 	Degraded       bool
 	DegradedReason string
 	// Shard is the index shard the rank was dumped from (see
@@ -401,6 +403,9 @@ func Restore(s *Snapshot) (*Tree, error) {
 		rs := &t.ranks[rid]
 		rs.seq, rs.hasSeq, rs.digest, rs.truncated = w.Seq, w.HasSeq, w.Digest, w.Truncated
 		rs.degraded, rs.degradedWhy = w.Degraded, w.DegradedReason
+		if w.Truncated && w.DegradedReason == TruncatedReason {
+			rs.degraded, rs.degradedWhy = false, "" // the truncation's, kept as such
+		}
 	}
 	for i := range s.Events {
 		ev := &s.Events[i]

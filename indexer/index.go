@@ -950,8 +950,10 @@ type RankState struct {
 	// degraded.
 	Truncated bool
 	// Degraded and DegradedReason are the stream layer's word on the rank
-	// as of its last batch or reset (Mark, Reset); a rank restored from a
-	// dump has the dumping replica's.
+	// as of its last batch or reset (Mark, Reset), or a foreign batch's,
+	// or else, for a truncated rank, TruncatedReason: whether the rank is
+	// known to hold a strict subset of its engine's cache, and why. A rank
+	// restored from a dump has the dumping replica's.
 	Degraded       bool
 	DegradedReason string
 	// RedundantBlocks counts the blocks of the rank's redundant stores

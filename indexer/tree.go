@@ -173,16 +173,23 @@ type rankState struct {
 }
 
 // degradedState is the rank's degraded flag and reason: its own stream's
-// word, or else a foreign batch's.
+// word, or else a foreign batch's, or else its truncation. It is the one
+// truth every view of the flag reads (the API's workers, dumps, metrics).
 func (rs *rankState) degradedState() (bool, string) {
 	switch {
 	case rs.degraded:
 		return true, rs.degradedWhy
 	case rs.foreignWhy != "":
 		return true, rs.foreignWhy
+	case rs.truncated:
+		return true, TruncatedReason
 	}
 	return false, ""
 }
+
+// TruncatedReason is the degraded reason of a rank whose only fault is
+// that the index dropped some of its blocks itself (Tree.Truncated).
+const TruncatedReason = "truncated: the index dropped some of its blocks (the memory cap, or more than its capacity)"
 
 type ovKey struct {
 	rid  uint32

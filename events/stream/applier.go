@@ -72,12 +72,14 @@ func (a *IndexApplier) Fence() {
 	a.mu.Unlock()
 }
 
-// Truncated reports whether the index dropped some of r's blocks itself
-// (the memory cap, or r's capacity) since r was last cleared: r then
-// holds a strict subset of its engine's cache, and is degraded.
-func (a *IndexApplier) Truncated(r indexer.Rank) bool {
+// Degraded reports the index's word on r (indexer.RankState): degraded
+// — r holds a strict subset of its engine's cache, by its own stream's
+// word, a foreign batch's or its truncation — and truncated, whether the
+// index dropped some of r's blocks itself (the memory cap, or r's
+// capacity) since r was last cleared.
+func (a *IndexApplier) Degraded(r indexer.Rank) (degraded, truncated bool) {
 	rs, err := a.Index.Rank(a.Partition, r)
-	return err == nil && rs.Truncated
+	return err == nil && rs.Degraded, err == nil && rs.Truncated
 }
 
 // Counts returns the events filtered out and the blocks the index skipped,

@@ -81,13 +81,23 @@ type rankStream struct {
 
 // NewManager returns a manager feeding ix; cfg is used for every
 // Subscriber (its Metrics are shared).
+//
+// With cfg.Metrics, prefixd_stream_degraded reports what Status does, read
+// when it is scraped: the index's word on every wanted rank whose stream
+// runs or that the index holds (a rank restored from a peer, a rank
+// degraded by another rank's stream or truncated by the memory cap), not
+// only what each stream saw last.
 func NewManager(ix *indexer.Index, cfg SubscriberConfig, log *slog.Logger) *Manager {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &Manager{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan rankKey), quit: make(chan struct{}),
+	m := &Manager{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan rankKey), quit: make(chan struct{}),
 		workers: map[uint64]Worker{}, subs: map[rankKey]*rankStream{}, errs: map[uint64]string{},
 		indexed: map[uint64]indexer.PartitionKey{}, parts: map[indexer.PartitionKey]bool{}}
+	if cfg.Metrics != nil {
+		cfg.Metrics.reportFrom(m.Status)
+	}
+	return m
 }
 
 // Set adds or updates a worker. It returns at once; Run starts, restarts
@@ -101,6 +111,7 @@ func (s *Manager) Set(w Worker) {
 	w.Sources = slices.Clone(w.Sources)
 	for i := range w.Sources {
 		w.Sources[i].Worker = w.ID
+		w.Sources[i].BlockSize = w.BlockSize
 	}
 	s.mu.Lock()
 	if !s.stopped {
@@ -468,8 +479,14 @@ func (s *Manager) Status() []Rank {
 	}
 	s.mu.Unlock()
 	for i := range out {
+		// The index's word on the flag is the truth every view reports,
+		// before the stream's first connection (a rank restored from a
+		// peer's dump) as after it; the stream's own word only adds to it
+		// (it reaches the index with its next batch or reset).
 		if rs, err := s.ix.Rank(out[i].Partition, indexer.Rank{WorkerID: out[i].Worker, DPRank: out[i].Rank}); err == nil {
 			out[i].Blocks, out[i].Truncated, out[i].DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
+			out[i].Indexed = rs.Blocks > 0 || rs.HasSeq || rs.Degraded
+			out[i].Degraded = out[i].Degraded || rs.Degraded
 		}
 	}
 	slices.SortFunc(out, func(a, b Rank) int {

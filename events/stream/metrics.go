@@ -1,24 +1,35 @@
 package stream
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"strconv"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // Metrics are the stream metrics of every Subscriber sharing them, labelled
 // by worker and rank. Create one per process with NewMetrics and the
 // process's registry.
 type Metrics struct {
-	up         *prometheus.GaugeVec
-	lastSeq    *prometheus.GaugeVec
-	lastSeen   *prometheus.GaugeVec
-	degraded   *prometheus.GaugeVec
-	batches    *prometheus.CounterVec
-	events     *prometheus.CounterVec
-	gaps       *prometheus.CounterVec
-	restarts   *prometheus.CounterVec
-	replays    *prometheus.CounterVec
-	dropped    *prometheus.CounterVec
-	skipped    *prometheus.CounterVec
-	redundant  *prometheus.CounterVec
-	replayTime prometheus.Histogram
+	up       *prometheus.GaugeVec
+	lastSeq  *prometheus.GaugeVec
+	lastSeen *prometheus.GaugeVec
+	degraded *prometheus.GaugeVec // set by Subscribers; collected unless status is set
+	// status, when set (reportFrom), is what prefixd_stream_degraded
+	// reports.
+	status    atomic.Pointer[func() []Rank]
+	batches   *prometheus.CounterVec
+	events    *prometheus.CounterVec
+	gaps      *prometheus.CounterVec
+	restarts  *prometheus.CounterVec
+	replays   *prometheus.CounterVec
+	dropped   *prometheus.CounterVec
+	skipped   *prometheus.CounterVec
+	redundant *prometheus.CounterVec
+	// sizeMismatch counts BlockStored events left out because their blocks
+	// contradict the worker's registered block size.
+	sizeMismatch *prometheus.CounterVec
+	replayTime   prometheus.Histogram
 }
 
 // NewMetrics registers the stream metrics on reg.
@@ -50,11 +61,48 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			append(wr, "kind", "reason")),
 		redundant: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_index_redundant_store_blocks_total",
 			Help: "Blocks of redundant BlockStored events: device copies of blocks the rank already held on the device, on the chain it held. Applied as copies; a steady rate under prefix-cache hits means the engine re-reports cached blocks (vLLM's kv_cache_report_mode=\"full\"), so its copy counts, and the index, may exceed the engine's."}, wr),
+		sizeMismatch: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_block_size_mismatch_total",
+			Help: "BlockStored events whose blocks contradict the worker's registered block size (their block_size field, or their token_ids per block_hashes): not indexed, and the rank is marked degraded."}, wr),
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, m.degraded, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, degradedCollector{m}, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.sizeMismatch, m.replayTime)
 	return m
+}
+
+// reportFrom makes prefixd_stream_degraded report status's ranks when
+// scraped (a Manager's Status: the index's word on each rank), instead of
+// what each Subscriber set last.
+func (m *Metrics) reportFrom(status func() []Rank) {
+	m.status.Store(&status)
+}
+
+// degradedCollector collects prefixd_stream_degraded: from the Manager
+// that reports the ranks (reportFrom), else from what the Subscribers set.
+type degradedCollector struct{ m *Metrics }
+
+var degradedDesc = prometheus.NewDesc("prefixd_stream_degraded",
+	"1 while the worker rank's history is known to be incomplete (it holds a subset of the engine's cache).", []string{"worker", "rank"}, nil)
+
+func (c degradedCollector) Describe(ch chan<- *prometheus.Desc) { ch <- degradedDesc }
+
+func (c degradedCollector) Collect(ch chan<- prometheus.Metric) {
+	status := c.m.status.Load()
+	if status == nil {
+		c.m.degraded.Collect(ch)
+		return
+	}
+	for _, r := range (*status)() {
+		if !r.Running && !r.Indexed {
+			continue
+		}
+		v := 0.0
+		if r.Degraded {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(degradedDesc, prometheus.GaugeValue, v,
+			strconv.FormatUint(r.Worker, 10), strconv.FormatUint(uint64(r.Rank), 10))
+	}
 }
 
 // forget deletes every series of one worker rank.
@@ -72,4 +120,5 @@ func (m *Metrics) forget(worker, rank string) {
 	m.dropped.DeletePartialMatch(l)
 	m.skipped.DeletePartialMatch(l)
 	m.redundant.DeletePartialMatch(l)
+	m.sizeMismatch.DeletePartialMatch(l)
 }

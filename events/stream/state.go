@@ -73,9 +73,16 @@ type Rank struct {
 	// or the rank's capacity), so it holds a strict subset of the engine's
 	// cache: the rank is degraded whatever its stream says.
 	Truncated bool
-	// DegradedReason is why the stream says the rank is degraded, as the
-	// index recorded it with the rank's last batch (restored from a peer
-	// with its dump).
+	// Degraded (in State) is the index's word on the rank or'd with its
+	// stream's: the rank is known to hold a strict subset of its engine's
+	// cache, whether its stream runs or not. DegradedReason is why, as the
+	// index holds it (recorded with the rank's last batch or reset,
+	// restored from a peer with its dump, a foreign batch's, or
+	// indexer.TruncatedReason).
 	DegradedReason string
-	Err            string // why the rank is not indexed, if it is not
+	// Indexed: the index holds something of the rank (blocks, a
+	// watermark or a degraded flag), e.g. restored from a peer before its
+	// stream runs.
+	Indexed bool
+	Err     string // why the rank is not indexed, if it is not
 }

@@ -34,6 +34,11 @@ type Source struct {
 	ReplayEndpoint string // ZMQ ROUTER address; "" when the engine has none
 	Topic          string // topic prefix to subscribe to ("" = everything)
 	SeqBase        uint64 // first seq of an incarnation (0 for vLLM)
+	// BlockSize is the worker's registered block size: a BlockStored
+	// whose blocks contradict it (wire.CheckBlockSize) is not indexed,
+	// and the rank is marked degraded with a reason naming both sizes.
+	// 0 checks nothing.
+	BlockSize int
 	// Resume, when set, says the index already holds the rank's batches
 	// up to Resume.Seq (restored from a peer): the subscriber verifies the
 	// engine still has that batch (by Resume.Digest) and resumes after it.
@@ -71,12 +76,14 @@ type Applier interface {
 	ResetRank(r indexer.Rank, degraded bool, reason string) error
 }
 
-// truncation is implemented by Appliers that can tell when the index
-// dropped some of a rank's blocks itself (IndexApplier): the rank then
-// holds a strict subset of its engine's cache and is reported degraded,
-// whatever its stream says.
-type truncation interface {
-	Truncated(r indexer.Rank) bool
+// indexWord is implemented by Appliers that hold the rank's degraded
+// flag (IndexApplier): the index's word — its stream's, a foreign
+// batch's (a publisher carrying several ranks), or a truncation (the
+// index dropped some of the rank's blocks itself) — is the one every view
+// reports, so the Subscriber's State and metrics report it too, whatever
+// the rank's own stream says.
+type indexWord interface {
+	Degraded(r indexer.Rank) (degraded, truncated bool)
 }
 
 // batchResults is implemented by Appliers that say what the index made of
@@ -231,6 +238,8 @@ type run struct {
 	degradedWhy  string // why the cursor is degraded, recorded with each batch
 	expired      bool   // the session deadline timer fired
 	redundant    uint64 // blocks of redundant stores applied since Run started
+	sizeSeen     bool   // a store of blocks of Source.BlockSize was seen (a short last page is then just short)
+	sizeLogged   string // the last block size mismatch logged ("" none)
 	session      replaySession
 	logs         logLimiter
 }
@@ -246,7 +255,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		labels:   [2]string{strconv.FormatUint(s.src.Worker, 10), strconv.FormatUint(uint64(s.src.Rank), 10)},
 		replayCh: make(chan replayMsg, 64),
 	}
-	if w := s.src.Resume; w != nil && w.Degraded && s.src.ReplayEndpoint != "" {
+	if w := s.src.Resume; w != nil && w.Degraded {
 		r.degradedWhy = w.Reason // restored degraded: it stays so until lifted here
 		r.wasDegraded = true
 	}
@@ -266,6 +275,10 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			m.forget(r.labels[0], r.labels[1])
 		}
 	}()
+	// What is known before the first connection (a rank restored degraded
+	// from a peer stays so while its engine cannot be reached) is the
+	// State and metrics from the start.
+	r.publish()
 	bo := retry.Backoff(s.cfg.RetryMin, s.cfg.RetryMax)
 	for {
 		start := time.Now()
@@ -286,9 +299,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 	}
 }
 
+// newCursorFor returns s's cursor, resumed from what the index already
+// holds (Source.Resume). Without a replay endpoint nothing can verify the
+// restored batches, and the cursor says so at the first live batch: one
+// of a new incarnation resets the rank, any other is lost history (reset,
+// degraded); until then the rank is what it was restored as.
 func newCursorFor(s *Subscriber) *cursor.Cursor {
 	c := cursor.New(s.cfg.Cursor)
-	if w := s.src.Resume; w != nil && s.src.ReplayEndpoint != "" {
+	if w := s.src.Resume; w != nil {
 		c.Resume(w.Seq, w.Digest, w.Degraded)
 	}
 	return c
@@ -528,6 +546,10 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 	// A store skipped after the batch's last AllBlocksCleared is missing
 	// from the rank whatever came before: degraded, without a reset.
 	subset := skips.First != nil && skippedAfterClear(&r.batch)
+	// Stores whose blocks are not of the registered size are left out
+	// (never hashed at the wrong size): the rank lacks them, so it is
+	// degraded the same way, with a reason naming both sizes.
+	mismatch, mismatched := r.checkSizes(seq, rank)
 	// The rank's state after the batch goes in with it: an AllBlocksCleared
 	// lifts degraded (ObserveCleared below), a skipped store sets it.
 	//
@@ -540,6 +562,8 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 	foreign := rank != src.rank()
 	mark := indexer.Mark{Seq: seq, Digest: digest, Degraded: r.cur.Degraded() && clears == 0, Foreign: foreign}
 	switch {
+	case mismatched:
+		mark.Degraded, mark.Reason = true, mismatch
 	case subset:
 		mark.Degraded, mark.Reason = true, "a BlockStored event could not be decoded: the rank lacks its blocks"
 	case mark.Degraded:
@@ -585,7 +609,10 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 		r.cur.ObserveCleared()
 		r.degradedWhy = ""
 	}
-	if subset {
+	if mismatched {
+		r.cur.Degrade() // after ObserveCleared, which it overrides
+		r.degradedWhy = mark.Reason
+	} else if subset {
 		r.cur.Degrade() // after ObserveCleared, which it overrides
 		r.degradedWhy = mark.Reason
 		r.log(slog.LevelWarn, "subset", time.Minute, "batch has undecodable BlockStored events: applied without them, rank marked degraded (it lacks their blocks)",
@@ -593,6 +620,65 @@ func (r *run) apply(seq, digest uint64, payload []byte) []cursor.Action {
 	}
 	return nil
 }
+
+// checkSizes leaves out of the batch every BlockStored whose blocks
+// contradict the registered block size (wire.CheckBlockSize), counts
+// them, logs the first of a kind (and again only when the engine's size
+// changes), and returns the reason to degrade rank with and whether to:
+// a mismatch after the batch's last AllBlocksCleared leaves the rank
+// without those blocks (one before it is cleared anyway).
+func (r *run) checkSizes(seq uint64, rank indexer.Rank) (string, bool) {
+	want := r.s.src.BlockSize
+	if want <= 0 {
+		return "", false
+	}
+	evs := r.batch.Events
+	var first wire.SizeMismatch
+	n, last, lastClear := 0, -1, -1
+	for i := range evs {
+		ev := &evs[i]
+		if ev.Kind == wire.KindAllBlocksCleared {
+			lastClear = i
+		}
+		m, bad := wire.CheckBlockSize(ev, want, r.sizeSeen)
+		if !bad {
+			if ev.Kind == wire.KindBlockStored && int(ev.BlockSize) == want && len(ev.TokenIDs) >= want {
+				r.sizeSeen = true
+			}
+			continue
+		}
+		if n == 0 {
+			first = m
+		}
+		n++
+		last = i
+		ev.Kind = kindLeftOut
+	}
+	if n == 0 {
+		return "", false
+	}
+	r.batch.Events = slices.DeleteFunc(evs, func(ev wire.Event) bool { return ev.Kind == kindLeftOut })
+	if m := r.s.cfg.Metrics; m != nil {
+		m.sizeMismatch.WithLabelValues(r.labels[0], r.labels[1]).Add(float64(n))
+	}
+	reason := first.Reason()
+	if key := fmt.Sprint(first.EngineSize(), "/", first.Field); key != r.sizeLogged {
+		r.sizeLogged = key
+		r.log(slog.LevelWarn, "block size", 0, blockSizeMismatchMsg, "seq", seq, "batch_rank", rank.DPRank,
+			"registered_block_size", want, "engine_block_size", first.EngineSize(), "block_size_field", first.Field,
+			"token_ids", first.Tokens, "block_hashes", first.Hashes, "events", n)
+	}
+	return reason, last > lastClear
+}
+
+// kindLeftOut marks an event checkSizes takes out of its batch.
+const kindLeftOut wire.Kind = 255
+
+// blockSizeMismatchMsg is the line a Subscriber logs at WARN the first
+// time its engine's BlockStored events contradict the registered block
+// size (and again if the engine's size changes). docs/operations.md
+// quotes it.
+const blockSizeMismatchMsg = "block size mismatch: the engine's blocks are not of the registered block size; its BlockStored events are not indexed and the rank is marked degraded (check the worker's block_size)"
 
 // skippedAfterClear reports whether b skipped an event after its last
 // AllBlocksCleared (or has none): a skip before a clear leaves nothing
@@ -767,11 +853,11 @@ func (r *run) setUp(up bool) {
 func (r *run) publish() {
 	c := r.cur
 	st := c.Stats()
-	truncated := false
-	if t, ok := r.s.app.(truncation); ok {
-		truncated = t.Truncated(r.s.src.rank())
+	degraded, truncated := c.Degraded(), false
+	if w, ok := r.s.app.(indexWord); ok {
+		d, t := w.Degraded(r.s.src.rank())
+		degraded, truncated = degraded || d || t, t
 	}
-	degraded := c.Degraded() || truncated
 	if !r.synced && c.Mode() == cursor.ModeLive {
 		r.synced = true
 	}

@@ -211,16 +211,22 @@ func workerInfo(ws WorkerState, now time.Time) api.WorkerInfo {
 		if info.ReplayEndpoint == "" {
 			info.ReplayEndpoint = rp
 		}
-		switch st, ok := ws.Streams[r]; {
-		case ok && st.Running:
+		st, ok := ws.Streams[r]
+		if ok {
+			// The flag is the index's word (stream.Rank), whether the
+			// stream runs, has yet to connect or does not run at all: a
+			// rank restored degraded from a peer is degraded here too.
 			l.Degraded = st.Degraded || st.Truncated
 			switch {
 			case !l.Degraded:
 			case st.DegradedReason != "":
 				l.DegradedReason = st.DegradedReason
 			case st.Truncated:
-				l.DegradedReason = "truncated: the index dropped some of its blocks (the memory cap, or more than its capacity)"
+				l.DegradedReason = indexer.TruncatedReason
 			}
+		}
+		switch {
+		case ok && st.Running:
 			if st.HasLive {
 				seen := st.LastLive
 				l.LastSeenSeq = &seen

@@ -64,6 +64,12 @@ type Rank struct {
 	State string `json:"state"`
 	// Replay is the listener's replay phase ("queued", "running" or "").
 	Replay string `json:"replay,omitempty"`
+	// Degraded and DegradedReason are the listener's: the rank is known
+	// to hold a strict subset of its engine's cache, whatever its State
+	// (a rank that is down may be degraded too, e.g. restored so from a
+	// peer while its engine cannot be reached).
+	Degraded       bool   `json:"degraded"`
+	DegradedReason string `json:"degraded_reason,omitempty"`
 	// Status and LastError are the listener's, as /workers reports them.
 	Status    string `json:"status"`
 	LastError string `json:"last_error,omitempty"`
@@ -152,7 +158,7 @@ func rank(w api.WorkerInfo, r uint32, l api.Listener, m Metrics) Rank {
 	wl := []string{"worker", strconv.FormatUint(w.InstanceID, 10), "rank", strconv.FormatUint(uint64(r), 10)}
 	res := m.By("prefixd_stream_replays_total", "result", wl...)
 	out := Rank{Worker: w.InstanceID, Rank: r, Model: w.ModelName, Group: w.RoutingGroup, Role: string(cmp.Or(w.Role, catalog.RoleAggregated)),
-		Status: l.Status, LastError: l.LastError, LastSeq: l.LastSeq, LastSeenSeq: l.LastSeenSeq, Blocks: l.Blocks, Replay: l.Replay,
+		Status: l.Status, LastError: l.LastError, Degraded: l.Degraded, DegradedReason: l.DegradedReason, LastSeq: l.LastSeq, LastSeenSeq: l.LastSeenSeq, Blocks: l.Blocks, Replay: l.Replay,
 		Replays:  Replays{OK: count(res["ok"]), Partial: count(res["partial"]), Failed: count(res["failed"])},
 		Gaps:     count(m.Sum("prefixd_stream_gaps_total", wl...)),
 		Restarts: count(m.Sum("prefixd_stream_restarts_total", wl...)),
@@ -218,10 +224,10 @@ func (f Frame) WriteText(w io.Writer) error {
 	b.WriteString("\n\n")
 
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "WORKER\tMODEL\tGROUP\tROLE\tRANK\tSTATE\tAPPLIED\tSEEN\tLAG\tBLOCKS\tREPLAYS OK/PARTIAL/FAILED\tGAPS\tRESTARTS\tROUTED\tLAST ERROR")
+	fmt.Fprintln(tw, "WORKER\tMODEL\tGROUP\tROLE\tRANK\tSTATE\tDEGRADED\tAPPLIED\tSEEN\tLAG\tBLOCKS\tREPLAYS OK/PARTIAL/FAILED\tGAPS\tRESTARTS\tROUTED\tLAST ERROR")
 	for _, r := range f.Ranks {
-		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%d\t%d\t%d\t%s\n", r.Worker, r.Model, r.Group, r.Role, r.Rank,
-			stateText(r.State), seqText(r.LastSeq), seqText(r.LastSeenSeq), seqText(r.Lag), r.Blocks,
+		fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%d\t%d/%d/%d\t%d\t%d\t%d\t%s\n", r.Worker, r.Model, r.Group, r.Role, r.Rank,
+			stateText(r.State), degradedText(r.Degraded), seqText(r.LastSeq), seqText(r.LastSeenSeq), seqText(r.Lag), r.Blocks,
 			r.Replays.OK, r.Replays.Partial, r.Replays.Failed, r.Gaps, r.Restarts, r.Routed, r.LastError)
 	}
 	if len(f.Ranks) == 0 {
@@ -274,6 +280,15 @@ func stateText(s string) string {
 		return s
 	}
 	return strings.ToUpper(s)
+}
+
+// degradedText is the DEGRADED column: "YES" (upper case, as it is bad
+// news) or "no".
+func degradedText(d bool) string {
+	if d {
+		return "YES"
+	}
+	return "no"
 }
 
 func seqText(p *uint64) string {

@@ -147,8 +147,11 @@ func TestBuild(t *testing.T) {
 				worker(4, "m", map[uint32]api.Listener{0: {Status: api.StatusPending}}),
 			},
 			metrics: metrics,
-			check:   func(r Rank) any { return [3]any{r.Worker, r.State, r.LastError} },
-			want:    []Rank{{Worker: 1, State: StateDown, LastError: "stream not running"}, {Worker: 2, State: StateDown}, {Worker: 4, State: StateDown}},
+			// A down rank keeps its degraded flag (and reason): the state
+			// says the worst, the flag says what the index holds.
+			check: func(r Rank) any { return [4]any{r.Worker, r.State, r.LastError, r.Degraded} },
+			want: []Rank{{Worker: 1, State: StateDown, LastError: "stream not running"}, {Worker: 2, State: StateDown, Degraded: true},
+				{Worker: 4, State: StateDown}},
 		},
 		{
 			name: "lag and initial replay",
@@ -224,7 +227,7 @@ func TestWriteText(t *testing.T) {
 			1: {Status: api.StatusActive, LastSeq: u64(9), LastSeenSeq: u64(12), Blocks: 40},
 		}},
 		{InstanceID: 2, ModelName: "m", RoutingGroup: "default", Listeners: map[uint32]api.Listener{
-			0: {Status: api.StatusPending, LastError: "connect: refused"},
+			0: {Status: api.StatusPending, LastError: "connect: refused", Degraded: true, DegradedReason: "lost history: no replay endpoint"},
 		}},
 		{InstanceID: 3, ModelName: "n", RoutingGroup: "default", Listeners: map[uint32]api.Listener{
 			0: {Status: api.StatusActive, Degraded: true, LastSeq: u64(5), LastSeenSeq: u64(5), Blocks: 30},
@@ -241,11 +244,11 @@ func TestWriteText(t *testing.T) {
 catalog up, 3 workers   index 150 entries (cap 100000), 3.0 MiB   plans 2 live
 ranks: 1 ok, 1 REPLAYING, 1 DEGRADED, 1 DOWN
 
-WORKER  MODEL  GROUP    ROLE        RANK  STATE      APPLIED  SEEN  LAG  BLOCKS  REPLAYS OK/PARTIAL/FAILED  GAPS  RESTARTS  ROUTED  LAST ERROR
-1       m      default  decode      0     ok         41       41    0    60      2/1/0                      4     0         7
-1       m      default  decode      1     REPLAYING  9        12    3    40      1/0/0                      0     1         0
-2       m      default  aggregated  0     DOWN       -        -     -    0       0/0/0                      0     0         0       connect: refused
-3       n      default  aggregated  0     DEGRADED   5        5     0    30      0/0/1                      7     0         3
+WORKER  MODEL  GROUP    ROLE        RANK  STATE      DEGRADED  APPLIED  SEEN  LAG  BLOCKS  REPLAYS OK/PARTIAL/FAILED  GAPS  RESTARTS  ROUTED  LAST ERROR
+1       m      default  decode      0     ok         no        41       41    0    60      2/1/0                      4     0         7
+1       m      default  decode      1     REPLAYING  no        9        12    3    40      1/0/0                      0     1         0
+2       m      default  aggregated  0     DOWN       YES       -        -     -    0       0/0/0                      0     0         0       connect: refused
+3       n      default  aggregated  0     DEGRADED   YES       5        5     0    30      0/0/1                      7     0         3
 
 MODEL  GROUP     ENTRIES  BLOCKS  BYTES
 m      default   120      100     2.0 KiB
@@ -276,10 +279,16 @@ func TestFrameJSON(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `{"worker":2,"rank":0,"model":"m","routing_group":"default","role":"aggregated","state":"down","status":"pending",` +
+	want := `{"worker":2,"rank":0,"model":"m","routing_group":"default","role":"aggregated","state":"down","degraded":false,"status":"pending",` +
 		`"last_seq":null,"last_seen_seq":null,"lag":null,"blocks":0,"replays":{"ok":0,"partial":0,"failed":0},"gaps":0,"restarts":0,"routed":0}`
 	if string(raw) != want {
 		t.Errorf("json\n got %s\nwant %s", raw, want)
+	}
+	// A down rank restored degraded says so, with the reason.
+	f = Build([]api.WorkerInfo{{InstanceID: 2, ModelName: "m", RoutingGroup: "default", Listeners: map[uint32]api.Listener{
+		0: {Status: api.StatusPending, Degraded: true, DegradedReason: "lost history: replay attempts ran out"}}}}, nil)
+	if raw, _ = json.Marshal(f.Ranks[0]); !bytes.Contains(raw, []byte(`"state":"down","degraded":true,"degraded_reason":"lost history: replay attempts ran out",`)) {
+		t.Errorf("json of a down, degraded rank: %s", raw)
 	}
 }
 
