@@ -160,9 +160,9 @@ func TestStatusAgainstDaemon(t *testing.T) {
 			row = f
 		}
 	}
-	// WORKER MODEL GROUP ROLE RANK STATE APPLIED SEEN LAG BLOCKS REPLAYS GAPS RESTARTS ROUTED
+	// WORKER MODEL GROUP ROLE RANK STATE DEGRADED APPLIED SEEN LAG BLOCKS REPLAYS GAPS RESTARTS ROUTED
 	seq, n := strconv.FormatUint(last, 10), strconv.Itoa(blocks)
-	if want := []string{"7", "m", "default", "aggregated", "0", "ok", seq, seq, "0", n}; row == nil || strings.Join(row[:10], " ") != strings.Join(want, " ") || row[13] != "1" {
+	if want := []string{"7", "m", "default", "aggregated", "0", "ok", "no", seq, seq, "0", n}; row == nil || strings.Join(row[:11], " ") != strings.Join(want, " ") || row[14] != "1" {
 		t.Fatalf("rank line %q, want %q … routed 1; output:\n%s", row, want, out)
 	}
 	if !strings.Contains(out, "catalog up, 1 workers   index "+n+" entries (no cap)") || !strings.Contains(out, "ranks: 1 ok\n") {
