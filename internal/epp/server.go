@@ -574,11 +574,14 @@ func (x *exchange) tokens(req *tokenize.Request, bases []string) (ids []uint32, 
 		s.m.tokenize.WithLabelValues("client").Inc()
 		return req.Tokens, nil
 	}
-	body, err := req.TokenizeBody()
-	if err != nil {
-		s.m.tokenize.WithLabelValues("unavailable").Inc()
-		return nil, nil
-	}
+	bp := tokenizeBodies.Get().(*[]byte)
+	body := req.AppendTokenizeBody((*bp)[:0])
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body
+			tokenizeBodies.Put(bp)
+		}
+	}()
 	ctx, cancel := context.WithTimeout(x.stream.Context(), s.cfg.TokenizeTimeout)
 	defer cancel()
 	for range min(2, len(bases)) {
@@ -596,6 +599,12 @@ func (x *exchange) tokens(req *tokenize.Request, bases []string) (ids []uint32, 
 	s.m.tokenize.WithLabelValues("unavailable").Inc()
 	return nil, nil
 }
+
+// tokenizeBodies pools the /tokenize bodies the streams build (Client.Tokens
+// keeps none), those of at most maxPooledBody bytes.
+var tokenizeBodies = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledBody = 1 << 20
 
 // statusOf maps a booking error to the immediate response's status.
 func statusOf(err error, model string) (int, string, string, string) {

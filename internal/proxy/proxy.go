@@ -489,10 +489,7 @@ func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
 		x.p.m.tokenize.WithLabelValues("client").Inc()
 		return x.req.Tokens, true, routable(x.req.Tokens)
 	}
-	body, err := x.req.TokenizeBody()
-	if err != nil {
-		return nil, false, nil
-	}
+	body := x.req.AppendTokenizeBody(nil)
 	var last error
 	for range 2 {
 		e, ok := x.p.fleet.next(es)

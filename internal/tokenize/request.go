@@ -145,23 +145,46 @@ func readPrompt(l *jsonlex.Lexer, body []byte) (tokens []uint32, first json.RawM
 	return tokens, first, err
 }
 
-// TokenizeBody is the POST /tokenize body for r: its prompt, or its
-// messages with the chat template's inputs, for the same model.
-func (r *Request) TokenizeBody() ([]byte, error) {
-	out := map[string]json.RawMessage{}
-	fields := chatTemplateFields
-	if r.Route == Completions {
-		fields = []string{"add_special_tokens", "model", "prompt"}
-	}
-	for _, f := range fields {
-		if v, ok := r.Fields[f]; ok {
-			out[f] = v
+// AppendTokenizeBody appends the POST /tokenize body for r to dst and
+// returns it: a JSON object of its model and prompt (a completions
+// request; a batch's first prompt) or of its model, messages and the
+// chat template's inputs (a chat request), and add_special_tokens when
+// the client set it; members in the order of their names. The values
+// are r's, byte for byte: Read checked them, so they are joined as
+// they are (encoding/json would check and compact them again, the
+// bulk of a long prompt's cost).
+func (r *Request) AppendTokenizeBody(dst []byte) []byte {
+	dst = append(dst, '{')
+	n := 0
+	add := func(k string, v json.RawMessage) {
+		if n > 0 {
+			dst = append(dst, ',')
 		}
+		n++
+		dst = append(dst, '"')
+		dst = append(dst, k...)
+		dst = append(dst, '"', ':')
+		dst = append(dst, v...)
 	}
-	if r.first != nil {
-		out["prompt"] = r.first
+	switch r.Route {
+	case Chat:
+		for _, f := range chatTemplateFields {
+			if v, ok := r.Fields[f]; ok {
+				add(f, v)
+			}
+		}
+	case Completions:
+		if v, ok := r.Fields["add_special_tokens"]; ok {
+			add("add_special_tokens", v)
+		}
+		add("model", r.Fields["model"])
+		prompt := r.Fields["prompt"]
+		if r.first != nil {
+			prompt = r.first
+		}
+		add("prompt", prompt)
 	}
-	return json.Marshal(out)
+	return append(dst, '}')
 }
 
 // CloneFields returns a copy of r's Fields with room for extra more,
