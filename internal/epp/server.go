@@ -208,7 +208,8 @@ type exchange struct {
 	subset            []string
 	hasSubset         bool
 	body              []byte
-	held              int64
+	held              int64 // what body holds of the budget: its capacity
+	length            int64 // the body's content-length, 0 if not given
 	timer             *time.Timer
 	timedOut          atomic.Bool
 	answered          atomic.Bool // the request's destination was sent (read by the timer)
@@ -253,8 +254,7 @@ func (x *exchange) end() {
 	if x.timer != nil {
 		x.timer.Stop()
 	}
-	x.s.bodies.give(x.held)
-	x.held, x.body = 0, nil
+	x.dropBody()
 	x.release()
 }
 
@@ -306,6 +306,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			path = headerValue(hv)
 		case RequestIDHeader:
 			x.id = headerValue(hv)
+		case "content-length":
+			x.length, _ = strconv.ParseInt(headerValue(hv), 10, 64)
 		}
 	}
 	if len(x.id) > 128 {
@@ -355,17 +357,19 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 		x.s.m.bodiesRefused.WithLabelValues("too_large").Inc()
 		return x.fail(http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("body: more than the limit of %d bytes", x.s.cfg.MaxBodyBytes))
 	}
-	if grow := int64(len(x.body) + len(chunk) - cap(x.body)); grow > 0 {
-		// The buffer doubles, within the cap: charge what it allocates.
-		n := min(max(int64(cap(x.body))*2, int64(len(x.body)+len(chunk)), 4096), x.s.cfg.MaxBodyBytes) - int64(cap(x.body))
-		if !x.s.bodies.take(n) {
+	if need := int64(len(x.body) + len(chunk)); need > int64(cap(x.body)) {
+		// A buffer for the whole body when the gateway said its length,
+		// else the next size up, within the cap: charged as taken.
+		size := min(max(need, x.length, int64(cap(x.body))*2), x.s.cfg.MaxBodyBytes)
+		size = bufSize(size)
+		if !x.s.bodies.take(size - x.held) {
 			x.s.m.bodiesRefused.WithLabelValues("budget").Inc()
 			return x.fail(http.StatusServiceUnavailable, "server_error", "", "the picker's body budget is full: retry")
 		}
-		x.held += n
-		nb := make([]byte, len(x.body), int64(cap(x.body))+n)
-		copy(nb, x.body)
-		x.body = nb
+		nb := getBuf(size)
+		nb = append(nb, x.body...)
+		putBuf(x.body)
+		x.body, x.held = nb, size
 	}
 	x.body = append(x.body, chunk...)
 	if b.GetEndOfStream() || x.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -431,7 +435,52 @@ func (x *exchange) decide(eos bool) error {
 
 func (x *exchange) dropBody() {
 	x.s.bodies.give(x.held)
+	putBuf(x.body)
 	x.held, x.body = 0, nil
+}
+
+// bodyBufs pools request body buffers by size class: class c holds
+// buffers of minBuf << c bytes, up to maxPooledBody; larger bodies are
+// allocated and left to the collector.
+var bodyBufs [bodyClasses]sync.Pool
+
+const (
+	minBuf      = 4 << 10
+	bodyClasses = 9 // up to minBuf << 8, maxPooledBody
+)
+
+// bufSize is the capacity a buffer for n bytes is given: its class's
+// size, or n beyond the pooled ones.
+func bufSize(n int64) int64 {
+	for c := range bodyClasses {
+		if size := int64(minBuf) << c; n <= size {
+			return size
+		}
+	}
+	return n
+}
+
+// getBuf returns an empty buffer of capacity size (a bufSize).
+func getBuf(size int64) []byte {
+	for c := range bodyClasses {
+		if int64(minBuf)<<c == size {
+			if p, ok := bodyBufs[c].Get().(*[]byte); ok {
+				return (*p)[:0]
+			}
+			break
+		}
+	}
+	return make([]byte, 0, size)
+}
+
+// putBuf gives b, a getBuf buffer no longer used, back to its pool.
+func putBuf(b []byte) {
+	for c := range bodyClasses {
+		if int64(minBuf)<<c == int64(cap(b)) {
+			bodyBufs[c].Put(&b)
+			return
+		}
+	}
 }
 
 // fail answers the request with an immediate response in OpenAI's error
