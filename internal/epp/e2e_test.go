@@ -191,7 +191,7 @@ func completion(p string) string {
 // TestEPPPicksCachedPrefix: with both body modes, a follow-up prompt is
 // picked onto the engine that caches its prefix; the header equals the
 // metadata; the fallbacks are the other engines; the body comes back
-// unchanged (in chunks of at most 62,000 bytes in full duplex).
+// unchanged (in chunks of at most 32,000 bytes in full duplex).
 func TestEPPPicksCachedPrefix(t *testing.T) {
 	t.Parallel()
 	s := startStack(t, nil, engineSpec{id: 1}, engineSpec{id: 2}, engineSpec{id: 3})
@@ -222,7 +222,7 @@ func TestEPPPicksCachedPrefix(t *testing.T) {
 			return strings.HasPrefix(a.header, list[0]+",")
 		})
 	}
-	// A large body passes back whole, in chunks of at most 62,000 bytes;
+	// A large body passes back whole, in chunks of at most 32,000 bytes;
 	// trailers end a body too.
 	big := completion(prompt(30000, 9))
 	a, err := s.envoy.do(req{body: big, chunk: 100000, trailers: true}, "ok")

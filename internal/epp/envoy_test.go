@@ -175,7 +175,7 @@ func (x *exchange) request(r req) (answer, error) {
 		if sb == nil {
 			return a, fmt.Errorf("full duplex: want a streamed body, got %v", resp)
 		}
-		if len(sb.Body) > 64<<10 {
+		if len(sb.Body) > 32000 {
 			return a, fmt.Errorf("a body chunk of %d bytes", len(sb.Body))
 		}
 		got = append(got, sb.Body...)

@@ -412,12 +412,14 @@ func (x *exchange) decide(eos bool) error {
 		return err
 	}
 	// Full duplex: the headers' answer first, then the body back in
-	// chunks of at most 62,000 bytes (under the 64 KiB Envoy
-	// recommends), the last marked end of stream unless trailers follow.
+	// chunks of at most 32,000 bytes (Envoy recommends under 64 KiB; a
+	// message under 32 KiB takes a buffer of grpc-go's 32 KiB tier, the
+	// next is 1 MiB, zeroed on each use), the last marked end of stream
+	// unless trailers follow.
 	if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}, DynamicMetadata: meta}); err != nil {
 		return err
 	}
-	const chunk = 62000
+	const chunk = 32000
 	body := x.body
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), chunk)
