@@ -36,6 +36,9 @@ type req struct {
 	chunk  int                                  // body chunk size (full duplex), default 1000
 	// trailers ends the body with request trailers instead of end_of_stream.
 	trailers bool
+	// noConfig sends no protocol_config, as a gateway that leaves the
+	// picker to assume its body mode.
+	noConfig bool
 }
 
 // answer is what the picker answered to a request.
@@ -89,6 +92,9 @@ func (x *exchange) request(r req) (answer, error) {
 	}
 	first := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(kv...)}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: x.mode, ResponseBodyMode: x.mode}}
+	if r.noConfig {
+		first.ProtocolConfig = nil
+	}
 	if r.subset != nil {
 		vals := make([]*structpb.Value, len(r.subset))
 		for i, s := range r.subset {

@@ -65,8 +65,14 @@ type Config struct {
 	// decides order and policy); the destination is the decode engine.
 	Disagg bool
 	// Fallbacks is how many next-best endpoints follow the primary in an
-	// aggregated answer (default 2; negative: none).
+	// aggregated answer (default 2; negative: none; at most MaxFallbacks).
 	Fallbacks int
+	// BodyMode is the body mode assumed for both directions when the
+	// gateway's first message has no protocol_config:
+	// FULL_DUPLEX_STREAMED (the default, GIE's) or BUFFERED. A gateway
+	// that buffers and does not say so would otherwise wait for the
+	// headers' answer while the picker waits for the body.
+	BodyMode filterv3.ProcessingMode_BodySendMode
 	// MaxBodyBytes bounds one request body (default 8 MiB, as serve's
 	// API: 413 beyond); BodyBudget the bytes of every body the streams
 	// hold together (default 256 MiB: 503 beyond); BodyTimeout the time
@@ -91,6 +97,9 @@ type Config struct {
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 }
+
+// MaxFallbacks bounds Config.Fallbacks.
+const MaxFallbacks = 16
 
 // Server is the ext_proc service. Create with New.
 type Server struct {
@@ -134,7 +143,17 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Fallbacks == 0 {
 		cfg.Fallbacks = 2
 	}
+	if cfg.Fallbacks > MaxFallbacks {
+		return nil, fmt.Errorf("epp: Config.Fallbacks %d: at most %d", cfg.Fallbacks, MaxFallbacks)
+	}
 	cfg.Fallbacks = max(cfg.Fallbacks, 0)
+	switch cfg.BodyMode {
+	case filterv3.ProcessingMode_NONE:
+		cfg.BodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED:
+	default:
+		return nil, fmt.Errorf("epp: Config.BodyMode %v: want FULL_DUPLEX_STREAMED or BUFFERED", cfg.BodyMode)
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
 	}
@@ -224,7 +243,7 @@ type exchange struct {
 
 // Process serves one ext_proc stream: one HTTP request and its response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	x := &exchange{s: s, stream: stream, reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	x := &exchange{s: s, stream: stream, reqMode: s.cfg.BodyMode, respMode: s.cfg.BodyMode}
 	defer x.end()
 	first := true
 	for {
