@@ -249,7 +249,9 @@ func wordsPrompt(n int) string {
 // tokenize cache warm too, booking through serve's API), at 200 and
 // 2,000 requests per second; proxy reports what it adds to the engine's
 // latency at the same rate: added-p50-µs and added-p99-µs, the
-// differences of the quantiles. (On a 2-core machine a mock engine does
+// differences of the quantiles. floor/rate=2000 is the control: the
+// same streams to an ext_proc server that answers with a fixed
+// destination and passes the body back, reading nothing (floor). (On a 2-core machine a mock engine does
 // not keep up with 2,000 such prompts a second: its latency there is
 // its queue's.) Every run also reports the
 // generator's waits and rate (openloop.Result.Report).
@@ -298,7 +300,7 @@ func BenchmarkEPPExternal(b *testing.B) {
 	for _, rate := range []int{200, 2000} {
 		runs = append(runs, run{"engine", "http://" + s.addrs[1] + "/v1/completions", rate}, run{"proxy", pxURL + "/v1/completions", rate})
 	}
-	runs = append(runs, run{"epp", "grpc://" + s.eppAddr, 2000})
+	runs = append(runs, run{"epp", "grpc://" + s.eppAddr, 2000}, run{"floor", "grpc://" + startFloor(b), 2000})
 	for _, run := range runs {
 		b.Run(fmt.Sprintf("%s/rate=%d", run.name, run.rate), func(b *testing.B) {
 			r := runGen(b, run.target, file, run.rate)
@@ -313,6 +315,69 @@ func BenchmarkEPPExternal(b *testing.B) {
 			}
 		})
 	}
+}
+
+// floor is the control of BenchmarkEPPExternal: an ext_proc server that
+// answers each request's headers with a fixed destination and passes the
+// body back as it came, reading nothing: what gRPC, the generator and the
+// machine cost a request, without the picker's reading, tokenizing and
+// booking.
+type floor struct {
+	extprocv3.UnimplementedExternalProcessorServer
+}
+
+func (floor) Process(st extprocv3.ExternalProcessor_ProcessServer) error {
+	var held [][]byte
+	answer := &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{
+		Response: &extprocv3.CommonResponse{HeaderMutation: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{
+			{Header: &corev3.HeaderValue{Key: epp.DestinationHeader, RawValue: []byte("127.0.0.1:1")}}}}}}}}
+	streamed := func(body []byte, eos bool) *extprocv3.CommonResponse {
+		return &extprocv3.CommonResponse{BodyMutation: &extprocv3.BodyMutation{Mutation: &extprocv3.BodyMutation_StreamedResponse{
+			StreamedResponse: &extprocv3.StreamedBodyResponse{Body: body, EndOfStream: eos}}}}
+	}
+	for {
+		req, err := st.Recv()
+		if err != nil {
+			return nil
+		}
+		var out []*extprocv3.ProcessingResponse
+		switch v := req.Request.(type) {
+		case *extprocv3.ProcessingRequest_RequestBody:
+			if held = append(held, v.RequestBody.Body); !v.RequestBody.EndOfStream {
+				continue
+			}
+			out = append(out, answer)
+			for i, c := range held {
+				out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestBody{RequestBody: &extprocv3.BodyResponse{
+					Response: streamed(c, i == len(held)-1)}}})
+			}
+		case *extprocv3.ProcessingRequest_ResponseHeaders:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseHeaders{ResponseHeaders: &extprocv3.HeadersResponse{}}})
+		case *extprocv3.ProcessingRequest_ResponseBody:
+			out = append(out, &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ResponseBody{ResponseBody: &extprocv3.BodyResponse{
+				Response: streamed(v.ResponseBody.Body, v.ResponseBody.EndOfStream)}}})
+		}
+		for _, r := range out {
+			if err := st.Send(r); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// startFloor serves floor on a loopback port for b's life.
+func startFloor(b *testing.B) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		b.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	extprocv3.RegisterExternalProcessorServer(srv, floor{})
+	testsupport.Go(b, "floor", func(ctx context.Context) error {
+		go func() { <-ctx.Done(); srv.Stop() }()
+		return srv.Serve(ln)
+	})
+	return ln.Addr().String()
 }
 
 // completionBody is a completions request of prompt for one token.
