@@ -368,7 +368,7 @@ func TestEPPRandomStreams(t *testing.T) {
 					}
 					x := s.envoy.open()
 					defer x.cancel()
-					a, err := x.request(req{body: body, mode: mode, id: fmt.Sprint("r", r.IntN(4)), chunk: 1 + r.IntN(2000)})
+					a, err := x.request(req{body: body, mode: mode, id: fmt.Sprint("r", r.IntN(4)), chunk: 1 + r.IntN(2000), noLength: r.IntN(2) == 0})
 					if err != nil || a.status != 0 || r.IntN(4) == 0 {
 						return nil // refused, or broken off after the answer
 					}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -39,6 +40,10 @@ type req struct {
 	// noConfig sends no protocol_config, as a gateway that leaves the
 	// picker to assume its body mode.
 	noConfig bool
+	// noLength sends no content-length (a chunked request body); length,
+	// if set, is the content-length sent, whatever the body's.
+	noLength bool
+	length   string
 }
 
 // answer is what the picker answered to a request.
@@ -87,6 +92,12 @@ func (x *exchange) request(r req) (answer, error) {
 		path = "/v1/completions"
 	}
 	kv := []string{":method", "POST", ":path", path, "content-type", "application/json"}
+	switch {
+	case r.length != "":
+		kv = append(kv, "content-length", r.length)
+	case r.body != "" && !r.noLength:
+		kv = append(kv, "content-length", strconv.Itoa(len(r.body))) // Envoy forwards the client's
+	}
 	if r.id != "" {
 		kv = append(kv, "x-request-id", r.id)
 	}

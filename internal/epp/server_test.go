@@ -72,7 +72,8 @@ func startPicker(t testing.TB, cfg epp.Config, pcfg coordinator.PoolConfig, engi
 	return p
 }
 
-// TestPickerBounds: a body over the cap is a 413, a body that stops
+// TestPickerBounds: a body over the cap is a 413, a content-length over
+// it or not the body's is read as the body comes, a body that stops
 // arriving a 408, a prompt of token ids that keeps every engine over its
 // busy threshold a 429.
 func TestPickerBounds(t *testing.T) {
@@ -85,6 +86,15 @@ func TestPickerBounds(t *testing.T) {
 	a, err := p.envoy.do(req{body: completion(strings.Repeat("x", 5000))})
 	if err != nil || a.status != http.StatusRequestEntityTooLarge {
 		t.Errorf("a body over the cap: %+v %v", a, err)
+	}
+
+	// A content-length that is not the body's: the buffer is bounded by
+	// the cap, and the body read as it came.
+	for _, length := range []string{"1099511627776", "-5", "x", "3"} {
+		a, err := p.envoy.do(req{body: `{"model":"m","prompt":[1,2,3]}`, length: length}, "ok")
+		if err != nil || a.header != "127.0.0.1:1" {
+			t.Errorf("content-length %s: %+v %v", length, a, err)
+		}
 	}
 
 	x := p.envoy.open()
