@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -118,15 +117,6 @@ func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, 
 	return cmd
 }
 
-// cpuTime is the CPU time, user and system, this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkQuery8KExternal is BenchmarkQuery8K's open loop with the load
 // generator in its own process (the test binary re-executed), so that the
 // server's figures do not include the client's Go runtime: POST /query
@@ -201,9 +191,9 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 				// the p99 goal from every request it catches.
 				w := pauses.Watch(300 * time.Millisecond)
 				cmd := loadgenCmd(url, run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient)
-				cpu0 := cpuTime()
+				cpu0 := openloop.CPUTime()
 				out, err := cmd.Output()
-				srvCPU := cpuTime() - cpu0
+				srvCPU := openloop.CPUTime() - cpu0
 				if err != nil {
 					b.Fatalf("load generator: %v", err)
 				}

@@ -201,10 +201,15 @@ func eppgenCmd(target, bodyFile string, rate int, window time.Duration) *exec.Cm
 	return cmd
 }
 
-// runGen runs the generator against target and returns its result;
-// the benchmark fails on any failed request.
+// runGen runs the generator against target and returns its result,
+// and reports the CPU each process used per request sent: srv-cpu-µs/req
+// (this one: the picker, or the proxy with prefixd and the engines) and
+// gen-cpu-µs/req. The benchmark fails on any failed request.
 func runGen(b *testing.B, target, bodyFile string, rate int) openloop.Result {
-	out, err := eppgenCmd(target, bodyFile, rate, *eppWindow).Output()
+	cmd := eppgenCmd(target, bodyFile, rate, *eppWindow)
+	cpu0 := openloop.CPUTime()
+	out, err := cmd.Output()
+	srvCPU := openloop.CPUTime() - cpu0
 	if err != nil {
 		b.Fatalf("load generator: %v", err)
 	}
@@ -214,6 +219,11 @@ func runGen(b *testing.B, target, bodyFile string, rate int) openloop.Result {
 	}
 	if r.Failed > 0 {
 		b.Fatalf("%d requests failed", r.Failed)
+	}
+	if n := len(r.Latencies) + r.Warmup; n > 0 {
+		genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")
+		b.ReportMetric(float64(genCPU.Microseconds())/float64(n), "gen-cpu-µs/req")
 	}
 	return r
 }
@@ -243,20 +253,21 @@ func wordsPrompt(n int) string {
 //	go test -run '^$' -bench EPPExternal -benchtime 1x ./internal/epp
 //
 // epp/rate=2000 reports the decision's latency, from each request's due
-// time to the picker's header mutation (p50-µs, p99-µs). In the same
-// run, engine/rate=N sends the same body to a mock engine's
-// /v1/completions directly and proxy/rate=N through prefixd proxy (its
-// tokenize cache warm too, booking through serve's API), at 200 and
-// 2,000 requests per second; proxy reports what it adds to the engine's
-// latency at the same rate: added-p50-µs and added-p99-µs, the
-// differences of the quantiles. floor/rate=2000 is the control: the
-// same streams to an ext_proc server that answers with a fixed
-// destination and passes the body back, reading nothing (floor). (On a 2-core machine a mock engine does
-// not keep up with 2,000 such prompts a second: its latency there is
-// its queue's.) Every run also reports the
-// generator's waits and rate (openloop.Result.Report).
+// time to the picker's header mutation (p50-µs, p99-µs). floor/rate=2000
+// is its control: the same streams to an ext_proc server that answers
+// with a fixed destination and passes the body back, reading nothing
+// (floor). In the same run, engine/rate=N sends the same body to a mock
+// engine's /v1/completions directly and proxy/rate=N through prefixd
+// proxy (its tokenize cache warm too, booking through serve's API), at
+// 200 and 2,000 requests per second; proxy reports what it adds to the
+// engine's latency at the same rate: added-p50-µs and added-p99-µs, the
+// differences of the quantiles. (On two cores a mock engine does not
+// keep up with 2,000 such prompts a second: its latency there is its
+// queue's.) Every run reports the CPU each process spent per request
+// (srv-cpu-µs/req, gen-cpu-µs/req: at 2,000 req/s two cores have 1,000
+// µs a request between them), and the generator's waits and rate
+// (openloop.Result.Report).
 func BenchmarkEPPExternal(b *testing.B) {
-	const rate = 2000
 	s := startStack(b, nil, engineSpec{id: 1, blocks: 4096}, engineSpec{id: 2, blocks: 4096})
 	px, err := proxy.New(proxy.Config{Prefixd: client.New(s.api, ""), Refresh: 50 * time.Millisecond})
 	if err != nil {
@@ -289,18 +300,19 @@ func BenchmarkEPPExternal(b *testing.B) {
 	if a, err := s.envoy.do(req{body: string(body)}, "ok"); err != nil || a.status != 0 {
 		b.Fatalf("warm the picker: %+v %v", a, err)
 	}
-	// The engine alone, then through the proxy, at each rate; then the
-	// picker. The engine's figures at a rate are the proxy's baseline.
+	// The floor and the picker first: the engine falls behind at 2,000
+	// req/s, and its backlog would weigh on what follows. Then the engine
+	// alone and through the proxy at each rate: the engine's figures at
+	// a rate are the proxy's baseline.
 	engine := map[int]openloop.Result{}
 	type run struct {
 		name, target string
 		rate         int
 	}
-	var runs []run
+	runs := []run{{"floor", "grpc://" + startFloor(b), 2000}, {"epp", "grpc://" + s.eppAddr, 2000}}
 	for _, rate := range []int{200, 2000} {
 		runs = append(runs, run{"engine", "http://" + s.addrs[1] + "/v1/completions", rate}, run{"proxy", pxURL + "/v1/completions", rate})
 	}
-	runs = append(runs, run{"epp", "grpc://" + s.eppAddr, 2000}, run{"floor", "grpc://" + startFloor(b), 2000})
 	for _, run := range runs {
 		b.Run(fmt.Sprintf("%s/rate=%d", run.name, run.rate), func(b *testing.B) {
 			r := runGen(b, run.target, file, run.rate)
