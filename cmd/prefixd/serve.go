@@ -1,12 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"math"
 	"net/url"
 	"strings"
 	"time"
+
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
@@ -20,6 +23,7 @@ import (
 	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/epp"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 type serveOptions struct {
@@ -56,13 +60,28 @@ type eppFlags struct {
 	selfSigned        bool
 	group             string
 	disagg            bool
+	bodyMode          string
+	fallbacks         int
+	maxBody           int64
+	bodyTimeout       time.Duration
 }
+
+// eppBodyModes are --epp-body-mode's values.
+var eppBodyModes = map[string]filterv3.ProcessingMode_BodySendMode{
+	"full-duplex": filterv3.ProcessingMode_FULL_DUPLEX_STREAMED,
+	"buffered":    filterv3.ProcessingMode_BUFFERED,
+}
+
+// maxEPPBody bounds --epp-max-body-bytes: a body is held whole while the
+// picker decides.
+const maxEPPBody = 256 << 20
 
 func newServeOptions() *serveOptions {
 	return &serveOptions{overlap: coordinator.DefaultOverlapWeight, etcd: newEtcdFlags(), probe: 30 * time.Second, dataDir: "prefixd-data", embeddedURL: "http://127.0.0.1:2379", listen: "127.0.0.1:8090", replays: 8,
 		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout,
 		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout,
-		dumpProgress: apiserver.DefaultDumpProgressTimeout}
+		dumpProgress: apiserver.DefaultDumpProgressTimeout,
+		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second}}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -97,6 +116,10 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.epp.keyFile, "epp-key-file", o.epp.keyFile, "the endpoint picker's TLS key (PEM; with --epp-cert-file)")
 	fs.BoolVar(&o.epp.selfSigned, "epp-self-signed", o.epp.selfSigned, "serve the endpoint picker over TLS with a certificate made in memory at start")
 	fs.StringVar(&o.epp.group, "epp-routing-group", catalog.DefaultRoutingGroup, "the routing group the endpoint picker picks in")
+	fs.StringVar(&o.epp.bodyMode, "epp-body-mode", o.epp.bodyMode, "the body mode the endpoint picker assumes when the gateway sends no protocol_config: full-duplex (FULL_DUPLEX_STREAMED, GIE's default) or buffered")
+	fs.IntVar(&o.epp.fallbacks, "epp-fallbacks", o.epp.fallbacks, fmt.Sprintf("next-best endpoints the endpoint picker lists after the primary (0 to %d)", epp.MaxFallbacks))
+	fs.Int64Var(&o.epp.maxBody, "epp-max-body-bytes", o.epp.maxBody, "the largest request body the endpoint picker reads (413 beyond)")
+	fs.DurationVar(&o.epp.bodyTimeout, "epp-body-timeout", o.epp.bodyTimeout, "how long the endpoint picker waits from a request's headers to its body's end (408 beyond)")
 	fs.BoolVar(&o.epp.disagg, "epp-disagg", o.epp.disagg, "the endpoint picker books decode-first plans (--disagg-order, --disagg-policy, …): the decode engine is the destination, the prefill engine goes in x-prefiller-host-port")
 }
 
@@ -146,6 +169,18 @@ func (o *serveOptions) Validate() error {
 	if o.epp.group == "" {
 		return fmt.Errorf("--epp-routing-group: must not be empty")
 	}
+	if _, ok := eppBodyModes[o.epp.bodyMode]; !ok {
+		return fmt.Errorf("--epp-body-mode %q: want full-duplex or buffered", clip.String(o.epp.bodyMode))
+	}
+	if o.epp.fallbacks < 0 || o.epp.fallbacks > epp.MaxFallbacks {
+		return fmt.Errorf("--epp-fallbacks %d: want 0 to %d", o.epp.fallbacks, epp.MaxFallbacks)
+	}
+	if o.epp.maxBody < 1<<10 || o.epp.maxBody > maxEPPBody {
+		return fmt.Errorf("--epp-max-body-bytes %d: want 1024 to %d", o.epp.maxBody, maxEPPBody)
+	}
+	if o.epp.bodyTimeout <= 0 {
+		return fmt.Errorf("--epp-body-timeout %v: must be positive", o.epp.bodyTimeout)
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
@@ -192,7 +227,8 @@ func newServeCommand() *cobra.Command {
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks), CatalogWriteTimeout: o.writeTimeout, DumpProgressTimeout: o.dumpProgress,
 				EPP: daemon.EPPConfig{Listen: o.epp.listen, TLS: epp.TLS{CertFile: o.epp.certFile, KeyFile: o.epp.keyFile, SelfSigned: o.epp.selfSigned},
-					Group: o.epp.group, Disagg: o.epp.disagg},
+					Group: o.epp.group, Disagg: o.epp.disagg, BodyMode: eppBodyModes[o.epp.bodyMode], Fallbacks: cmp.Or(o.epp.fallbacks, -1),
+					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

@@ -17,6 +17,7 @@ import (
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/indexer"
+	"github.com/prefixd/prefixd/internal/testsupport/openloop"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -79,9 +80,9 @@ func benchBody(b *testing.B, p []uint32) []byte {
 //
 // The server is the daemon's: NewServer.
 //
-// rate=N: open loop (openLoop) through net/http's client: a request due
+// rate=N: open loop (openloop.Run) through net/http's client: a request due
 // every 1/N s, its latency from then to the last byte of the response,
-// so a late hand-out or a wait for one of the 64 senders counts;
+// so a late hand-out or a wait for one of the 64 openloop.Senders counts;
 // "dropped" counts requests that found 1 s of backlog queued; req/s is
 // the rate answered and sent-req/s the rate the generator reached. A run
 // that sent under 99 % of N says so (short=1, and a line in the log).
@@ -100,17 +101,17 @@ func BenchmarkQuery8K(b *testing.B) {
 	const window = 2 * time.Second
 	for _, rate := range []int{1000, 2000, 5000, 7500, 10000} {
 		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) {
-			r := openLoop(func() (sender, error) { return httpSender{client, url, body}, nil }, rate, 0, window)
+			r := openloop.Run(func() (openloop.Sender, error) { return openloop.HTTPSender{Client: client, URL: url, Body: body}, nil }, rate, 0, window)
 			if r.Failed > 0 {
 				b.Fatalf("%d requests failed", r.Failed)
 			}
-			r.report(b)
+			r.Report(b)
 		})
 	}
 
 	for _, clients := range []int{1, 2, 4} {
 		b.Run(fmt.Sprintf("clients=%d", clients), func(b *testing.B) {
-			var lat latencies
+			var lat openloop.Latencies
 			var failed atomic.Int64
 			start := time.Now()
 			var wg sync.WaitGroup
@@ -119,20 +120,20 @@ func BenchmarkQuery8K(b *testing.B) {
 					var mine []time.Duration
 					for time.Since(start) < window {
 						t0 := time.Now()
-						if err := post(client, url, body); err != nil {
+						if err := openloop.Post(client, url, body); err != nil {
 							failed.Add(1)
 							return
 						}
 						mine = append(mine, time.Since(t0))
 					}
-					lat.add(mine)
+					lat.Add(mine)
 				})
 			}
 			wg.Wait()
 			if failed.Load() > 0 {
 				b.Fatalf("%d requests failed", failed.Load())
 			}
-			lat.report(b, time.Since(start))
+			lat.Report(b, time.Since(start))
 		})
 	}
 }

@@ -17,16 +17,16 @@ import (
 	"strconv"
 	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/internal/sim/pauses"
+	"github.com/prefixd/prefixd/internal/testsupport/openloop"
 )
 
 // The load generator of BenchmarkQuery8KExternal runs in its own process:
-// this test binary, re-executed with these variables set, runs openLoop
-// instead of the tests (TestMain) and prints its loadResult as JSON.
+// this test binary, re-executed with these variables set, runs openloop.Run
+// instead of the tests (TestMain) and prints its openloop.Result as JSON.
 const (
 	loadgenURL    = "PREFIXD_LOADGEN_URL"
 	loadgenBody   = "PREFIXD_LOADGEN_BODY" // a file holding the request body
@@ -66,13 +66,13 @@ func runLoadgen(url string) int {
 		fmt.Fprintln(os.Stderr, "loadgen:", err, rerr, werr)
 		return 2
 	}
-	var newSender func() (sender, error)
+	var newSender func() (openloop.Sender, error)
 	switch c := os.Getenv(loadgenClient); c {
 	case "", "raw":
-		newSender = func() (sender, error) { return newRawSender(url, body) }
+		newSender = func() (openloop.Sender, error) { return newRawSender(url, body) }
 	case "http":
-		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: senders, DisableCompression: true}}
-		newSender = func() (sender, error) { return httpSender{client, url, body}, nil }
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: openloop.Senders, DisableCompression: true}}
+		newSender = func() (openloop.Sender, error) { return openloop.HTTPSender{Client: client, URL: url, Body: body}, nil }
 	default:
 		fmt.Fprintf(os.Stderr, "loadgen: %s=%q: want raw or http\n", loadgenClient, c)
 		return 2
@@ -89,7 +89,7 @@ func runLoadgen(url string) int {
 		defer f.Close()
 		defer pprof.StopCPUProfile()
 	}
-	r := openLoop(newSender, rate, externalWarm, window)
+	r := openloop.Run(newSender, rate, externalWarm, window)
 	if err := json.NewEncoder(os.Stdout).Encode(r); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		return 1
@@ -117,15 +117,6 @@ func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, 
 	return cmd
 }
 
-// cpuTime is the CPU time, user and system, this process has used.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 // BenchmarkQuery8KExternal is BenchmarkQuery8K's open loop with the load
 // generator in its own process (the test binary re-executed), so that the
 // server's figures do not include the client's Go runtime: POST /query
@@ -137,7 +128,7 @@ func cpuTime() time.Duration {
 //
 //	go test -run '^$' -bench Query8KExternal ./internal/apiserver/
 //
-// Besides the latencies (openLoop: from the nominal millisecond each
+// Besides the latencies (openloop.Run: from the nominal millisecond each
 // request was due) and the rate the generator reached (sent-req/s; a run
 // under 99 % of its offered rate says so: short=1 and a line in the
 // log), it reports wait-p99-µs, the part of the latency spent
@@ -200,20 +191,20 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 				// the p99 goal from every request it catches.
 				w := pauses.Watch(300 * time.Millisecond)
 				cmd := loadgenCmd(url, run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient)
-				cpu0 := cpuTime()
+				cpu0 := openloop.CPUTime()
 				out, err := cmd.Output()
-				srvCPU := cpuTime() - cpu0
+				srvCPU := openloop.CPUTime() - cpu0
 				if err != nil {
 					b.Fatalf("load generator: %v", err)
 				}
-				var r loadResult
+				var r openloop.Result
 				if err := json.Unmarshal(out, &r); err != nil {
 					b.Fatalf("load generator's result: %v", err)
 				}
 				if r.Failed > 0 {
 					b.Fatalf("%d requests failed", r.Failed)
 				}
-				r.report(b)
+				r.Report(b)
 				b.ReportMetric(w.Rate(250*time.Microsecond), "pauses-250µs/s")
 				b.ReportMetric(w.Share(pauses.MinGap)*100, "paused-%")
 				if n := len(r.Latencies) + r.Warmup; n > 0 { // the CPU went to every request sent
@@ -242,7 +233,7 @@ func TestLoadgen(t *testing.T) {
 			if err != nil {
 				t.Fatalf("load generator: %v", err)
 			}
-			var r loadResult
+			var r openloop.Result
 			if err := json.Unmarshal(out, &r); err != nil {
 				t.Fatal(err)
 			}
@@ -266,18 +257,18 @@ func TestLoadgen(t *testing.T) {
 // rate, or dropped a request, says so, in a metric and in the log.
 func TestLoadResultShort(t *testing.T) {
 	for _, c := range []struct {
-		r     loadResult
+		r     openloop.Result
 		short bool
 	}{
-		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2 * time.Second}, false},
-		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2*time.Second - time.Millisecond}, false},
-		{loadResult{Offered: 5000, Sent: 9000, SentIn: 2 * time.Second}, true},
-		{loadResult{Offered: 5000, Sent: 10000, SentIn: 2200 * time.Millisecond}, true},
-		{loadResult{Offered: 5000, Sent: 9999, SentIn: 2 * time.Second, Dropped: 1}, true},
-		{loadResult{Offered: 5000}, true},
+		{openloop.Result{Offered: 5000, Sent: 10000, SentIn: 2 * time.Second}, false},
+		{openloop.Result{Offered: 5000, Sent: 10000, SentIn: 2*time.Second - time.Millisecond}, false},
+		{openloop.Result{Offered: 5000, Sent: 9000, SentIn: 2 * time.Second}, true},
+		{openloop.Result{Offered: 5000, Sent: 10000, SentIn: 2200 * time.Millisecond}, true},
+		{openloop.Result{Offered: 5000, Sent: 9999, SentIn: 2 * time.Second, Dropped: 1}, true},
+		{openloop.Result{Offered: 5000}, true},
 	} {
 		var rec metricRecorder
-		c.r.report(&rec)
+		c.r.Report(&rec)
 		if c.r.Short() != c.short || (rec.metrics["short"] == 1) != c.short || strings.Contains(rec.log, "fell short") != c.short {
 			t.Errorf("%+v: Short %v, metrics %v, log %q; want short=%v", c.r, c.r.Short(), rec.metrics, rec.log, c.short)
 		}
@@ -348,18 +339,18 @@ func TestRawSender(t *testing.T) {
 			t.Fatal(err)
 		}
 		for i := range 2 {
-			if err := s.send(); (err == nil) != c.ok {
+			if err := s.Send(); (err == nil) != c.ok {
 				t.Errorf("%s: send %d: %v, want ok=%v", c.path, i, err, c.ok)
 			}
 		}
-		s.close()
+		s.Close()
 		if n := conns.Load(); n != c.conns {
 			t.Errorf("%s: %d connections, want %d", c.path, n, c.conns)
 		}
 	}
 }
 
-// TestOpenLoopPacedWrites runs openLoop's paced writes (rawSender)
+// TestOpenLoopPacedWrites runs openloop.Run's paced writes (rawSender)
 // against servers that answer well, with an error, and by closing every
 // connection: the first run must send all its requests and fail none,
 // the others must fail, the last after each sender's one request.
@@ -384,9 +375,9 @@ func TestOpenLoopPacedWrites(t *testing.T) {
 	}{
 		{"/ok", rate * int(window/time.Millisecond) / 1000, false},
 		{"/missing", 0, true},
-		{"/close", senders, true}, // each sender retires after one: then none is left
+		{"/close", openloop.Senders, true}, // each sender retires after one: then none is left
 	} {
-		r := openLoop(func() (sender, error) { return newRawSender(srv.URL+c.path, []byte(`{}`)) }, rate, 0, window)
+		r := openloop.Run(func() (openloop.Sender, error) { return newRawSender(srv.URL+c.path, []byte(`{}`)) }, rate, 0, window)
 		if len(r.Latencies) != c.ok || (r.Failed > 0) != c.failed {
 			t.Errorf("%s: %d requests answered, %d failed; want %d answered, failed=%v", c.path, len(r.Latencies), r.Failed, c.ok, c.failed)
 		}

@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -120,6 +122,12 @@ type EPPConfig struct {
 	// Disagg books decode-first plans (Config.Coordinator's order and
 	// policy); the destination is the decode engine.
 	Disagg bool
+	// BodyMode, Fallbacks, MaxBodyBytes and BodyTimeout are epp.Config's
+	// (zero: its defaults).
+	BodyMode     filterv3.ProcessingMode_BodySendMode
+	Fallbacks    int
+	MaxBodyBytes int64
+	BodyTimeout  time.Duration
 	// OnReady, if set, is called with the picker's address when it serves.
 	OnReady func(addr string)
 	// Server, if set, is called with the picker (tests read its bookings).
@@ -326,6 +334,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	if eppLn != nil {
 		picker, err := epp.New(epp.Config{Service: svc, Endpoints: view.endpoints, Group: cfg.EPP.Group, Disagg: cfg.EPP.Disagg,
+			BodyMode: cfg.EPP.BodyMode, Fallbacks: cfg.EPP.Fallbacks, MaxBodyBytes: cfg.EPP.MaxBodyBytes, BodyTimeout: cfg.EPP.BodyTimeout,
 			Ready: func() bool { ok, _ := ready(); return ok }, Logger: log, Registerer: reg})
 		if err != nil {
 			return err

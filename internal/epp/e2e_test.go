@@ -2,6 +2,7 @@ package epp_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -39,16 +40,18 @@ const model = "m"
 // stack is a real etcd, prefixd serve with its endpoint picker, and mock
 // engines speaking vLLM's OpenAI API, on loopback.
 type stack struct {
-	t      testing.TB
-	api    string // prefixd's HTTP API
-	envoy  *envoy
-	picker *epp.Server
-	addrs  map[uint64]string // engine ip:port by worker id
+	t       testing.TB
+	api     string // prefixd's HTTP API
+	eppAddr string // the picker's gRPC address
+	envoy   *envoy
+	picker  *epp.Server
+	addrs   map[uint64]string // engine ip:port by worker id
 }
 
 type engineSpec struct {
-	id   uint64
-	role catalog.Role
+	id     uint64
+	role   catalog.Role
+	blocks int // KV blocks of 16 tokens (default 512)
 }
 
 func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *stack {
@@ -82,8 +85,9 @@ func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *s
 		if err != nil {
 			t.Fatal(err)
 		}
-		w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: "http://" + ln.Addr().String(), Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: 512}}
-		if _, err := fleet.Start(context.Background(), mocker.Config{TotalBlocks: 512, BlockSize: 16, Worker: w}, ln); err != nil {
+		blocks := cmp.Or(sp.blocks, 512)
+		w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: "http://" + ln.Addr().String(), Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: uint64(blocks)}}
+		if _, err := fleet.Start(context.Background(), mocker.Config{TotalBlocks: blocks, BlockSize: 16, Worker: w}, ln); err != nil {
 			t.Fatal(err)
 		}
 		addrs[sp.id] = ln.Addr().String()
@@ -95,6 +99,7 @@ func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *s
 	s := &stack{t: t, api: "http://" + api, picker: picker.Load(), addrs: addrs}
 	var conn *grpc.ClientConn
 	addr := <-eppAddr
+	s.eppAddr = addr
 	creds := insecure.NewCredentials()
 	if cfg.EPP.TLS.SelfSigned {
 		creds = credentials.NewTLS(&tls.Config{InsecureSkipVerify: true}) // as a gateway trusts a self-signed picker
@@ -191,7 +196,7 @@ func completion(p string) string {
 // TestEPPPicksCachedPrefix: with both body modes, a follow-up prompt is
 // picked onto the engine that caches its prefix; the header equals the
 // metadata; the fallbacks are the other engines; the body comes back
-// unchanged (in chunks of at most 62,000 bytes in full duplex).
+// unchanged (in chunks of at most 32,000 bytes in full duplex).
 func TestEPPPicksCachedPrefix(t *testing.T) {
 	t.Parallel()
 	s := startStack(t, nil, engineSpec{id: 1}, engineSpec{id: 2}, engineSpec{id: 3})
@@ -222,7 +227,7 @@ func TestEPPPicksCachedPrefix(t *testing.T) {
 			return strings.HasPrefix(a.header, list[0]+",")
 		})
 	}
-	// A large body passes back whole, in chunks of at most 62,000 bytes;
+	// A large body passes back whole, in chunks of at most 32,000 bytes;
 	// trailers end a body too.
 	big := completion(prompt(30000, 9))
 	a, err := s.envoy.do(req{body: big, chunk: 100000, trailers: true}, "ok")
@@ -363,7 +368,7 @@ func TestEPPRandomStreams(t *testing.T) {
 					}
 					x := s.envoy.open()
 					defer x.cancel()
-					a, err := x.request(req{body: body, mode: mode, id: fmt.Sprint("r", r.IntN(4)), chunk: 1 + r.IntN(2000)})
+					a, err := x.request(req{body: body, mode: mode, id: fmt.Sprint("r", r.IntN(4)), chunk: 1 + r.IntN(2000), noLength: r.IntN(2) == 0})
 					if err != nil || a.status != 0 || r.IntN(4) == 0 {
 						return nil // refused, or broken off after the answer
 					}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -36,6 +37,13 @@ type req struct {
 	chunk  int                                  // body chunk size (full duplex), default 1000
 	// trailers ends the body with request trailers instead of end_of_stream.
 	trailers bool
+	// noConfig sends no protocol_config, as a gateway that leaves the
+	// picker to assume its body mode.
+	noConfig bool
+	// noLength sends no content-length (a chunked request body); length,
+	// if set, is the content-length sent, whatever the body's.
+	noLength bool
+	length   string
 }
 
 // answer is what the picker answered to a request.
@@ -84,11 +92,20 @@ func (x *exchange) request(r req) (answer, error) {
 		path = "/v1/completions"
 	}
 	kv := []string{":method", "POST", ":path", path, "content-type", "application/json"}
+	switch {
+	case r.length != "":
+		kv = append(kv, "content-length", r.length)
+	case r.body != "" && !r.noLength:
+		kv = append(kv, "content-length", strconv.Itoa(len(r.body))) // Envoy forwards the client's
+	}
 	if r.id != "" {
 		kv = append(kv, "x-request-id", r.id)
 	}
 	first := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(kv...)}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: x.mode, ResponseBodyMode: x.mode}}
+	if r.noConfig {
+		first.ProtocolConfig = nil
+	}
 	if r.subset != nil {
 		vals := make([]*structpb.Value, len(r.subset))
 		for i, s := range r.subset {
@@ -175,7 +192,7 @@ func (x *exchange) request(r req) (answer, error) {
 		if sb == nil {
 			return a, fmt.Errorf("full duplex: want a streamed body, got %v", resp)
 		}
-		if len(sb.Body) > 64<<10 {
+		if len(sb.Body) > 32000 {
 			return a, fmt.Errorf("a body chunk of %d bytes", len(sb.Body))
 		}
 		got = append(got, sb.Body...)

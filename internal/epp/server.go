@@ -65,8 +65,14 @@ type Config struct {
 	// decides order and policy); the destination is the decode engine.
 	Disagg bool
 	// Fallbacks is how many next-best endpoints follow the primary in an
-	// aggregated answer (default 2; negative: none).
+	// aggregated answer (default 2; negative: none; at most MaxFallbacks).
 	Fallbacks int
+	// BodyMode is the body mode assumed for both directions when the
+	// gateway's first message has no protocol_config:
+	// FULL_DUPLEX_STREAMED (the default, GIE's) or BUFFERED. A gateway
+	// that buffers and does not say so would otherwise wait for the
+	// headers' answer while the picker waits for the body.
+	BodyMode filterv3.ProcessingMode_BodySendMode
 	// MaxBodyBytes bounds one request body (default 8 MiB, as serve's
 	// API: 413 beyond); BodyBudget the bytes of every body the streams
 	// hold together (default 256 MiB: 503 beyond); BodyTimeout the time
@@ -91,6 +97,9 @@ type Config struct {
 	// Registerer receives the metrics; nil registers them nowhere.
 	Registerer prometheus.Registerer
 }
+
+// MaxFallbacks bounds Config.Fallbacks.
+const MaxFallbacks = 16
 
 // Server is the ext_proc service. Create with New.
 type Server struct {
@@ -134,7 +143,17 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Fallbacks == 0 {
 		cfg.Fallbacks = 2
 	}
+	if cfg.Fallbacks > MaxFallbacks {
+		return nil, fmt.Errorf("epp: Config.Fallbacks %d: at most %d", cfg.Fallbacks, MaxFallbacks)
+	}
 	cfg.Fallbacks = max(cfg.Fallbacks, 0)
+	switch cfg.BodyMode {
+	case filterv3.ProcessingMode_NONE:
+		cfg.BodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
+	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED:
+	default:
+		return nil, fmt.Errorf("epp: Config.BodyMode %v: want FULL_DUPLEX_STREAMED or BUFFERED", cfg.BodyMode)
+	}
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = 8 << 20
 	}
@@ -208,7 +227,8 @@ type exchange struct {
 	subset            []string
 	hasSubset         bool
 	body              []byte
-	held              int64
+	held              int64 // what body holds of the budget: its capacity
+	length            int64 // the body's content-length, 0 if not given
 	timer             *time.Timer
 	timedOut          atomic.Bool
 	answered          atomic.Bool // the request's destination was sent (read by the timer)
@@ -223,7 +243,7 @@ type exchange struct {
 
 // Process serves one ext_proc stream: one HTTP request and its response.
 func (s *Server) Process(stream extprocv3.ExternalProcessor_ProcessServer) error {
-	x := &exchange{s: s, stream: stream, reqMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, respMode: filterv3.ProcessingMode_FULL_DUPLEX_STREAMED}
+	x := &exchange{s: s, stream: stream, reqMode: s.cfg.BodyMode, respMode: s.cfg.BodyMode}
 	defer x.end()
 	first := true
 	for {
@@ -253,8 +273,7 @@ func (x *exchange) end() {
 	if x.timer != nil {
 		x.timer.Stop()
 	}
-	x.s.bodies.give(x.held)
-	x.held, x.body = 0, nil
+	x.dropBody()
 	x.release()
 }
 
@@ -306,6 +325,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			path = headerValue(hv)
 		case RequestIDHeader:
 			x.id = headerValue(hv)
+		case "content-length":
+			x.length, _ = strconv.ParseInt(headerValue(hv), 10, 64)
 		}
 	}
 	if len(x.id) > 128 {
@@ -355,17 +376,19 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 		x.s.m.bodiesRefused.WithLabelValues("too_large").Inc()
 		return x.fail(http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("body: more than the limit of %d bytes", x.s.cfg.MaxBodyBytes))
 	}
-	if grow := int64(len(x.body) + len(chunk) - cap(x.body)); grow > 0 {
-		// The buffer doubles, within the cap: charge what it allocates.
-		n := min(max(int64(cap(x.body))*2, int64(len(x.body)+len(chunk)), 4096), x.s.cfg.MaxBodyBytes) - int64(cap(x.body))
-		if !x.s.bodies.take(n) {
+	if need := int64(len(x.body) + len(chunk)); need > int64(cap(x.body)) {
+		// A buffer for the whole body when the gateway said its length,
+		// else the next size up, within the cap: charged as taken.
+		size := min(max(need, x.length, int64(cap(x.body))*2), x.s.cfg.MaxBodyBytes)
+		size = bufSize(size)
+		if !x.s.bodies.take(size - x.held) {
 			x.s.m.bodiesRefused.WithLabelValues("budget").Inc()
 			return x.fail(http.StatusServiceUnavailable, "server_error", "", "the picker's body budget is full: retry")
 		}
-		x.held += n
-		nb := make([]byte, len(x.body), int64(cap(x.body))+n)
-		copy(nb, x.body)
-		x.body = nb
+		nb := getBuf(size)
+		nb = append(nb, x.body...)
+		putBuf(x.body)
+		x.body, x.held = nb, size
 	}
 	x.body = append(x.body, chunk...)
 	if b.GetEndOfStream() || x.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -408,12 +431,14 @@ func (x *exchange) decide(eos bool) error {
 		return err
 	}
 	// Full duplex: the headers' answer first, then the body back in
-	// chunks of at most 62,000 bytes (under the 64 KiB Envoy
-	// recommends), the last marked end of stream unless trailers follow.
+	// chunks of at most 32,000 bytes (Envoy recommends under 64 KiB; a
+	// message under 32 KiB takes a buffer of grpc-go's 32 KiB tier, the
+	// next is 1 MiB, zeroed on each use), the last marked end of stream
+	// unless trailers follow.
 	if err := x.send(&extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_RequestHeaders{RequestHeaders: &extprocv3.HeadersResponse{Response: common}}, DynamicMetadata: meta}); err != nil {
 		return err
 	}
-	const chunk = 62000
+	const chunk = 32000
 	body := x.body
 	for first := true; first || len(body) > 0; first = false {
 		n := min(len(body), chunk)
@@ -431,7 +456,52 @@ func (x *exchange) decide(eos bool) error {
 
 func (x *exchange) dropBody() {
 	x.s.bodies.give(x.held)
+	putBuf(x.body)
 	x.held, x.body = 0, nil
+}
+
+// bodyBufs pools request body buffers by size class: class c holds
+// buffers of minBuf << c bytes, up to maxPooledBody; larger bodies are
+// allocated and left to the collector.
+var bodyBufs [bodyClasses]sync.Pool
+
+const (
+	minBuf      = 4 << 10
+	bodyClasses = 9 // up to minBuf << 8, maxPooledBody
+)
+
+// bufSize is the capacity a buffer for n bytes is given: its class's
+// size, or n beyond the pooled ones.
+func bufSize(n int64) int64 {
+	for c := range bodyClasses {
+		if size := int64(minBuf) << c; n <= size {
+			return size
+		}
+	}
+	return n
+}
+
+// getBuf returns an empty buffer of capacity size (a bufSize).
+func getBuf(size int64) []byte {
+	for c := range bodyClasses {
+		if int64(minBuf)<<c == size {
+			if p, ok := bodyBufs[c].Get().(*[]byte); ok {
+				return (*p)[:0]
+			}
+			break
+		}
+	}
+	return make([]byte, 0, size)
+}
+
+// putBuf gives b, a getBuf buffer no longer used, back to its pool.
+func putBuf(b []byte) {
+	for c := range bodyClasses {
+		if int64(minBuf)<<c == int64(cap(b)) {
+			bodyBufs[c].Put(&b)
+			return
+		}
+	}
 }
 
 // fail answers the request with an immediate response in OpenAI's error
@@ -574,11 +644,14 @@ func (x *exchange) tokens(req *tokenize.Request, bases []string) (ids []uint32, 
 		s.m.tokenize.WithLabelValues("client").Inc()
 		return req.Tokens, nil
 	}
-	body, err := req.TokenizeBody()
-	if err != nil {
-		s.m.tokenize.WithLabelValues("unavailable").Inc()
-		return nil, nil
-	}
+	bp := tokenizeBodies.Get().(*[]byte)
+	body := req.AppendTokenizeBody((*bp)[:0])
+	defer func() {
+		if cap(body) <= maxPooledBody {
+			*bp = body
+			tokenizeBodies.Put(bp)
+		}
+	}()
 	ctx, cancel := context.WithTimeout(x.stream.Context(), s.cfg.TokenizeTimeout)
 	defer cancel()
 	for range min(2, len(bases)) {
@@ -596,6 +669,12 @@ func (x *exchange) tokens(req *tokenize.Request, bases []string) (ids []uint32, 
 	s.m.tokenize.WithLabelValues("unavailable").Inc()
 	return nil, nil
 }
+
+// tokenizeBodies pools the /tokenize bodies the streams build (Client.Tokens
+// keeps none), those of at most maxPooledBody bytes.
+var tokenizeBodies = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooledBody = 1 << 20
 
 // statusOf maps a booking error to the immediate response's status.
 func statusOf(err error, model string) (int, string, string, string) {

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	extprocv3 "github.com/envoyproxy/go-control-plane/envoy/service/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
@@ -71,7 +72,8 @@ func startPicker(t testing.TB, cfg epp.Config, pcfg coordinator.PoolConfig, engi
 	return p
 }
 
-// TestPickerBounds: a body over the cap is a 413, a body that stops
+// TestPickerBounds: a body over the cap is a 413, a content-length over
+// it or not the body's is read as the body comes, a body that stops
 // arriving a 408, a prompt of token ids that keeps every engine over its
 // busy threshold a 429.
 func TestPickerBounds(t *testing.T) {
@@ -84,6 +86,15 @@ func TestPickerBounds(t *testing.T) {
 	a, err := p.envoy.do(req{body: completion(strings.Repeat("x", 5000))})
 	if err != nil || a.status != http.StatusRequestEntityTooLarge {
 		t.Errorf("a body over the cap: %+v %v", a, err)
+	}
+
+	// A content-length that is not the body's: the buffer is bounded by
+	// the cap, and the body read as it came.
+	for _, length := range []string{"1099511627776", "-5", "x", "3"} {
+		a, err := p.envoy.do(req{body: `{"model":"m","prompt":[1,2,3]}`, length: length}, "ok")
+		if err != nil || a.header != "127.0.0.1:1" {
+			t.Errorf("content-length %s: %+v %v", length, a, err)
+		}
 	}
 
 	x := p.envoy.open()
@@ -112,6 +123,56 @@ func TestPickerBounds(t *testing.T) {
 	}
 	if err := x.close(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPickerAssumedBodyMode: a gateway that sends no protocol_config is
+// read in Config.BodyMode: full duplex by default, buffered when so
+// configured; a buffering gateway that does not say so, against a
+// picker assuming full duplex, waits for the headers' answer while the
+// picker waits for the body: the body timeout ends it with a 408.
+func TestPickerAssumedBodyMode(t *testing.T) {
+	t.Parallel()
+	const full, buffered = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED
+	engines := map[uint64]string{1: "http://127.0.0.1:1", 2: "http://127.0.0.2:1"}
+	body := `{"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17]}`
+	for _, c := range []struct {
+		assumed, gateway filterv3.ProcessingMode_BodySendMode
+		status           int // 0: picked
+	}{
+		{0, full, 0},
+		{full, full, 0},
+		{buffered, buffered, 0},
+		{0, buffered, http.StatusRequestTimeout},
+	} {
+		t.Run(fmt.Sprintf("%v/%v", c.assumed, c.gateway), func(t *testing.T) {
+			p := startPicker(t, epp.Config{BodyMode: c.assumed, BodyTimeout: 300 * time.Millisecond}, coordinator.DefaultPoolConfig(), engines)
+			x := p.envoy.open()
+			a, err := x.request(req{body: body, mode: c.gateway, noConfig: true})
+			if err != nil || a.status != c.status {
+				t.Fatalf("answer %+v, %v; want status %d", a, err, c.status)
+			}
+			if c.status != 0 {
+				x.cancel()
+				return
+			}
+			if a.header == "" || a.header != a.meta || (c.gateway == full && a.body != body) {
+				t.Fatalf("answer %+v", a)
+			}
+			primary, _, _ := strings.Cut(a.header, ",")
+			if err := x.respond(primary, 200, "data: a\n\n", "data: [DONE]\n\n"); err != nil {
+				t.Fatal(err)
+			}
+			if err := x.close(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	for _, cfg := range []epp.Config{{BodyMode: filterv3.ProcessingMode_STREAMED}, {Fallbacks: epp.MaxFallbacks + 1}} {
+		cfg.Service, cfg.Endpoints = coordinator.NewService(coordinator.ServiceConfig{}), epp.NewEndpoints(nil, 0)
+		if _, err := epp.New(cfg); err == nil || !strings.Contains(err.Error(), "Config.") {
+			t.Errorf("New(%+v): %v, want an error naming the field", cfg, err)
+		}
 	}
 }
 

@@ -157,7 +157,7 @@ func (x *exchange) relay(resp *http.Response, first func()) error {
 				started = true
 				x.answered = true
 				x.w.WriteHeader(resp.StatusCode)
-				x.p.m.ttft.WithLabelValues(x.req.kind.label()).Observe(time.Since(x.start).Seconds())
+				x.p.m.ttft.WithLabelValues(x.req.Route.Label()).Observe(time.Since(x.start).Seconds())
 				if first != nil {
 					first()
 				}
@@ -205,7 +205,7 @@ func (x *exchange) outcome(err error) string {
 // next-best engine when the first fails before its first byte.
 func (x *exchange) aggregated() string {
 	p := x.p
-	es := p.fleet.pick(x.req.model, p.cfg.RoutingGroup, catalog.RoleAggregated)
+	es := p.fleet.pick(x.req.Model, p.cfg.RoutingGroup, catalog.RoleAggregated)
 	var tokens []uint32
 	haveTokens := false
 	if p.cfg.Policy == KVAware {
@@ -220,7 +220,7 @@ func (x *exchange) aggregated() string {
 		if status != 0 {
 			return x.fail(status, "%s", msg)
 		}
-		resp, err := x.call(target, x.req.kind.path(), x.req.body)
+		resp, err := x.call(target, x.req.Route.Path(), x.req.Body)
 		var ue *upstreamError
 		if errors.As(err, &ue) {
 			x.free(sid)
@@ -257,14 +257,14 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		if e, ok := p.fleet.random(left, p.rand, &p.randMu); ok {
 			return e, "", 0, ""
 		}
-		return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.model)
+		return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.Model)
 	}
 	if haveTokens {
 		sid = x.id
 		if attempt > 0 {
 			sid = fmt.Sprintf("%s-%d", x.id, attempt)
 		}
-		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid}
+		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.Model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid}
 		if len(tried) > 0 {
 			for _, o := range left {
 				sr.AllowedWorkerIDs = append(sr.AllowedWorkerIDs, o.id)
@@ -281,7 +281,7 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		switch {
 		case err == nil:
 		case errors.Is(err, client.ErrOverloaded):
-			return e, "", http.StatusTooManyRequests, "every engine of model " + x.req.model + " is busy: " + errMsg(err)
+			return e, "", http.StatusTooManyRequests, "every engine of model " + x.req.Model + " is busy: " + errMsg(err)
 		case errors.Is(err, client.ErrNotFound):
 			return e, "", http.StatusNotFound, errMsg(err)
 		case errors.Is(err, client.ErrInvalid):
@@ -297,7 +297,7 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 	if e, ok := p.fleet.leastLoaded(left); ok {
 		return e, "", 0, ""
 	}
-	return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.model)
+	return e, "", http.StatusServiceUnavailable, fmt.Sprintf("no engine serves model %s", x.req.Model)
 }
 
 // invalidStatus is the status of a request prefixd refused as invalid
@@ -352,8 +352,8 @@ func (x *exchange) free(sid string) {
 // client's.
 func (x *exchange) disaggregated() string {
 	p := x.p
-	decode := p.fleet.pick(x.req.model, p.cfg.RoutingGroup, catalog.RoleDecode)
-	prefill := p.fleet.pick(x.req.model, p.cfg.PrefillRoutingGroup, catalog.RolePrefill)
+	decode := p.fleet.pick(x.req.Model, p.cfg.RoutingGroup, catalog.RoleDecode)
+	prefill := p.fleet.pick(x.req.Model, p.cfg.PrefillRoutingGroup, catalog.RolePrefill)
 	tokens, ok, tooLong := x.tokens(append(slices.Clone(decode), prefill...))
 	if tooLong != nil {
 		return x.fail(http.StatusRequestEntityTooLarge, "%v", tooLong)
@@ -364,15 +364,15 @@ func (x *exchange) disaggregated() string {
 		p.m.fallbacks.WithLabelValues("no_tokens").Inc()
 		e, ok := p.fleet.leastLoaded(decode)
 		if !ok {
-			return x.fail(http.StatusServiceUnavailable, "no decode engine serves model %s", x.req.model)
+			return x.fail(http.StatusServiceUnavailable, "no decode engine serves model %s", x.req.Model)
 		}
-		resp, err := x.call(e, x.req.kind.path(), x.req.body)
+		resp, err := x.call(e, x.req.Route.Path(), x.req.Body)
 		if err != nil {
 			return x.fail(http.StatusBadGateway, "%v", err)
 		}
 		return x.outcome(x.relay(resp, nil))
 	}
-	pr := api.PlanRequest{Prompt: api.Prompt{TokenIDs: tokens}, ID: x.id, ModelName: x.req.model, RoutingGroup: p.cfg.RoutingGroup,
+	pr := api.PlanRequest{Prompt: api.Prompt{TokenIDs: tokens}, ID: x.id, ModelName: x.req.Model, RoutingGroup: p.cfg.RoutingGroup,
 		PrefillRoutingGroup: p.cfg.PrefillRoutingGroup, Policy: p.cfg.PlanPolicy, PrefillFailure: p.cfg.PrefillFailure}
 	order, reason := p.cfg.Order, ""
 	pin, ok, err := pinnedPrefill(x.r.Header)
@@ -436,11 +436,11 @@ func (x *exchange) disaggregated() string {
 		}
 		dec = booked.Decode
 	}
-	body, err := x.req.decodeBody(params)
+	body, err := decodeBody(x.req, params)
 	if err != nil {
 		return x.fail(http.StatusInternalServerError, "decode body: %v", err)
 	}
-	resp, err := x.call(engine{id: dec.WorkerID, endpoint: dec.Endpoint}, x.req.kind.path(), body)
+	resp, err := x.call(engine{id: dec.WorkerID, endpoint: dec.Endpoint}, x.req.Route.Path(), body)
 	if err != nil {
 		return x.fail(http.StatusBadGateway, "decode: %v", err)
 	}
@@ -534,7 +534,7 @@ func (x *exchange) release() {
 // runWhole sends the whole request to one booked engine (a bypass).
 func (x *exchange) runWhole(b api.PlanBooking, why string) string {
 	x.p.m.bypasses.WithLabelValues(why).Inc()
-	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.kind.path(), x.req.body)
+	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.Route.Path(), x.req.Body)
 	if err != nil {
 		return x.fail(http.StatusBadGateway, "%v", err)
 	}
@@ -549,11 +549,11 @@ const maxPrefillAnswer = 4 << 20
 // runPrefill runs the prefill request on its worker and returns the
 // kv_transfer_params of its answer.
 func (x *exchange) runPrefill(b api.PlanBooking) (json.RawMessage, error) {
-	body, err := x.req.prefillBody()
+	body, err := prefillBody(x.req)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.kind.path(), body)
+	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.Route.Path(), body)
 	if err != nil {
 		return nil, err
 	}

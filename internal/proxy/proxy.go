@@ -407,7 +407,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	}
 	req, err := parseRequest(k, body)
 	if err != nil {
-		p.m.requests.WithLabelValues(k.label(), "invalid").Inc()
+		p.m.requests.WithLabelValues(k.Label(), "invalid").Inc()
 		status := http.StatusBadRequest
 		if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
 			status = http.StatusRequestEntityTooLarge
@@ -423,8 +423,8 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	default:
 		outcome = x.aggregated()
 	}
-	p.m.requests.WithLabelValues(k.label(), outcome).Inc()
-	p.m.duration.WithLabelValues(k.label()).Observe(time.Since(start).Seconds())
+	p.m.requests.WithLabelValues(k.Label(), outcome).Inc()
+	p.m.duration.WithLabelValues(k.Label()).Observe(time.Since(start).Seconds())
 }
 
 // bodyRefused counts a body that was not read, and logs the budget being
@@ -462,13 +462,6 @@ func (l *logEvery) allow(now time.Time) (suppressed int, ok bool) {
 	return n, true
 }
 
-func (k kind) label() string {
-	if k == chat {
-		return "chat"
-	}
-	return "completions"
-}
-
 // newID returns a request id for bookings.
 func newID() string {
 	return "px-" + strconv.FormatUint(rand.Uint64(), 36) + strconv.FormatUint(rand.Uint64()&0xffff, 36)
@@ -492,14 +485,11 @@ func forwardHeaders(h http.Header) http.Header {
 // refuse is refused here first (tooLong, a 413), before anything is
 // booked.
 func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
-	if x.req.tokens != nil {
+	if x.req.Tokens != nil {
 		x.p.m.tokenize.WithLabelValues("client").Inc()
-		return x.req.tokens, true, routable(x.req.tokens)
+		return x.req.Tokens, true, routable(x.req.Tokens)
 	}
-	body, err := x.req.tokenizeBody()
-	if err != nil {
-		return nil, false, nil
-	}
+	body := x.req.AppendTokenizeBody(nil)
 	var last error
 	for range 2 {
 		e, ok := x.p.fleet.next(es)
@@ -518,7 +508,7 @@ func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
 		last = err
 	}
 	x.p.m.tokenize.WithLabelValues("unavailable").Inc()
-	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.model, "err", last)
+	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.Model, "err", last)
 	return nil, false, nil
 }
 

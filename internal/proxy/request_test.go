@@ -43,21 +43,21 @@ func TestParseRequest(t *testing.T) {
 			t.Errorf("%s: %v", c.body, err)
 		case c.err != "" && (err == nil || !strings.HasPrefix(err.Error(), c.err)):
 			t.Errorf("%s: error %v, want %q", c.body, err, c.err)
-		case err == nil && r.model != "m":
-			t.Errorf("%s: model %q", c.body, r.model)
+		case err == nil && r.Model != "m":
+			t.Errorf("%s: model %q", c.body, r.Model)
 		}
 	}
 	r, err := parseRequest(completions, []byte(`{"model":"m","prompt":[1,2,3],"stream":true}`))
-	if err != nil || !r.stream || len(r.tokens) != 3 || r.tokens[2] != 3 {
+	if err != nil || !r.Stream || len(r.Tokens) != 3 || r.Tokens[2] != 3 {
 		t.Fatalf("%+v %v", r, err)
 	}
 	r, err = parseRequest(completions, []byte(`{"model":"m","prompt":[ [4, 5], [6]]}`))
-	if err != nil || !slices.Equal(r.tokens, []uint32{4, 5}) {
+	if err != nil || !slices.Equal(r.Tokens, []uint32{4, 5}) {
 		t.Fatalf("a batch of token arrays: %+v %v", r, err)
 	}
 	r, err = parseRequest(completions, []byte(`{"model" : "m", "prompt" : "p", "x" : {"y": [1]} }`))
-	if err != nil || string(r.fields["prompt"]) != `"p"` || string(r.fields["x"]) != `{"y": [1]}` || string(r.fields["model"]) != `"m"` {
-		t.Fatalf("fields: %q %v", r.fields, err)
+	if err != nil || string(r.Fields["prompt"]) != `"p"` || string(r.Fields["x"]) != `{"y": [1]}` || string(r.Fields["model"]) != `"m"` {
+		t.Fatalf("fields: %q %v", r.Fields, err)
 	}
 }
 
@@ -68,7 +68,7 @@ func TestPromptTokensBounded(t *testing.T) {
 	ids := func(n int) string { return strings.TrimSuffix(strings.Repeat("7,", n), ",") }
 	for _, prompt := range []string{"[" + ids(maxPromptTokens) + "]", "[[" + ids(maxPromptTokens) + "]]"} {
 		r, err := parseRequest(completions, []byte(`{"model":"m","prompt":`+prompt+`}`))
-		if err != nil || len(r.tokens) != maxPromptTokens {
+		if err != nil || len(r.Tokens) != maxPromptTokens {
 			t.Fatalf("%d ids: %v", maxPromptTokens, err)
 		}
 	}
@@ -94,7 +94,7 @@ func TestRewrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	var pre map[string]any
-	b, err := r.prefillBody()
+	b, err := prefillBody(r)
 	if err != nil || json.Unmarshal(b, &pre) != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +106,7 @@ func TestRewrites(t *testing.T) {
 		t.Errorf("prefill body %v", pre)
 	}
 	var dec map[string]any
-	b, err = r.decodeBody(json.RawMessage(`{"do_remote_prefill":true,"remote_engine_id":"e1","remote_block_ids":[1,2]}`))
+	b, err = decodeBody(r, json.RawMessage(`{"do_remote_prefill":true,"remote_engine_id":"e1","remote_block_ids":[1,2]}`))
 	if err != nil || json.Unmarshal(b, &dec) != nil {
 		t.Fatal(err)
 	}
@@ -114,8 +114,8 @@ func TestRewrites(t *testing.T) {
 		t.Errorf("decode body %v", dec)
 	}
 	var tok map[string]any
-	b, err = r.tokenizeBody()
-	if err != nil || json.Unmarshal(b, &tok) != nil {
+	b = r.AppendTokenizeBody(nil)
+	if err := json.Unmarshal(b, &tok); err != nil {
 		t.Fatal(err)
 	}
 	if tok["model"] != "m" || tok["messages"] == nil || tok["add_generation_prompt"] != true || tok["temperature"] != nil || len(tok) != 3 {
@@ -125,7 +125,7 @@ func TestRewrites(t *testing.T) {
 		t.Errorf("answer without params: %v", err)
 	}
 	c, _ := parseRequest(completions, []byte(`{"model":"m","prompt":["first","second"]}`))
-	b, _ = c.tokenizeBody()
+	b = c.AppendTokenizeBody(nil)
 	if string(b) != `{"model":"m","prompt":"first"}` {
 		t.Errorf("batch tokenize body %s", b)
 	}

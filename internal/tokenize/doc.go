@@ -2,7 +2,8 @@
 // token ids with the engine's own tokenizer and chat template (vLLM's
 // POST /tokenize), as prefixd proxy and the endpoint picker (package
 // epp) both do: Client asks an engine and keeps the answers in Cache,
-// bounded in entries and bytes, for identical prompts. Request reads
-// what a frontend needs of a completions or chat body (the model, a
-// prompt given as token ids, the /tokenize body).
+// bounded in entries and bytes, for identical prompts. Read is the one
+// reader of a completions or chat body, the proxy's and the picker's
+// (the model, stream, a prompt given as token ids, every member for a
+// rewrite, the /tokenize body).
 package tokenize

@@ -17,39 +17,69 @@ const (
 	Chat                     // POST /v1/chat/completions
 )
 
-// Request is what routing reads of an OpenAI completions or chat body:
-// the model, the prompt's token ids when the client sent them, and what
-// the engine's tokenizer needs. It refers to the body it was read from.
+// Path is the route's path on an engine.
+func (r Route) Path() string {
+	if r == Chat {
+		return "/v1/chat/completions"
+	}
+	return "/v1/completions"
+}
+
+// Label names the route in metrics: "completions" or "chat".
+func (r Route) Label() string {
+	if r == Chat {
+		return "chat"
+	}
+	return "completions"
+}
+
+// Request is what a frontend reads of an OpenAI completions or chat
+// body: the model, whether it streams, the prompt's token ids when the
+// client sent them, and every member as it came, for the /tokenize body
+// and for rewrites. It refers to the body it was read from: the caller
+// must keep Body unchanged while it uses the Request.
 type Request struct {
-	Route Route
-	Model string
+	Route  Route
+	Body   []byte // as the client sent it
+	Model  string
+	Stream bool
 	// Tokens is the prompt as token ids when the client sent them (a
 	// completions prompt of integers, or a batch of such arrays, whose
 	// first routes the batch); nil otherwise.
 	Tokens []uint32
-	fields map[string]json.RawMessage // the members TokenizeBody needs, slices of the body
-	first  json.RawMessage            // the first prompt of a batch of strings
+	// Fields are the body's members, each value a slice of Body (valid
+	// JSON, as it came): read only.
+	Fields map[string]json.RawMessage
+	first  json.RawMessage // the first prompt of a batch of other prompts
 }
 
-// tokenizeFields are the members of a chat body the chat template reads.
-var tokenizeFields = []string{"model", "messages", "add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "tools", "add_special_tokens", "documents", "prompt"}
+// chatTemplateFields are the members of a chat body's /tokenize body:
+// the model and what the chat template reads, in the order of their
+// names.
+var chatTemplateFields = []string{"add_generation_prompt", "add_special_tokens", "chat_template", "chat_template_kwargs", "continue_final_message", "documents", "messages", "model", "tools"}
 
 // Read reads an OpenAI body of route with jsonlex, once and in place:
-// model, and the prompt or messages, are checked; every other member
-// only for its syntax. A prompt of token ids is read with its count
-// bounded before anything is allocated for it (a *jsonlex.Error with
-// Over beyond MaxPromptTokens). Errors name the field and never repeat
-// more than a clipped piece of the body.
+// model, stream, and the prompt or messages are checked; every other
+// member only for its syntax. A prompt of token ids is read with its
+// count bounded before anything is allocated for it (a *jsonlex.Error
+// with Over beyond MaxPromptTokens). Errors name the field and never
+// repeat more than a clipped piece of the body.
 func Read(route Route, body []byte) (*Request, error) {
-	r := &Request{Route: route, fields: map[string]json.RawMessage{}}
-	l := jsonlex.New(body, "model", "prompt", "messages")
+	r := &Request{Route: route, Body: body, Fields: make(map[string]json.RawMessage, 8)}
+	l := jsonlex.New(body, "model", "stream", "prompt", "messages", "max_tokens")
 	err := l.Document(func(key string) error {
-		l.Peek()
+		l.Peek() // the value's first byte
 		start := l.Pos()
 		var err error
 		switch {
 		case key == "model":
 			r.Model, err = l.String(key, true)
+		case key == "stream":
+			if isNull, nerr := l.Null(); isNull || nerr != nil {
+				r.Stream, err = false, nerr
+				break
+			}
+			r.Stream, err = l.Bool(key)
 		case key == "prompt" && route == Completions:
 			r.Tokens, r.first, err = readPrompt(&l, body)
 		case key == "messages" && route == Chat:
@@ -60,11 +90,7 @@ func Read(route Route, body []byte) (*Request, error) {
 		default:
 			err = l.Skip(clip.String(key), 1)
 		}
-		for _, f := range tokenizeFields {
-			if f == key {
-				r.fields[key] = body[start:l.Pos()]
-			}
-		}
+		r.Fields[key] = body[start:l.Pos()]
 		return err
 	})
 	if err != nil {
@@ -73,12 +99,18 @@ func Read(route Route, body []byte) (*Request, error) {
 	if r.Model == "" {
 		return nil, fmt.Errorf("model: required")
 	}
-	required := map[Route]string{Completions: "prompt", Chat: "messages"}[route]
-	if raw, ok := r.fields[required]; !ok || bytes.Equal(bytes.TrimSpace(raw), []byte("null")) {
+	required := "prompt"
+	if route == Chat {
+		required = "messages"
+	}
+	if raw, ok := r.Fields[required]; !ok || IsNull(raw) {
 		return nil, fmt.Errorf("%s: required", required)
 	}
 	return r, nil
 }
+
+// IsNull reports whether a JSON value is null.
+func IsNull(raw json.RawMessage) bool { return bytes.Equal(bytes.TrimSpace(raw), []byte("null")) }
 
 // readPrompt reads a completions prompt: token ids when it is an array of
 // integers or a batch of such arrays (its first), the first prompt of a
@@ -113,26 +145,54 @@ func readPrompt(l *jsonlex.Lexer, body []byte) (tokens []uint32, first json.RawM
 	return tokens, first, err
 }
 
-// TokenizeBody is the POST /tokenize body for r: its prompt, or its
-// messages with the chat template's inputs, for the same model.
-func (r *Request) TokenizeBody() ([]byte, error) {
-	out := map[string]json.RawMessage{"model": r.fields["model"]}
+// AppendTokenizeBody appends the POST /tokenize body for r to dst and
+// returns it: a JSON object of its model and prompt (a completions
+// request; a batch's first prompt) or of its model, messages and the
+// chat template's inputs (a chat request), and add_special_tokens when
+// the client set it; members in the order of their names. The values
+// are r's, byte for byte: Read checked them, so they are joined as
+// they are (encoding/json would check and compact them again, the
+// bulk of a long prompt's cost).
+func (r *Request) AppendTokenizeBody(dst []byte) []byte {
+	dst = append(dst, '{')
+	n := 0
+	add := func(k string, v json.RawMessage) {
+		if n > 0 {
+			dst = append(dst, ',')
+		}
+		n++
+		dst = append(dst, '"')
+		dst = append(dst, k...)
+		dst = append(dst, '"', ':')
+		dst = append(dst, v...)
+	}
 	switch r.Route {
 	case Chat:
-		for _, f := range tokenizeFields {
-			if v, ok := r.fields[f]; ok && f != "prompt" {
-				out[f] = v
+		for _, f := range chatTemplateFields {
+			if v, ok := r.Fields[f]; ok {
+				add(f, v)
 			}
 		}
 	case Completions:
-		prompt := r.fields["prompt"]
+		if v, ok := r.Fields["add_special_tokens"]; ok {
+			add("add_special_tokens", v)
+		}
+		add("model", r.Fields["model"])
+		prompt := r.Fields["prompt"]
 		if r.first != nil {
 			prompt = r.first
 		}
-		out["prompt"] = prompt
-		if v, ok := r.fields["add_special_tokens"]; ok {
-			out["add_special_tokens"] = v
-		}
+		add("prompt", prompt)
 	}
-	return json.Marshal(out)
+	return append(dst, '}')
+}
+
+// CloneFields returns a copy of r's Fields with room for extra more,
+// for a rewrite of the body.
+func (r *Request) CloneFields(extra int) map[string]json.RawMessage {
+	out := make(map[string]json.RawMessage, len(r.Fields)+extra)
+	for k, v := range r.Fields {
+		out[k] = v
+	}
+	return out
 }

@@ -50,13 +50,15 @@ func (e *PromptTooLong) Error() string { return e.Msg }
 // Tokens returns body's token ids from the cache, or from the engine at
 // base (and then caches them); hit says which. The ids are shared with
 // the cache: the caller must not change them. A prompt of more ids than
-// prefixd routes is a *PromptTooLong.
+// prefixd routes is a *PromptTooLong. body is not kept after Tokens
+// returns (a miss sends a copy: net/http may read a request's body
+// after the round trip returns), so it may come from a pool.
 func (t *Client) Tokens(ctx context.Context, base string, body []byte) (ids []uint32, hit bool, err error) {
 	key := xxh3.Hash128(body)
 	if ids, ok := t.cache.Get(key); ok {
 		return ids, true, nil
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/tokenize", bytes.NewReader(bytes.Clone(body)))
 	if err != nil {
 		return nil, false, err
 	}

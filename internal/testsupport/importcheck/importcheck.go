@@ -56,14 +56,15 @@ func NoTestSupport(t testing.TB, pkg string) {
 
 // TestSupport reports whether path is test support: package testing, and
 // prefixd's test-support packages (catalog/storetest, internal/testsupport,
-// internal/testsupport/dumptest, internal/testsupport/pypub,
+// internal/testsupport/dumptest, internal/testsupport/openloop,
+// internal/testsupport/pypub,
 // internal/testsupport/testlog, internal/sim/mocker/publishtest,
 // events/wire/wiretest).
 func TestSupport(path string) bool {
 	if path == "testing" {
 		return true
 	}
-	for _, p := range []string{"catalog/storetest", "internal/testsupport", "internal/testsupport/dumptest", "internal/testsupport/pypub", "internal/testsupport/testlog", "internal/sim/mocker/publishtest", "events/wire/wiretest"} {
+	for _, p := range []string{"catalog/storetest", "internal/testsupport", "internal/testsupport/dumptest", "internal/testsupport/openloop", "internal/testsupport/pypub", "internal/testsupport/testlog", "internal/sim/mocker/publishtest", "events/wire/wiretest"} {
 		if path == "github.com/prefixd/prefixd/"+p {
 			return true
 		}
