@@ -74,6 +74,14 @@ func (en *e2eEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	en.e.ServeHTTP(w, r)
 }
 
+// name is en for an error message ("none" when nil).
+func (en *e2eEngine) name() string {
+	if en == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%d (%s, rack %q)", en.id, cmp.Or(string(en.role), "aggregated"), en.rack)
+}
+
 // received returns the requests received since the first n.
 func (en *e2eEngine) received(n int) []received {
 	en.mu.Lock()
@@ -722,5 +730,94 @@ func fault(t *testing.T, addr, query string) {
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("fault %s: %d", query, resp.StatusCode)
+	}
+}
+
+// TestE2EDisaggregated: through the gateway, in both body modes, against
+// prefixd serve's picker planning decode-first (--epp-disagg, the demo's
+// policy: bypass under 256 uncached tokens) over 2 prefill and 2 decode
+// engines in two KV-transfer domains, as the demo places them:
+//   - a long prompt: the gateway sends it to a decode engine with
+//     x-prefiller-host-port naming a prefill engine of its domain; the
+//     decode engine's sidecar runs the prefill there and decodes with its
+//     KV (computing no prompt token itself);
+//   - its follow-up: a bypass: the same decode engine, which holds the
+//     prefix now, with no prefiller;
+//   - every plan released, nothing booked; the index, fed by both
+//     engines' KV events (the transferred blocks too), equals every
+//     engine's cache.
+func TestE2EDisaggregated(t *testing.T) {
+	t.Parallel()
+	for _, mode := range bodyModes() {
+		t.Run(mode.String(), func(t *testing.T) {
+			t.Parallel()
+			s := startE2E(t, true, false,
+				e2eSpec{id: 21, role: catalog.RolePrefill, rack: "r1"}, e2eSpec{id: 22, role: catalog.RolePrefill, rack: "r2"},
+				e2eSpec{id: 31, role: catalog.RoleDecode, rack: "r1"}, e2eSpec{id: 32, role: catalog.RoleDecode, rack: "r2"})
+			g, url := startGateway(t, Config{EPP: s.epp, RequestBodyMode: mode, ResponseBodyMode: mode})
+			seen := func() map[uint64]int {
+				out := map[uint64]int{}
+				for _, en := range s.engines {
+					out[en.id] = len(en.received(0))
+				}
+				return out
+			}
+			for i, first := range []oaiRequest{
+				{stream: true, tokens: 8, prompt: words("pd", 400)},
+				{chat: true, messages: []Message{{"system", words("pdsys", 200)}, {"user", words("pdq", 200)}}},
+			} {
+				first.id = fmt.Sprintf("pd-%d", i)
+				n0, l0, sc0 := seen(), s.loads(), map[uint64]mocker.SidecarStats{}
+				for _, en := range s.engines {
+					sc0[en.id] = en.e.Sidecar()
+				}
+				send(t, url, first)
+				s.checkNoBookings(first.String())
+				var dec, pre *e2eEngine
+				for _, en := range s.engines {
+					got := en.received(n0[en.id])
+					switch {
+					case len(got) == 0:
+					case len(got) != 1 || got[0].id != first.id:
+						t.Fatalf("%v: engine %d received %+v", first, en.id, got)
+					case en.role == catalog.RoleDecode && got[0].prefiller != "":
+						dec, pre = en, s.byAddr(got[0].prefiller)
+					case en.role == catalog.RolePrefill && got[0].prefiller == "":
+					default:
+						t.Fatalf("%v: engine %d (%s) received %+v", first, en.id, en.role, got)
+					}
+				}
+				if dec == nil || pre.role != catalog.RolePrefill || pre.rack != dec.rack || len(pre.received(n0[pre.id])) != 1 {
+					t.Fatalf("%v: decode engine %v, prefiller %v: want a decode engine and a prefill engine of its domain that ran the prefill", first, dec.name(), pre.name())
+				}
+				ran := computed(l0, s.loads())
+				if d := dec.e.Sidecar(); d.Prefills != sc0[dec.id].Prefills+1 || d.Failures != sc0[dec.id].Failures || len(ran) != 1 || ran[pre.id][0] == 0 {
+					t.Fatalf("%v: decode sidecar %+v; engines that computed the prompt %v, want prefill engine %d alone", first, d, ran, pre.id)
+				}
+
+				s.waitIndex() // the decode engine's transferred blocks are indexed
+				follow := first.followUp(fmt.Sprint("pdf", i), 40)
+				follow.id = first.id + "-f"
+				n0, l0 = seen(), s.loads()
+				send(t, url, follow)
+				s.checkNoBookings("the follow-up " + follow.String())
+				for _, en := range s.engines {
+					got := en.received(n0[en.id])
+					if want := map[bool]int{true: 1, false: 0}[en == dec]; len(got) != want || want == 1 && (got[0].prefiller != "" || got[0].id != follow.id) {
+						t.Fatalf("the follow-up %v: engine %d received %+v; want engine %d alone, without a prefiller (a bypass)", follow, en.id, got, dec.id)
+					}
+				}
+				if ran := computed(l0, s.loads()); len(ran) != 1 || ran[dec.id][1] < 400/16*16 {
+					t.Fatalf("the follow-up %v: computed on %v ([prompt tokens, cached]); want decode engine %d alone, serving the first prompt from its cache", follow, ran, dec.id)
+				}
+			}
+			if r := s.metric("prefixd_epp_plan_transitions_total", "to", "Released"); r != 4 {
+				t.Errorf("%v plans released, want 4", r)
+			}
+			if st := g.Stats(); st.Fallbacks+st.ProtocolErrors+st.EPPFailures != 0 || len(st.Immediate) != 0 {
+				t.Errorf("gateway %+v", st)
+			}
+			s.checkIndexExact()
+		})
 	}
 }
