@@ -64,7 +64,14 @@ type Config struct {
 	LeaseTTL time.Duration
 	Out      io.Writer // report and progress (default stdout)
 	Log      *slog.Logger
+
+	// groups, when not empty, runs only the pools (routing groups) it
+	// names, in the report's order (tests).
+	groups []string
 }
+
+// runs says whether the demo runs the pool of group.
+func (c Config) runs(group string) bool { return len(c.groups) == 0 || slices.Contains(c.groups, group) }
 
 // Defaults returns c with every zero field set to its default.
 func (c Config) Defaults() Config {
@@ -240,8 +247,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	engines := fl.Engines()
-	fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains, 4 %s\n",
-		len(engines), groupKV, groupRandom, groupDisagg, groupGateway)
+	if len(cfg.groups) == 0 {
+		fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains, 4 %s\n",
+			len(engines), groupKV, groupRandom, groupDisagg, groupGateway)
+	} else {
+		fmt.Fprintf(cfg.Out, "%d mock engines registered for %v\n", len(engines), cfg.groups)
+	}
 	if err := waitStreams(ctx, cl, len(engines)); err != nil {
 		return nil, err
 	}
@@ -258,6 +269,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	requests := ChatWorkload(cfg)
 	for _, md := range modes {
+		if !cfg.runs(md.pcfg.RoutingGroup) {
+			continue
+		}
 		url, stop, err := startProxy(ctx, cl, md.pcfg, cfg.Log)
 		if err != nil {
 			return nil, err
@@ -269,11 +283,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		rep.Modes = append(rep.Modes, m)
 	}
-	m, err := runGateway(ctx, eppAddr, reg, requests, byGroup(engines, groupGateway, ""), cfg)
-	if err != nil {
-		return nil, err
+	if cfg.runs(groupGateway) {
+		m, err := runGateway(ctx, eppAddr, reg, requests, byGroup(engines, groupGateway, ""), cfg)
+		if err != nil {
+			return nil, err
+		}
+		rep.Modes = append(rep.Modes, m)
 	}
-	rep.Modes = append(rep.Modes, m)
 
 	fmt.Fprintln(cfg.Out, "waiting for the index to catch up with every engine …")
 	if err := caughtUp(ctx, ix, engines); err != nil {
@@ -419,6 +435,9 @@ func startEngines(ctx context.Context, cfg Config, store *etcdstore.Store, timin
 	f := newFleet(ctx, cfg, store)
 	f.timing = timing
 	for _, s := range demoSpecs() {
+		if !cfg.runs(s.group) {
+			continue
+		}
 		if _, err := f.start(ctx, s); err != nil {
 			return f, err
 		}
