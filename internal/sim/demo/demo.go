@@ -71,7 +71,9 @@ type Config struct {
 }
 
 // runs says whether the demo runs the pool of group.
-func (c Config) runs(group string) bool { return len(c.groups) == 0 || slices.Contains(c.groups, group) }
+func (c Config) runs(group string) bool {
+	return len(c.groups) == 0 || slices.Contains(c.groups, group)
+}
 
 // Defaults returns c with every zero field set to its default.
 func (c Config) Defaults() Config {
