@@ -33,11 +33,13 @@ func newDemoCommand() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "demo",
 		Short: "Run prefixd end to end on mock engines and report what KV-aware routing buys",
-		Long: "demo starts an embedded etcd, 12 mock vLLM engines (4 for KV-aware routing, 4 for random\n" +
-			"routing, 2 prefill + 2 decode in two KV-transfer domains) that register in etcd and publish\n" +
-			"their KV events over ZMQ, and the prefixd daemon. It routes one deterministic chat workload\n" +
-			"through prefixd, at random, and as decode-first disaggregated plans, prints a report, and exits\n" +
-			"non-zero unless the index then matches every engine's cache exactly.",
+		Long: "demo starts an embedded etcd, 16 mock vLLM engines (4 for KV-aware routing, 4 for random\n" +
+			"routing, 2 prefill + 2 decode in two KV-transfer domains, 4 behind a gateway) that register in\n" +
+			"etcd and publish their KV events over ZMQ, and the prefixd daemon with its endpoint picker. It\n" +
+			"routes one deterministic chat workload through prefixd proxy KV-aware, at random and as\n" +
+			"decode-first disaggregated plans, and through a test gateway asking prefixd's endpoint picker\n" +
+			"over ext_proc; prints a report, and exits non-zero unless the index then matches every\n" +
+			"engine's cache exactly.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := cli.Prepare(cmd.Flags(), o); err != nil {

@@ -2,10 +2,11 @@
 // embedded etcd, simulated engines on the real wire registering through
 // the catalog (with vLLM's OpenAI API and a timing model of continuous
 // batching), the daemon, and a deterministic chat workload sent as OpenAI
-// requests through prefixd proxy three ways (KV-aware, at random, and as
-// decode-first disaggregated plans), then a report of what the clients
-// measured and an exact check of the index against every engine's true
-// cache.
+// requests four ways: through prefixd proxy KV-aware, at random and as
+// decode-first disaggregated plans, and through a gateway (package
+// gateway) that asks the daemon's endpoint picker; then a report of what
+// the clients measured and an exact check of the index against every
+// engine's true cache.
 package demo
 
 import (
@@ -63,6 +64,15 @@ type Config struct {
 	LeaseTTL time.Duration
 	Out      io.Writer // report and progress (default stdout)
 	Log      *slog.Logger
+
+	// groups, when not empty, runs only the pools (routing groups) it
+	// names, in the report's order (tests).
+	groups []string
+}
+
+// runs says whether the demo runs the pool of group.
+func (c Config) runs(group string) bool {
+	return len(c.groups) == 0 || slices.Contains(c.groups, group)
 }
 
 // Defaults returns c with every zero field set to its default.
@@ -106,11 +116,12 @@ func (c *Config) defaults() {
 
 const model = "demo-model"
 
-// The three pools, each its own routing group (its own index partition).
+// The four pools, each its own routing group (its own index partition).
 const (
-	groupKV     = "kv-aware"
-	groupRandom = "random"
-	groupDisagg = "disagg"
+	groupKV      = "kv-aware"
+	groupRandom  = "random"
+	groupDisagg  = "disagg"
+	groupGateway = "gateway" // the endpoint picker's
 )
 
 // ModeResult is what one routing mode achieved.
@@ -198,12 +209,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	ix := indexer.New(indexer.Options{})
 	reg := prometheus.NewRegistry()
-	addrCh := make(chan string, 1)
+	addrCh, eppCh := make(chan string, 1), make(chan string, 1)
 	dctx, stopDaemon := context.WithCancel(ctx)
 	daemonDone := make(chan error, 1)
 	go func() {
 		daemonDone <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: emb.Endpoints()}, Listen: "127.0.0.1:0",
 			Index: ix, Registry: reg, Logger: cfg.Log, OnReady: func(a string) { addrCh <- a },
+			EPP:        daemon.EPPConfig{Listen: "127.0.0.1:0", Group: groupGateway, OnReady: func(a string) { eppCh <- a }},
 			Subscriber: stream.SubscriberConfig{ProbeInterval: 200 * time.Millisecond}})
 	}()
 	defer func() {
@@ -219,7 +231,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, ctx.Err()
 	}
 	cl := &client.Client{BaseURL: "http://" + addr}
-	fmt.Fprintf(cfg.Out, "prefixd serving on %s\n", addr)
+	eppAddr := <-eppCh // sent before OnReady
+	fmt.Fprintf(cfg.Out, "prefixd serving on %s, its endpoint picker on %s\n", addr, eppAddr)
 
 	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: emb.Endpoints()})
 	if err != nil {
@@ -236,8 +249,12 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	engines := fl.Engines()
-	fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains\n",
-		len(engines), groupKV, groupRandom, groupDisagg)
+	if len(cfg.groups) == 0 {
+		fmt.Fprintf(cfg.Out, "%d mock engines registered: 4 %s, 4 %s, 2 prefill + 2 decode %s in two KV-transfer domains, 4 %s\n",
+			len(engines), groupKV, groupRandom, groupDisagg, groupGateway)
+	} else {
+		fmt.Fprintf(cfg.Out, "%d mock engines registered for %v\n", len(engines), cfg.groups)
+	}
 	if err := waitStreams(ctx, cl, len(engines)); err != nil {
 		return nil, err
 	}
@@ -254,12 +271,22 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	requests := ChatWorkload(cfg)
 	for _, md := range modes {
+		if !cfg.runs(md.pcfg.RoutingGroup) {
+			continue
+		}
 		url, stop, err := startProxy(ctx, cl, md.pcfg, cfg.Log)
 		if err != nil {
 			return nil, err
 		}
 		m, err := runMode(ctx, md.name, url, requests, byGroup(engines, md.pcfg.RoutingGroup, ""), cfg)
 		stop()
+		if err != nil {
+			return nil, err
+		}
+		rep.Modes = append(rep.Modes, m)
+	}
+	if cfg.runs(groupGateway) {
+		m, err := runGateway(ctx, eppAddr, reg, requests, byGroup(engines, groupGateway, ""), cfg)
 		if err != nil {
 			return nil, err
 		}
@@ -296,12 +323,13 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	return rep, nil
 }
 
-// demoSpecs are the demo's three pools.
+// demoSpecs are the demo's four pools.
 func demoSpecs() []engineSpec {
 	var specs []engineSpec
 	for i := range 4 {
 		specs = append(specs, engineSpec{uint64(1 + i), groupKV, catalog.RoleAggregated, ""},
-			engineSpec{uint64(11 + i), groupRandom, catalog.RoleAggregated, ""})
+			engineSpec{uint64(11 + i), groupRandom, catalog.RoleAggregated, ""},
+			engineSpec{uint64(41 + i), groupGateway, catalog.RoleAggregated, ""})
 	}
 	for i := range 2 {
 		rack := "r" + strconv.Itoa(i+1)
@@ -409,6 +437,9 @@ func startEngines(ctx context.Context, cfg Config, store *etcdstore.Store, timin
 	f := newFleet(ctx, cfg, store)
 	f.timing = timing
 	for _, s := range demoSpecs() {
+		if !cfg.runs(s.group) {
+			continue
+		}
 		if _, err := f.start(ctx, s); err != nil {
 			return f, err
 		}

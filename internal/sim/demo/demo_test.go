@@ -12,8 +12,9 @@ import (
 
 // TestDemo runs the whole demo at a smaller size: real etcd, real ZMQ,
 // real HTTP. The index must match every engine's cache after live-batch
-// loss repaired by replay, KV-aware routing must beat random routing on
-// cache hits, and every plan must be decided. Not parallel: it keeps a
+// loss repaired by replay, KV-aware routing (through the proxy and
+// through the gateway and the endpoint picker) must beat random routing
+// on cache hits, and every plan must be decided. Not parallel: it keeps a
 // core busy by itself for most of its run, and its engines' 5 s leases
 // must be renewed on time; with the other end-to-end tests beside it on
 // a loaded machine they were not.
@@ -29,18 +30,28 @@ func TestDemo(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Log(out.String())
-	if len(rep.Modes) != 3 {
-		t.Fatalf("%d modes, want 3", len(rep.Modes))
+	if len(rep.Modes) != 4 {
+		t.Fatalf("%d modes, want 4", len(rep.Modes))
 	}
-	kv, random, disagg := rep.Modes[0], rep.Modes[1], rep.Modes[2]
+	kv, random, disagg, gw := rep.Modes[0], rep.Modes[1], rep.Modes[2], rep.Modes[3]
 	for _, m := range rep.Modes {
 		if m.Requests != 240 || len(m.TTFT) != 240 || len(m.E2E) != 240 || m.TTFT[0] <= 0 || m.E2EPercentile(0.5) < m.Percentile(0.5) || m.Throughput() <= 0 {
 			t.Errorf("%s: %d requests, %d TTFTs, %d latencies, TTFT p50 %v, e2e p50 %v, %.0f req/s", m.Name, m.Requests, len(m.TTFT), len(m.E2E),
 				m.Percentile(0.5), m.E2EPercentile(0.5), m.Throughput())
 		}
 	}
-	if kv.HitRate() <= random.HitRate() {
-		t.Errorf("KV-aware hit rate %.3f not above random %.3f", kv.HitRate(), random.HitRate())
+	if kv.HitRate() <= random.HitRate() || gw.HitRate() <= random.HitRate() {
+		t.Errorf("KV-aware hit rate %.3f (proxy), %.3f (gateway) not above random %.3f", kv.HitRate(), gw.HitRate(), random.HitRate())
+	}
+	picked := 0
+	for id, n := range gw.PerWorker {
+		if id < 41 || id > 44 {
+			t.Errorf("the gateway's requests went to worker %d, not one of its pool", id)
+		}
+		picked += n
+	}
+	if gw.Name != gatewayMode || picked != 240 || len(gw.PerWorker) < 2 {
+		t.Errorf("%s: %d requests picked over %v", gw.Name, picked, gw.PerWorker)
 	}
 	if disagg.Bypass+disagg.Remote != 240 || disagg.Bypass == 0 || disagg.Remote == 0 {
 		t.Errorf("plans: %d bypass, %d remote; want both kinds, 240 in all", disagg.Bypass, disagg.Remote)

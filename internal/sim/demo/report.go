@@ -29,7 +29,8 @@ func sumMetric(mf []*dto.MetricFamily, name string) float64 {
 // Write prints the report.
 func (r *Report) Write(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\nThe same %d-request chat workload as OpenAI requests through prefixd proxy, three ways, %d clients at a time\n", r.requests(), max(r.Concurrency, 1))
+	fmt.Fprintf(&b, "\nThe same %d-request chat workload as OpenAI requests, %d clients at a time: through prefixd proxy three ways,\n", r.requests(), max(r.Concurrency, 1))
+	fmt.Fprintf(&b, "and through a gateway that asks prefixd's endpoint picker over ext_proc\n")
 	fmt.Fprintf(&b, "(TTFT and end-to-end latency measured at the client; engines modelled on Llama-3.1-8B on an H100 at %g× speed):\n\n", 1/r.TimeScale)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "routing\tcache hit rate\tTTFT p50\tTTFT p99\te2e p50\te2e p99\treq/s\trequests per worker (p: prefill, d: decode)\t")
