@@ -190,28 +190,10 @@ func BenchmarkQuery8KExternal(b *testing.B) {
 				// idle: a pause of 250 µs or more takes a quarter of
 				// the p99 goal from every request it catches.
 				w := pauses.Watch(300 * time.Millisecond)
-				cmd := loadgenCmd(url, run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient)
-				cpu0 := openloop.CPUTime()
-				out, err := cmd.Output()
-				srvCPU := openloop.CPUTime() - cpu0
-				if err != nil {
-					b.Fatalf("load generator: %v", err)
-				}
-				var r openloop.Result
-				if err := json.Unmarshal(out, &r); err != nil {
-					b.Fatalf("load generator's result: %v", err)
-				}
-				if r.Failed > 0 {
-					b.Fatalf("%d requests failed", r.Failed)
-				}
+				r := openloop.RunProcess(b, loadgenCmd(url, run.route, filepath.Join(dir, run.route+".json"), rate, *externalWindow, *externalClient))
 				r.Report(b)
 				b.ReportMetric(w.Rate(250*time.Microsecond), "pauses-250µs/s")
 				b.ReportMetric(w.Share(pauses.MinGap)*100, "paused-%")
-				if n := len(r.Latencies) + r.Warmup; n > 0 { // the CPU went to every request sent
-					genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-					b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")
-					b.ReportMetric(float64(genCPU.Microseconds())/float64(n), "gen-cpu-µs/req")
-				}
 			})
 		}
 	}

@@ -206,26 +206,7 @@ func eppgenCmd(target, bodyFile string, rate int, window time.Duration) *exec.Cm
 // (this one: the picker, or the proxy with prefixd and the engines) and
 // gen-cpu-µs/req. The benchmark fails on any failed request.
 func runGen(b *testing.B, target, bodyFile string, rate int) openloop.Result {
-	cmd := eppgenCmd(target, bodyFile, rate, *eppWindow)
-	cpu0 := openloop.CPUTime()
-	out, err := cmd.Output()
-	srvCPU := openloop.CPUTime() - cpu0
-	if err != nil {
-		b.Fatalf("load generator: %v", err)
-	}
-	var r openloop.Result
-	if err := json.Unmarshal(out, &r); err != nil {
-		b.Fatalf("load generator's result: %v", err)
-	}
-	if r.Failed > 0 {
-		b.Fatalf("%d requests failed", r.Failed)
-	}
-	if n := len(r.Latencies) + r.Warmup; n > 0 {
-		genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-		b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")
-		b.ReportMetric(float64(genCPU.Microseconds())/float64(n), "gen-cpu-µs/req")
-	}
-	return r
+	return openloop.RunProcess(b, eppgenCmd(target, bodyFile, rate, *eppWindow))
 }
 
 // wordsPrompt is a prompt of n words the mock engines' tokenizer reads

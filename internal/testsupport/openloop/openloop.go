@@ -9,11 +9,14 @@ package openloop
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 
 	"github.com/prefixd/prefixd/internal/sim/quantile"
@@ -379,4 +382,32 @@ func (lg *loadgen) queued(pool []Sender) {
 	}, func() bool { return false })
 	close(due)
 	wg.Wait()
+}
+
+// RunProcess runs cmd, a generator that writes its Result as JSON to
+// its stdout, and returns the Result. It reports the CPU each process
+// used per request sent: srv-cpu-µs/req (this process, the one under
+// load) and gen-cpu-µs/req. It fails b if the generator fails or any
+// request failed.
+func RunProcess(b *testing.B, cmd *exec.Cmd) Result {
+	b.Helper()
+	cpu0 := CPUTime()
+	out, err := cmd.Output()
+	srvCPU := CPUTime() - cpu0
+	if err != nil {
+		b.Fatalf("load generator: %v", err)
+	}
+	var r Result
+	if err := json.Unmarshal(out, &r); err != nil {
+		b.Fatalf("load generator's result: %v", err)
+	}
+	if r.Failed > 0 {
+		b.Fatalf("%d requests failed", r.Failed)
+	}
+	if n := len(r.Latencies) + r.Warmup; n > 0 { // the CPU went to every request sent
+		genCPU := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		b.ReportMetric(float64(srvCPU.Microseconds())/float64(n), "srv-cpu-µs/req")
+		b.ReportMetric(float64(genCPU.Microseconds())/float64(n), "gen-cpu-µs/req")
+	}
+	return r
 }
