@@ -2,11 +2,17 @@
 
 GO ?= go
 
-# Debian packages the tests need, installed by `make deps` only when missing
-# (scripts/test-deps.sh): python3-xxhash is the C reference XXH3 that the
-# block-hash tests compare against; python3-zmq and python3-msgpack run
-# internal/testsupport/pypub, the libzmq publisher the interop tests talk to.
+# What the tests need, installed by `make deps` only when missing
+# (scripts/test-deps.sh). Debian packages: python3-xxhash is the C reference
+# XXH3 that the block-hash tests compare against; python3-zmq and
+# python3-msgpack run internal/testsupport/pypub, the libzmq publisher the
+# interop tests talk to.
 TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack
+# npm packages the tests run, each directory's package-lock.json installed
+# with npm ci (node and npm from Debian's nodejs and npm when missing): the
+# official openai client that internal/proxy's TestOpenAINpmClient runs
+# against prefixd proxy.
+TEST_NPM_DIRS ?= internal/proxy/testdata/openai-npm
 
 # Set VERSION to stamp `prefixd version` and `prefixd-bench version`
 # (otherwise they report the module version the toolchain records, or "dev").
@@ -40,7 +46,7 @@ build:
 	$(GOBUILD) -o bin/prefixd-bench ./cmd/prefixd-bench
 
 deps:
-	scripts/test-deps.sh $(TEST_APT_PACKAGES)
+	scripts/test-deps.sh $(addprefix --npm ,$(TEST_NPM_DIRS)) $(TEST_APT_PACKAGES)
 
 # go test's events go through testprogress (internal/testsupport/testprogress):
 # each package's result line as it finishes, the whole output of a failed

@@ -19,4 +19,11 @@
 // unavailable, and passing the engine routes a client needs (vLLM's
 // /tokenize and /detokenize, or Config.PassThrough) through to an engine:
 // no other.
+//
+// It answers as a vLLM engine would: an engine's refusal of a request
+// (4xx) reaches the client as sent and is not retried; the errors it
+// makes itself are OpenAI's error object with vLLM's status and type
+// (errors.go); a model no engine serves is a 404. It checks that prefixd
+// accepts its token, and says once when it does not (access.go): the
+// requests are then routed by load.
 package proxy

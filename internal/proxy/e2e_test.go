@@ -63,9 +63,16 @@ type stack struct {
 
 func startStack(t testing.TB, pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
 	t.Helper()
+	return startStackToken(t, "", pcfg, coord, specs...)
+}
+
+// startStackToken is startStack with prefixd serve guarding its booking
+// routes with apiToken (serve --api-token).
+func startStackToken(t testing.TB, apiToken string, pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
+	t.Helper()
 	etcd := storetest.StartEtcd(t)
 	addr, _ := testsupport.Ready(t, "daemon", func(ctx context.Context, ready func(string)) error {
-		return daemon.Run(ctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
+		return daemon.Run(ctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0", APIToken: apiToken,
 			OnReady: ready, ReadyTimeout: 30 * time.Second, Coordinator: coord, Logger: slog.New(slog.DiscardHandler),
 			Subscriber: stream.SubscriberConfig{ProbeInterval: 100 * time.Millisecond, IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond}})
 	})
@@ -412,12 +419,14 @@ func TestEngineFailures(t *testing.T) {
 	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4}); code != http.StatusBadGateway || !strings.Contains(body, "answered 500") {
 		t.Fatalf("both engines failing: %d %s", code, body)
 	}
-	// A 400 is the request's fault: not retried.
+	// A 400 is the request's fault: passed to the client as the engine
+	// sent it, not retried.
 	s.fault(1, "status=400")
 	s.fault(2, "status=400")
 	retries := s.logs.Count("proxy: engine failed before its first byte; retrying on the next-best engine")
-	if code, _ := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4}); code != http.StatusBadGateway {
-		t.Fatalf("a 400 from the engine: %d", code)
+	if code, body := s.post("/v1/completions", map[string]any{"model": model, "prompt": prompt, "max_tokens": 4}); code != http.StatusBadRequest ||
+		!strings.Contains(body, "injected fault: 400 before the first byte") || !strings.Contains(body, `"type":"BadRequestError"`) {
+		t.Fatalf("a 400 from the engine: %d %s", code, body)
 	}
 	if n := s.logs.Count("proxy: engine failed before its first byte; retrying on the next-best engine"); n != retries {
 		t.Fatalf("a 400 was retried")

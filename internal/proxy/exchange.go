@@ -19,6 +19,7 @@ import (
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/client"
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
 // exchange is one client request in flight.
@@ -47,8 +48,14 @@ func (x *exchange) background() (context.Context, context.CancelFunc) {
 
 // fail answers the client with an error, unless bytes went out already.
 func (x *exchange) fail(status int, format string, args ...any) string {
+	return x.failParam(status, "", fmt.Sprintf(format, args...))
+}
+
+// failParam answers the client with an error naming the field at fault,
+// unless bytes went out already.
+func (x *exchange) failParam(status int, param, msg string) string {
 	if !x.answered {
-		openAIError(x.w, status, fmt.Sprintf(format, args...))
+		openAIError(x.w, status, param, msg)
 	}
 	return "error_" + statusClass(status)
 }
@@ -56,12 +63,15 @@ func (x *exchange) fail(status int, format string, args ...any) string {
 func statusClass(status int) string { return fmt.Sprintf("%dxx", status/100) }
 
 // upstreamError is an engine call that failed before its first byte:
-// err is the transport's, or status the engine's answer.
+// err is the transport's, or status the engine's answer. An answer the
+// request itself caused (refused) keeps the engine's response, body
+// unread, to be passed to the client as sent.
 type upstreamError struct {
 	engine uint64
 	status int
 	msg    string
 	err    error
+	resp   *http.Response // a refused request's answer: the client's
 }
 
 func (e *upstreamError) Error() string {
@@ -71,21 +81,25 @@ func (e *upstreamError) Error() string {
 	return fmt.Sprintf("engine %d: HTTP %d: %s", e.engine, e.status, e.msg)
 }
 
-// retryable: the engine did not take the request (unreachable, or an
-// answer saying it cannot serve now), so another may.
+// retryable: the engine did not take the request (unreachable, or a
+// server error), so another may. An answer the request caused (refused)
+// is the same on any engine.
 func (e *upstreamError) retryable() bool {
-	if e.err != nil {
-		return true
-	}
-	switch e.status {
-	case http.StatusInternalServerError, http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
-		return true
-	}
-	return false
+	return e.err != nil || e.status >= 500 && !refused(e.status)
+}
+
+// refused reports whether an engine's answer of status is about the
+// request, not the engine: a 4xx (vLLM's 400 for an invalid parameter or
+// a prompt over the context, 404 for a model it does not serve, 429), or
+// 501 (a feature the model lacks). The client gets it as the engine sent
+// it, and it is not tried on another engine.
+func refused(status int) bool {
+	return status/100 == 4 || status == http.StatusNotImplemented
 }
 
 // call posts body to e's path and returns the answer if it is a 2xx; an
-// answer other than 2xx, or no answer, is an *upstreamError.
+// answer other than 2xx, or no answer, is an *upstreamError (a refused
+// answer's body left open, the client's to receive).
 func (x *exchange) call(e engine, path string, body []byte) (*http.Response, error) {
 	req, err := http.NewRequestWithContext(x.ctx, http.MethodPost, e.endpoint+path, bytes.NewReader(body))
 	if err != nil {
@@ -103,7 +117,7 @@ func (x *exchange) call(e engine, path string, body []byte) (*http.Response, err
 		load.Add(-1)
 		return nil, &upstreamError{engine: e.id, err: err}
 	}
-	if resp.StatusCode/100 != 2 {
+	if resp.StatusCode/100 != 2 && !refused(resp.StatusCode) {
 		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
 		resp.Body.Close()
 		load.Add(-1)
@@ -111,7 +125,28 @@ func (x *exchange) call(e engine, path string, body []byte) (*http.Response, err
 	}
 	resp.Body = &countedBody{ReadCloser: resp.Body, load: load}
 	x.served = append(x.served, e.id)
+	if resp.StatusCode/100 != 2 {
+		return nil, &upstreamError{engine: e.id, status: resp.StatusCode, resp: resp}
+	}
 	return resp, nil
+}
+
+// engineFailed answers the client for an engine call that failed: an
+// answer the request caused goes to the client as the engine sent it
+// (status, type and body), anything else is a 502 saying what failed.
+func (x *exchange) engineFailed(err error, format string, args ...any) string {
+	if ue := (*upstreamError)(nil); errors.As(err, &ue) && ue.resp != nil {
+		return x.passOn(ue)
+	}
+	return x.fail(http.StatusBadGateway, "%s%v", fmt.Sprintf(format, args...), err)
+}
+
+// passOn relays an engine's refusal of the request, as it came.
+func (x *exchange) passOn(ue *upstreamError) string {
+	if err := x.relay(ue.resp, nil); err != nil {
+		return x.outcome(err)
+	}
+	return "engine_" + statusClass(ue.status)
 }
 
 // countedBody gives back the engine's in-flight count when closed.
@@ -206,6 +241,9 @@ func (x *exchange) outcome(err error) string {
 func (x *exchange) aggregated() string {
 	p := x.p
 	es := p.fleet.pick(x.req.Model, p.cfg.RoutingGroup, catalog.RoleAggregated)
+	if len(es) == 0 { // served, but not in this group or role
+		return x.fail(http.StatusServiceUnavailable, "no aggregated engine of model %s in routing group %s", x.req.Model, p.cfg.RoutingGroup)
+	}
 	var tokens []uint32
 	haveTokens := false
 	if p.cfg.Policy == KVAware {
@@ -224,6 +262,9 @@ func (x *exchange) aggregated() string {
 		var ue *upstreamError
 		if errors.As(err, &ue) {
 			x.free(sid)
+			if ue.resp != nil { // the request's fault: the same on any engine
+				return x.passOn(ue)
+			}
 			tried = append(tried, target.id)
 			if attempt == 0 && ue.retryable() && x.ctx.Err() == nil && len(x.others(es, tried)) > 0 {
 				p.m.retries.Inc()
@@ -240,6 +281,28 @@ func (x *exchange) aggregated() string {
 		defer func() { go x.free(sid) }()
 		return x.outcome(x.relay(resp, func() { x.prefillComplete(sid) }))
 	}
+}
+
+// maxModelsNamed bounds the models an unknown model's error names.
+const maxModelsNamed = 16
+
+// unknownModel answers a request for a model no engine serves: a 404
+// naming the models served, as vLLM answers a model it does not serve
+// (NotFoundError, param "model"); a 503 before the fleet was first
+// listed, when the proxy cannot know.
+func (x *exchange) unknownModel() string {
+	if !x.p.fleet.listed() {
+		return x.fail(http.StatusServiceUnavailable, "the proxy has not listed the engines from prefixd yet; retry")
+	}
+	models := x.p.fleet.models()
+	served := "none"
+	if len(models) > 0 {
+		served = strings.Join(models[:min(len(models), maxModelsNamed)], ", ")
+		if len(models) > maxModelsNamed {
+			served += fmt.Sprintf(" and %d more", len(models)-maxModelsNamed)
+		}
+	}
+	return x.failParam(http.StatusNotFound, "model", fmt.Sprintf("The model `%s` does not exist: the engines serve %s (GET /v1/models)", clip.String(x.req.Model), served))
 }
 
 // others returns the engines of es not in tried.
@@ -271,6 +334,7 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 			}
 		}
 		sel, err := p.cfg.Prefixd.SelectAndReserve(x.ctx, sr)
+		p.access.observe(err)
 		if err == nil {
 			p.m.open.Add(1)
 			if sel.Endpoint != "" {
@@ -286,10 +350,14 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 			return e, "", http.StatusNotFound, errMsg(err)
 		case errors.Is(err, client.ErrInvalid):
 			return e, "", invalidStatus(err), "prefixd cannot route the request: " + errMsg(err)
-		}
-		if err != nil {
+		case errors.Is(err, client.ErrUnauthorized):
+			// Logged once, when prefixd started refusing (access.set).
+			p.m.fallbacks.WithLabelValues("unauthorized").Inc()
+		default:
 			p.m.fallbacks.WithLabelValues("prefixd_unavailable").Inc()
-			p.log.Warn("proxy: prefixd did not choose; routing by load", "request", x.id, "err", err)
+			if n, ok := p.noPrefixd.allow(time.Now()); ok {
+				p.log.Warn("proxy: prefixd did not choose; routing by load", "request", x.id, "err", err, "suppressed", n)
+			}
 		}
 	} else {
 		p.m.fallbacks.WithLabelValues("no_tokens").Inc()
@@ -368,7 +436,7 @@ func (x *exchange) disaggregated() string {
 		}
 		resp, err := x.call(e, x.req.Route.Path(), x.req.Body)
 		if err != nil {
-			return x.fail(http.StatusBadGateway, "%v", err)
+			return x.engineFailed(err, "")
 		}
 		return x.outcome(x.relay(resp, nil))
 	}
@@ -415,6 +483,12 @@ func (x *exchange) disaggregated() string {
 	if perr != nil {
 		failed, err := p.cfg.Prefixd.PlanPrefillFailed(x.ctx, x.id)
 		x.observe(failed, err)
+		if ue := (*upstreamError)(nil); errors.As(perr, &ue) && ue.resp != nil {
+			// The request's fault (an invalid parameter): the decode
+			// engine would refuse it too. The client gets the answer.
+			p.log.Debug("proxy: prefill engine refused the request", "request", x.id, "engine", ue.engine, "status", ue.status)
+			return x.passOn(ue)
+		}
 		if err == nil && failed.State == "BypassAfterPrefillFailure" && failed.Decode != nil {
 			p.log.Warn("proxy: prefill failed; prefilling on the decode worker (bypass_on_decode)", "request", x.id, "plan_state", failed.State, "err", perr)
 			return x.runWhole(*failed.Decode, "bypass_after_prefill_failure")
@@ -442,7 +516,7 @@ func (x *exchange) disaggregated() string {
 	}
 	resp, err := x.call(engine{id: dec.WorkerID, endpoint: dec.Endpoint}, x.req.Route.Path(), body)
 	if err != nil {
-		return x.fail(http.StatusBadGateway, "decode: %v", err)
+		return x.engineFailed(err, "decode: ")
 	}
 	return x.outcome(x.relay(resp, nil))
 }
@@ -452,6 +526,7 @@ func (x *exchange) createPlan(pr api.PlanRequest, order coordinator.Order) (api.
 	pr.Order = order.String()
 	pr.DeferDecode = order == coordinator.PrefillFirst
 	plan, err := x.p.cfg.Prefixd.CreatePlan(x.ctx, pr)
+	x.p.access.observe(err)
 	x.observe(plan, err)
 	return plan, err
 }
@@ -487,6 +562,8 @@ func (x *exchange) planFailed(err error) string {
 		return x.fail(http.StatusNotFound, "plan: %s", errMsg(err))
 	case errors.Is(err, client.ErrInvalid):
 		return x.fail(invalidStatus(err), "prefixd cannot route the request: %s", errMsg(err))
+	case errors.Is(err, client.ErrUnauthorized):
+		return x.fail(http.StatusServiceUnavailable, "plan: prefixd refuses the proxy's token: give the proxy prefixd serve's --api-token")
 	}
 	return x.fail(http.StatusServiceUnavailable, "plan: %s", errMsg(err))
 }
@@ -536,7 +613,7 @@ func (x *exchange) runWhole(b api.PlanBooking, why string) string {
 	x.p.m.bypasses.WithLabelValues(why).Inc()
 	resp, err := x.call(engine{id: b.WorkerID, endpoint: b.Endpoint}, x.req.Route.Path(), x.req.Body)
 	if err != nil {
-		return x.fail(http.StatusBadGateway, "%v", err)
+		return x.engineFailed(err, "")
 	}
 	// A decode booking tracks no prompt load (the coordinator's decode
 	// override), so there is nothing to report at the first byte.

@@ -138,6 +138,24 @@ func (f *fleet) models() []string {
 	return out
 }
 
+// serves reports whether any engine of the view serves model, in any
+// routing group and role.
+func (f *fleet) serves(model string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.ContainsFunc(f.engines, func(e engine) bool { return e.model == model })
+}
+
+// listed reports whether the view was listed at least once.
+func (f *fleet) listed() bool {
+	select {
+	case <-f.synced:
+		return true
+	default:
+		return false
+	}
+}
+
 // all returns every engine.
 func (f *fleet) all() []engine {
 	f.mu.Lock()

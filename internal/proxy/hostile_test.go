@@ -296,7 +296,7 @@ func TestOverLimitPrompts(t *testing.T) {
 				}
 				b, _ := io.ReadAll(resp.Body)
 				resp.Body.Close()
-				if resp.StatusCode != 413 || !strings.Contains(string(b), `"message":`+c.want) || !strings.Contains(string(b), `"type":"invalid_request_error"`) {
+				if resp.StatusCode != 413 || !strings.Contains(string(b), `"message":`+c.want) || !strings.Contains(string(b), `"type":"BadRequestError"`) {
 					t.Errorf("%s: %d %s", c.name, resp.StatusCode, clipped(b))
 				}
 			}
@@ -340,7 +340,8 @@ func TestPassThroughOnlyListed(t *testing.T) {
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != c.code || !strings.Contains(string(b), c.want) || !strings.Contains(string(b), `"type":"invalid_request_error"`) {
+		typ := map[int]string{404: "NotFoundError", 405: "MethodNotAllowedError"}[c.code]
+		if resp.StatusCode != c.code || !strings.Contains(string(b), c.want) || !strings.Contains(string(b), `"type":"`+typ+`"`) {
 			t.Errorf("%s %s: %d %s", c.method, clipped([]byte(c.path)), resp.StatusCode, b)
 		}
 	}

@@ -31,7 +31,7 @@ type metrics struct {
 func newMetrics(bodies func() int64) *metrics {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_requests_total",
-			Help: "OpenAI requests by route and outcome (ok, client_gone, engine_broke_off, invalid, error_4xx, error_5xx)."}, []string{"route", "outcome"}),
+			Help: "OpenAI requests by route and outcome (ok, client_gone, engine_broke_off, invalid, error_4xx and error_5xx for errors the proxy answered, engine_4xx and engine_5xx for an engine's refusal passed to the client as sent)."}, []string{"route", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_proxy_request_duration_seconds",
 			Help: "Time from a request's arrival to its last byte.", Buckets: prometheus.ExponentialBuckets(0.005, 2, 16)}, []string{"route"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "prefixd_proxy_time_to_first_byte_seconds",
@@ -40,7 +40,7 @@ func newMetrics(bodies func() int64) *metrics {
 		tokenize: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_tokenize_total",
 			Help: "Where a request's token ids came from: client (sent as ids), cache, engine, or unavailable (routed by load)."}, []string{"source"}),
 		fallbacks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_fallbacks_total",
-			Help: "Requests not routed as configured, by reason: no_tokens, prefixd_unavailable (routed by load); pinned_prefill, decode_not_indexed, no_decode_host (plans falling back to prefill-first)."}, []string{"reason"}),
+			Help: "Requests not routed as configured, by reason: no_tokens, prefixd_unavailable, unauthorized (routed by load; unauthorized: prefixd refuses the proxy's token); pinned_prefill, decode_not_indexed, no_decode_host (plans falling back to prefill-first)."}, []string{"reason"}),
 		retries: prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_proxy_retries_total",
 			Help: "Requests retried on the next-best engine after the first failed before its first byte."}),
 		transitions: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_proxy_plan_transitions_total",

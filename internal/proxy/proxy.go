@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"math/rand/v2"
 	"net"
@@ -147,7 +146,15 @@ type Proxy struct {
 	rand   *rand.Rand
 	bodies httpbody.Budget
 	full   logEvery // the line of a body refused for the budget
+	access *access  // whether prefixd accepts the proxy's token
+	// The lines of requests routed by load, at most one each per
+	// fallbackLogEvery: no tokenizer answered, prefixd did not choose.
+	noTokenizer, noPrefixd logEvery
 }
+
+// fallbackLogEvery bounds the lines of requests routed by load: at most
+// one a reason per interval, with the count of those held back.
+const fallbackLogEvery = 10 * time.Second
 
 // Defaults of Config.
 const (
@@ -241,7 +248,8 @@ func New(cfg Config) (*Proxy, error) {
 		r = rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
 	}
 	p := &Proxy{cfg: cfg, log: cfg.Logger, fleet: newFleet(cfg.Prefixd, cfg.Logger), reg: prometheus.NewRegistry(), pass: pass, rand: r,
-		full: logEvery{every: time.Minute}}
+		full: logEvery{every: time.Minute}, noTokenizer: logEvery{every: fallbackLogEvery}, noPrefixd: logEvery{every: fallbackLogEvery}}
+	p.access = newAccess(cfg.Prefixd, cfg.Logger, cfg.Disagg || cfg.Policy == KVAware)
 	p.bodies = httpbody.Budget{Limit: cfg.BodyBudget, Reserve: cfg.BodyReserve, Hold: cfg.BodyHold, ReadTimeout: cfg.ReadTimeout}
 	p.m = newMetrics(p.bodies.Used)
 	cache := newTokenCache(cfg.TokenizeCache, cfg.TokenizeCacheBytes, p.m.cacheEvictions, p.m.cacheRefusals)
@@ -251,6 +259,9 @@ func New(cfg Config) (*Proxy, error) {
 	if err := p.m.register(p.reg); err != nil {
 		return nil, err
 	}
+	if err := p.reg.Register(p.access.gauge); err != nil {
+		return nil, err
+	}
 	return p, nil
 }
 
@@ -258,9 +269,16 @@ func New(cfg Config) (*Proxy, error) {
 // connections to the engines (a connection dialed for a request that was
 // cancelled meanwhile is pooled unused, and would hold up an engine's
 // graceful shutdown).
+//
+// It also checks, at start and then periodically, that prefixd accepts
+// the proxy's token on its booking routes, and logs when that changes
+// (a refused token as an ERROR: every request is then routed by load).
 func (p *Proxy) Run(ctx context.Context) error {
 	defer p.cfg.Engines.CloseIdleConnections()
-	return p.fleet.run(ctx, p.cfg.Refresh)
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return p.fleet.run(gctx, p.cfg.Refresh) })
+	g.Go(func() error { return p.access.run(gctx, p.cfg.Refresh) })
+	return g.Wait()
 }
 
 // Synced is closed once the fleet view was listed.
@@ -308,10 +326,7 @@ func (p *Proxy) Handler() http.Handler {
 	mux.HandleFunc("POST /v1/completions", func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, completions) })
 	mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { p.serve(w, r, chat) })
 	mux.HandleFunc("GET /v1/models", p.models)
-	mux.HandleFunc("GET /health", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		io.WriteString(w, `{"status":"ok"}`)
-	})
+	mux.HandleFunc("GET /health", p.health)
 	mux.Handle("GET /metrics", metrics)
 	for _, path := range ownRoutes {
 		allow := http.MethodGet
@@ -320,25 +335,31 @@ func (p *Proxy) Handler() http.Handler {
 		}
 		mux.HandleFunc(path, func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Allow", allow)
-			openAIError(w, http.StatusMethodNotAllowed, fmt.Sprintf("%s %s: method not allowed (%s only)", r.Method, path, allow))
+			openAIError(w, http.StatusMethodNotAllowed, "", fmt.Sprintf("%s %s: method not allowed (%s only)", r.Method, path, allow))
 		})
 	}
 	mux.HandleFunc("/", p.passThrough)
 	return mux
 }
 
-// openAIError writes an error in OpenAI's shape.
-func openAIError(w http.ResponseWriter, status int, msg string) {
-	typ := "invalid_request_error"
-	switch {
-	case status == http.StatusTooManyRequests:
-		typ = "rate_limit_error"
-	case status >= 500:
-		typ = "server_error"
+// health answers GET /health: 200 while the proxy serves, with
+// "booking" saying whether prefixd accepts its token (bookingNames); when
+// it does not, the status is "degraded" and "detail" says why. A proxy
+// that cannot book still serves every request (by load), so it stays
+// live and ready: the detail is for people and monitors.
+func (p *Proxy) health(w http.ResponseWriter, _ *http.Request) {
+	s, detail := p.access.current()
+	out := struct {
+		Status  string `json:"status"`
+		Booking string `json:"booking"`
+		Detail  string `json:"detail,omitempty"`
+	}{Status: "ok", Booking: s.String()}
+	if s == bookingUnauthorized {
+		out.Status = "degraded"
+		out.Detail = "prefixd refuses the proxy's token (" + detail + "): nothing is booked, requests are routed by load; give the proxy prefixd serve's --api-token"
 	}
 	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{"message": msg, "type": typ, "code": status}})
+	_ = json.NewEncoder(w).Encode(out)
 }
 
 func (p *Proxy) models(w http.ResponseWriter, _ *http.Request) {
@@ -367,24 +388,24 @@ func (p *Proxy) passThrough(w http.ResponseWriter, r *http.Request) {
 		if len(p.cfg.PassThrough) > 0 {
 			passed = "only " + strings.Join(p.cfg.PassThrough, ", ")
 		}
-		openAIError(w, http.StatusNotFound, fmt.Sprintf("%s: no such route (the proxy passes %s to the engines)", clip.String(r.URL.Path), passed))
+		openAIError(w, http.StatusNotFound, "", fmt.Sprintf("%s: no such route (the proxy passes %s to the engines)", clip.String(r.URL.Path), passed))
 		return
 	}
 	e, ok := p.fleet.next(p.fleet.all())
 	if !ok {
-		openAIError(w, http.StatusServiceUnavailable, "no engine to pass "+r.URL.Path+" to")
+		openAIError(w, http.StatusServiceUnavailable, "", "no engine to pass "+r.URL.Path+" to")
 		return
 	}
 	u, err := url.Parse(e.endpoint)
 	if err != nil {
-		openAIError(w, http.StatusBadGateway, fmt.Sprintf("engine %d: bad endpoint: %v", e.id, err))
+		openAIError(w, http.StatusBadGateway, "", fmt.Sprintf("engine %d: bad endpoint: %v", e.id, err))
 		return
 	}
 	rp := &httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(u); pr.SetXForwarded() },
 		Transport: p.cfg.Engines.Transport,
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			openAIError(w, http.StatusBadGateway, fmt.Sprintf("engine %d: %v", e.id, err))
+			openAIError(w, http.StatusBadGateway, "", fmt.Sprintf("engine %d: %v", e.id, err))
 		},
 	}
 	rp.ServeHTTP(w, r)
@@ -402,7 +423,7 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 	body, berr := httpbody.Read(w, r, nil, int(p.cfg.MaxBodyBytes), &p.bodies, &held)
 	if berr != nil {
 		p.bodyRefused(berr)
-		openAIError(w, berr.Status, berr.Msg)
+		openAIError(w, berr.Status, "", berr.Msg)
 		return
 	}
 	req, err := parseRequest(k, body)
@@ -412,12 +433,14 @@ func (p *Proxy) serve(w http.ResponseWriter, r *http.Request, k kind) {
 		if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
 			status = http.StatusRequestEntityTooLarge
 		}
-		openAIError(w, status, err.Error())
+		openAIError(w, status, fieldOf(err), err.Error())
 		return
 	}
 	x := &exchange{p: p, w: w, r: r, ctx: ctx, req: req, id: newID(), start: start, hdr: forwardHeaders(r.Header)}
 	outcome := "ok"
 	switch {
+	case !p.fleet.serves(req.Model):
+		outcome = x.unknownModel()
 	case p.cfg.Disagg:
 		outcome = x.disaggregated()
 	default:
@@ -508,7 +531,12 @@ func (x *exchange) tokens(es []engine) (ids []uint32, ok bool, tooLong error) {
 		last = err
 	}
 	x.p.m.tokenize.WithLabelValues("unavailable").Inc()
-	x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.Model, "err", last)
+	if last == nil {
+		return nil, false, nil // no engine to ask: the caller says so
+	}
+	if n, ok := x.p.noTokenizer.allow(time.Now()); ok {
+		x.p.log.Warn("proxy: no tokenizer answered; routing by load", "request", x.id, "model", x.req.Model, "err", last, "suppressed", n)
+	}
 	return nil, false, nil
 }
 

@@ -3,7 +3,6 @@ package tokenize
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
@@ -62,8 +61,9 @@ var chatTemplateFields = []string{"add_generation_prompt", "add_special_tokens",
 // model, stream, and the prompt or messages are checked; every other
 // member only for its syntax. A prompt of token ids is read with its
 // count bounded before anything is allocated for it (a *jsonlex.Error
-// with Over beyond MaxPromptTokens). Errors name the field and never
-// repeat more than a clipped piece of the body.
+// with Over beyond MaxPromptTokens). Every error is a *jsonlex.Error
+// naming the field, and never repeats more than a clipped piece of the
+// body.
 func Read(route Route, body []byte) (*Request, error) {
 	r := &Request{Route: route, Body: body, Fields: make(map[string]json.RawMessage, 8)}
 	l := jsonlex.New(body, "model", "stream", "prompt", "messages", "max_tokens")
@@ -84,7 +84,7 @@ func Read(route Route, body []byte) (*Request, error) {
 			r.Tokens, r.first, err = readPrompt(&l, body)
 		case key == "messages" && route == Chat:
 			if c := l.Peek(); c != '[' && c != 'n' {
-				return fmt.Errorf("messages: must be an array of messages")
+				return &jsonlex.Error{Field: "messages", Problem: "must be an array of messages"}
 			}
 			err = l.Skip(key, 1)
 		default:
@@ -97,14 +97,14 @@ func Read(route Route, body []byte) (*Request, error) {
 		return nil, err
 	}
 	if r.Model == "" {
-		return nil, fmt.Errorf("model: required")
+		return nil, &jsonlex.Error{Field: "model", Problem: "required"}
 	}
 	required := "prompt"
 	if route == Chat {
 		required = "messages"
 	}
 	if raw, ok := r.Fields[required]; !ok || IsNull(raw) {
-		return nil, fmt.Errorf("%s: required", required)
+		return nil, &jsonlex.Error{Field: required, Problem: "required"}
 	}
 	return r, nil
 }
