@@ -2,7 +2,6 @@ package epp
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +25,7 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
+	"github.com/prefixd/prefixd/internal/leaf/oaierror"
 	"github.com/prefixd/prefixd/internal/tokenize"
 )
 
@@ -315,7 +315,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	switch x.reqMode {
 	case filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED, filterv3.ProcessingMode_BUFFERED_PARTIAL:
 	default:
-		return x.fail(http.StatusInternalServerError, "server_error", "",
+		return x.fail(http.StatusInternalServerError, "",
 			fmt.Sprintf("the gateway sends request bodies in mode %v: the picker reads FULL_DUPLEX_STREAMED or BUFFERED bodies", x.reqMode))
 	}
 	path := ""
@@ -342,7 +342,7 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 	}
 	x.subset, x.hasSubset = subsetHint(req.GetMetadataContext())
 	if h.GetEndOfStream() {
-		return x.fail(http.StatusBadRequest, "invalid_request_error", "", "body: required (an OpenAI completions or chat request names its model in the body)")
+		return x.fail(http.StatusBadRequest, "", "body: required (an OpenAI completions or chat request names its model in the body)")
 	}
 	x.timer = time.AfterFunc(x.s.cfg.BodyTimeout, x.bodyTimeout)
 	if x.reqMode != filterv3.ProcessingMode_FULL_DUPLEX_STREAMED {
@@ -363,7 +363,7 @@ func (x *exchange) bodyTimeout() {
 	}
 	x.s.m.bodiesRefused.WithLabelValues("timeout").Inc()
 	x.s.m.errors.WithLabelValues("408").Inc()
-	x.stream.Send(immediate(http.StatusRequestTimeout, "invalid_request_error", "", fmt.Sprintf("body: not complete within %v", x.s.cfg.BodyTimeout)))
+	x.stream.Send(immediate(http.StatusRequestTimeout, "", fmt.Sprintf("body: not complete within %v", x.s.cfg.BodyTimeout)))
 	x.timedOut.Store(true)
 }
 
@@ -374,7 +374,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 	chunk := b.GetBody()
 	if int64(len(x.body))+int64(len(chunk)) > x.s.cfg.MaxBodyBytes {
 		x.s.m.bodiesRefused.WithLabelValues("too_large").Inc()
-		return x.fail(http.StatusRequestEntityTooLarge, "invalid_request_error", "", fmt.Sprintf("body: more than the limit of %d bytes", x.s.cfg.MaxBodyBytes))
+		return x.fail(http.StatusRequestEntityTooLarge, "", fmt.Sprintf("body: more than the limit of %d bytes", x.s.cfg.MaxBodyBytes))
 	}
 	if need := int64(len(x.body) + len(chunk)); need > int64(cap(x.body)) {
 		// A buffer for the whole body when the gateway said its length,
@@ -383,7 +383,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 		size = bufSize(size)
 		if !x.s.bodies.take(size - x.held) {
 			x.s.m.bodiesRefused.WithLabelValues("budget").Inc()
-			return x.fail(http.StatusServiceUnavailable, "server_error", "", "the picker's body budget is full: retry")
+			return x.fail(http.StatusServiceUnavailable, "", "the picker's body budget is full: retry")
 		}
 		nb := getBuf(size)
 		nb = append(nb, x.body...)
@@ -404,9 +404,9 @@ func (x *exchange) decide(eos bool) error {
 		x.timer.Stop()
 	}
 	start := time.Now()
-	pk, status, typ, param, msg := x.pickFor()
+	pk, status, param, msg := x.pickFor()
 	if pk == nil {
-		return x.fail(status, typ, param, msg)
+		return x.fail(status, param, msg)
 	}
 	x.s.m.decision.Observe(time.Since(start).Seconds())
 	dest := pk.dest
@@ -506,22 +506,20 @@ func putBuf(b []byte) {
 
 // fail answers the request with an immediate response in OpenAI's error
 // shape, and counts it.
-func (x *exchange) fail(status int, typ, param, msg string) error {
+func (x *exchange) fail(status int, param, msg string) error {
 	if x.timer != nil {
 		x.timer.Stop()
 	}
 	x.immediate.Store(true)
 	x.s.m.errors.WithLabelValues(strconv.Itoa(status)).Inc()
 	x.dropBody()
-	return x.send(immediate(status, typ, param, msg))
+	return x.send(immediate(status, param, msg))
 }
 
-func immediate(status int, typ, param, msg string) *extprocv3.ProcessingResponse {
-	var p any
-	if param != "" {
-		p = param
-	}
-	body, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": p, "code": status}})
+// immediate is the immediate response of status, with OpenAI's error
+// object as vLLM answers it (oaierror).
+func immediate(status int, param, msg string) *extprocv3.ProcessingResponse {
+	body := oaierror.Body(status, param, msg)
 	return &extprocv3.ProcessingResponse{Response: &extprocv3.ProcessingResponse_ImmediateResponse{ImmediateResponse: &extprocv3.ImmediateResponse{
 		Status:  &typev3.HttpStatus{Code: typev3.StatusCode(status)},
 		Headers: &extprocv3.HeaderMutation{SetHeaders: []*corev3.HeaderValueOption{{Header: &corev3.HeaderValue{Key: "content-type", RawValue: []byte("application/json")}}}},
@@ -531,8 +529,8 @@ func immediate(status int, typ, param, msg string) *extprocv3.ProcessingResponse
 }
 
 // pickFor reads the body, tokenizes and books: the pick, or the
-// immediate response's status, type, param and message.
-func (x *exchange) pickFor() (pk *picked, status int, typ, param, msg string) {
+// immediate response's status, param and message.
+func (x *exchange) pickFor() (pk *picked, status int, param, msg string) {
 	s := x.s
 	req, err := tokenize.Read(x.route, x.body)
 	if err != nil {
@@ -540,21 +538,21 @@ func (x *exchange) pickFor() (pk *picked, status int, typ, param, msg string) {
 		if le := (*jsonlex.Error)(nil); errors.As(err, &le) && le.Over {
 			status = http.StatusRequestEntityTooLarge
 		}
-		return nil, status, "invalid_request_error", "", err.Error()
+		return nil, status, "", err.Error()
 	}
 	x.model = req.Model
 	ids, bases, known := s.cfg.Endpoints.candidates(req.Model, s.cfg.Group, x.subset, x.hasSubset)
 	switch {
 	case !known:
-		return nil, http.StatusNotFound, "invalid_request_error", "model", fmt.Sprintf("model %q: not served by this pool (routing group %q)", clip.String(req.Model), s.cfg.Group)
+		return nil, http.StatusNotFound, "model", fmt.Sprintf("model %q: not served by this pool (routing group %q)", clip.String(req.Model), s.cfg.Group)
 	case len(ids) == 0 && x.hasSubset:
-		return nil, http.StatusServiceUnavailable, "server_error", "", fmt.Sprintf("no engine of model %q in the gateway's endpoint subset (%d endpoints)", clip.String(req.Model), len(x.subset))
+		return nil, http.StatusServiceUnavailable, "", fmt.Sprintf("no engine of model %q in the gateway's endpoint subset (%d endpoints)", clip.String(req.Model), len(x.subset))
 	case len(ids) == 0:
-		return nil, http.StatusServiceUnavailable, "server_error", "", fmt.Sprintf("no engine of model %q with an ip:port endpoint", clip.String(req.Model))
+		return nil, http.StatusServiceUnavailable, "", fmt.Sprintf("no engine of model %q with an ip:port endpoint", clip.String(req.Model))
 	}
 	tokens, tooLong := x.tokens(req, bases)
 	if tooLong != nil {
-		return nil, http.StatusRequestEntityTooLarge, "invalid_request_error", "prompt", tooLong.Error()
+		return nil, http.StatusRequestEntityTooLarge, "prompt", tooLong.Error()
 	}
 	if s.cfg.Disagg {
 		return x.plan(req.Model, tokens, ids)
@@ -568,8 +566,8 @@ func (x *exchange) pickFor() (pk *picked, status int, typ, param, msg string) {
 		c, err = s.cfg.Service.SelectAndReserve(sr)
 	}
 	if err != nil {
-		st, typ, param, msg := statusOf(err, req.Model)
-		return nil, st, typ, param, msg
+		st, param, msg := statusOf(err, req.Model)
+		return nil, st, param, msg
 	}
 	x.booked = true
 	s.m.open.Add(1)
@@ -577,7 +575,7 @@ func (x *exchange) pickFor() (pk *picked, status int, typ, param, msg string) {
 	var ok bool
 	if pk.dest, ok = s.cfg.Endpoints.Addr(c.Rank.WorkerID); !ok {
 		x.release()
-		return nil, http.StatusServiceUnavailable, "server_error", "", "the picked engine's address is no longer known: retry"
+		return nil, http.StatusServiceUnavailable, "", "the picked engine's address is no longer known: retry"
 	}
 	pk.ranks[pk.dest] = c.Rank
 	for _, f := range c.Fallbacks {
@@ -589,13 +587,13 @@ func (x *exchange) pickFor() (pk *picked, status int, typ, param, msg string) {
 		pk.fallbacks = append(pk.fallbacks, a)
 	}
 	x.pick = pk
-	return pk, 0, "", "", ""
+	return pk, 0, "", ""
 }
 
 // plan books a decode-first plan: the decode engine is the destination,
 // the prefill engine the prefiller; no fallbacks (the prefill was booked
 // in the decode engine's KV-transfer domain).
-func (x *exchange) plan(model string, tokens []uint32, ids []uint64) (*picked, int, string, string, string) {
+func (x *exchange) plan(model string, tokens []uint32, ids []uint64) (*picked, int, string, string) {
 	s := x.s
 	r := coordinator.Request{ID: x.id, Model: model, DecodeGroup: s.cfg.Group, PrefillGroup: s.cfg.Group, Tokens: tokens, Allowed: ids}
 	p, err := s.cfg.Service.Plan(r)
@@ -606,8 +604,8 @@ func (x *exchange) plan(model string, tokens []uint32, ids []uint64) (*picked, i
 	}
 	x.transitions(p, 0)
 	if err != nil {
-		st, typ, param, msg := statusOf(err, model)
-		return nil, st, typ, param, msg
+		st, param, msg := statusOf(err, model)
+		return nil, st, param, msg
 	}
 	x.booked = true
 	s.m.open.Add(1)
@@ -621,10 +619,10 @@ func (x *exchange) plan(model string, tokens []uint32, ids []uint64) (*picked, i
 	}
 	if !ok {
 		x.release()
-		return nil, http.StatusServiceUnavailable, "server_error", "", "the planned engines' addresses are no longer known: retry"
+		return nil, http.StatusServiceUnavailable, "", "the planned engines' addresses are no longer known: retry"
 	}
 	x.pick = pk
-	return pk, 0, "", "", ""
+	return pk, 0, "", ""
 }
 
 // transitions counts a plan's transitions from the from-th on.
@@ -677,17 +675,17 @@ var tokenizeBodies = sync.Pool{New: func() any { return new([]byte) }}
 const maxPooledBody = 1 << 20
 
 // statusOf maps a booking error to the immediate response's status.
-func statusOf(err error, model string) (int, string, string, string) {
+func statusOf(err error, model string) (int, string, string) {
 	pe := (*coordinator.PartitionError)(nil)
 	switch {
 	case errors.As(err, &pe):
-		return http.StatusNotFound, "invalid_request_error", "model", fmt.Sprintf("model %q: not served by this pool", clip.String(model))
+		return http.StatusNotFound, "model", fmt.Sprintf("model %q: not served by this pool", clip.String(model))
 	case errors.Is(err, coordinator.ErrAllOverloaded):
-		return http.StatusTooManyRequests, "rate_limit_error", "", fmt.Sprintf("every engine of model %q is busy: retry", clip.String(model))
+		return http.StatusTooManyRequests, "", fmt.Sprintf("every engine of model %q is busy: retry", clip.String(model))
 	case errors.Is(err, coordinator.ErrTooManyReservations), errors.Is(err, coordinator.ErrTooManyPlans):
-		return http.StatusTooManyRequests, "rate_limit_error", "", "too many requests in flight: retry"
+		return http.StatusTooManyRequests, "", "too many requests in flight: retry"
 	}
-	return http.StatusServiceUnavailable, "server_error", "", fmt.Sprintf("no ready engine of model %q: %v", clip.String(model), err)
+	return http.StatusServiceUnavailable, "", fmt.Sprintf("no ready engine of model %q: %v", clip.String(model), err)
 }
 
 func (x *exchange) responseHeaders(req *extprocv3.ProcessingRequest, h *extprocv3.HttpHeaders) error {
