@@ -5,8 +5,9 @@ GO ?= go
 # Debian packages the tests need, installed by `make deps` only when missing
 # (scripts/test-deps.sh): python3-xxhash is the C reference XXH3 that the
 # block-hash tests compare against; python3-zmq and python3-msgpack run
-# internal/testsupport/pypub, the libzmq publisher the interop tests talk to.
-TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack
+# internal/testsupport/pypub, the libzmq publisher the interop tests talk to;
+# jq runs docs/status.md's example (internal/testsupport/doctest).
+TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack jq
 
 # Set VERSION to stamp `prefixd version` and `prefixd-bench version`
 # (otherwise they report the module version the toolchain records, or "dev").
