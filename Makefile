@@ -6,8 +6,9 @@ GO ?= go
 # (scripts/test-deps.sh). Debian packages: python3-xxhash is the C reference
 # XXH3 that the block-hash tests compare against; python3-zmq and
 # python3-msgpack run internal/testsupport/pypub, the libzmq publisher the
-# interop tests talk to.
-TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack
+# interop tests talk to; jq runs docs/status.md's example
+# (internal/testsupport/doctest).
+TEST_APT_PACKAGES ?= python3-xxhash python3-zmq python3-msgpack jq
 # npm packages the tests run, each directory's package-lock.json installed
 # with npm ci (node and npm from Debian's nodejs and npm when missing): the
 # official openai client that internal/proxy's TestOpenAINpmClient runs

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
+	"os"
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
@@ -15,13 +16,13 @@ import (
 )
 
 // exampleServer is a prefixd API in process with engines 1 (aggregated),
-// 2 (prefill) and 3 (decode) of model "m", none of which has cached
-// anything yet.
+// 2 (prefill) and 3 (decode) of model meta-llama/Llama-3.1-8B-Instruct,
+// none of which has cached anything yet.
 func exampleServer() *httptest.Server {
 	ix := indexer.New(indexer.Options{})
 	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix}})
 	for id, role := range map[uint64]catalog.Role{1: catalog.RoleAggregated, 2: catalog.RolePrefill, 3: catalog.RoleDecode} {
-		w := catalog.Worker{WorkerID: id, ModelName: "m", BlockSize: 16, Endpoint: fmt.Sprintf("http://engine-%d:8000", id),
+		w := catalog.Worker{WorkerID: id, ModelName: "meta-llama/Llama-3.1-8B-Instruct", BlockSize: 16, Endpoint: fmt.Sprintf("http://engine-%d:8000", id),
 			EventsEndpoint: fmt.Sprintf("tcp://engine-%d:5557", id), Attributes: catalog.Attributes{Role: role}}.WithDefaults()
 		if err := svc.SetRecord(w); err != nil {
 			panic(err)
@@ -33,28 +34,38 @@ func exampleServer() *httptest.Server {
 // A request served by one aggregated engine: choose and book a worker,
 // send the request there, report its first token, release at the end.
 func Example() {
-	srv := exampleServer()
+	srv := exampleServer() // a prefixd API in process
 	defer srv.Close()
-	c := client.New(srv.URL, "")
+	prefixdURL := srv.URL // e.g. http://prefixd:8090
 	ctx := context.Background()
+	ids := make([]uint32, 100) // the prompt's token ids, from the engine's POST /tokenize
+	reqID := "req-1"
 
-	prompt := api.Prompt{TokenIDs: make([]uint32, 100)} // the engine's tokenizer's ids
-	sel, err := c.SelectAndReserve(ctx, api.SelectRequest{Prompt: prompt, ModelName: "m", SelectionID: "req-1"})
-	if err != nil {
-		fmt.Println(err)
+	c := client.New(prefixdURL, os.Getenv("PREFIXD_TOKEN"))
+	sel, err := c.SelectAndReserve(ctx, api.SelectRequest{
+		Prompt: api.Prompt{TokenIDs: ids}, ModelName: "meta-llama/Llama-3.1-8B-Instruct", SelectionID: reqID})
+	switch {
+	case errors.Is(err, client.ErrOverloaded): // 429: every eligible worker is busy
+		fmt.Println("answer 429, or queue the request")
+		return
+	case errors.Is(err, client.ErrNotFound): // no such model, or no worker
+		fmt.Println("answer 404")
+		return
+	case err != nil: // prefixd unreachable: route by load
+		fmt.Println("route by load:", err)
 		return
 	}
-	fmt.Printf("send req-1 to worker %d at %s (%d tokens cached)\n", sel.WorkerID, sel.Endpoint, sel.Overlap.GPU)
+	fmt.Printf("send %s to worker %d at %s (%d tokens cached)\n", reqID, sel.WorkerID, sel.Endpoint, sel.Overlap.GPU)
 	// … forward the request to sel.Endpoint; at its first streamed token:
-	if err := c.ReservationPrefillComplete(ctx, "req-1"); err != nil {
-		fmt.Println(err)
+	if err := c.ReservationPrefillComplete(ctx, reqID); err != nil {
+		fmt.Println(err) // nothing to do: the load is corrected at release
 	}
 	// … when the response ends or the client goes away:
-	if err := c.FreeReservation(ctx, "req-1"); err != nil {
+	if err := c.FreeReservation(ctx, reqID); err != nil {
 		fmt.Println(err)
 	}
 	// A second release is an error the router can ignore.
-	err = c.FreeReservation(ctx, "req-1")
+	err = c.FreeReservation(ctx, reqID)
 	fmt.Println(errors.Is(err, client.ErrNotFound))
 	// Output:
 	// send req-1 to worker 1 at http://engine-1:8000 (0 tokens cached)
@@ -69,7 +80,7 @@ func ExampleClient_CreatePlan() {
 	c := client.New(srv.URL, "")
 	ctx := context.Background()
 
-	plan, err := c.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 4096)}, ID: "req-2", ModelName: "m"})
+	plan, err := c.CreatePlan(ctx, api.PlanRequest{Prompt: api.Prompt{TokenIDs: make([]uint32, 4096)}, ID: "req-2", ModelName: "meta-llama/Llama-3.1-8B-Instruct"})
 	if err != nil {
 		fmt.Println(err)
 		return
