@@ -62,8 +62,9 @@ TESTPROGRESS = $(GO) run ./internal/testsupport/testprogress
 # fails the run). The tests that call t.Parallel mostly wait (etcd leases,
 # replay deadlines, handshake timeouts): four of them at a time in a
 # package, whatever the core count.
-TEST_FIRST ?= ./indexer ./internal/sim/routing ./internal/apiserver ./internal/sim/demo ./events/stream \
-	./internal/sim/indexbench ./cmd/prefixd ./catalog/etcdstore ./internal/daemon
+TEST_FIRST ?= ./indexer ./internal/sim/routing ./internal/sim/demo ./internal/proxy ./internal/apiserver \
+	./internal/sim/indexbench ./internal/daemon ./deploy ./events/stream ./internal/testsupport/doctest \
+	./cmd/prefixd-bench ./catalog/etcdstore ./cmd/prefixd
 TEST_PARALLEL ?= 4
 
 test: private SHELL := /bin/bash
