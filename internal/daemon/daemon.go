@@ -480,7 +480,7 @@ func (v *workerView) applyAdmitted(c catalog.Change) {
 	case catalog.Added:
 		v.log.Info("worker joined", append(attrs, "role", w.Role, "ranks", w.Ranks(), "registration", registration(c.Lease), "revision", c.Revision)...)
 	default:
-		v.log.Info("worker updated", append(attrs, "ranks", w.Ranks(), "was", c.Old.Ranks(), "lifecycle", w.Lifecycle, "revision", c.Revision)...)
+		v.log.Info("worker updated", append(attrs, "ranks", w.Ranks(), "was", c.Old.Ranks(), "lifecycle", w.Lifecycle, "registration", registration(c.Lease), "revision", c.Revision)...)
 	}
 	ws, err := workerStreams(w)
 	if err != nil {
