@@ -200,6 +200,7 @@ func newMockerCommand() *cobra.Command {
 }
 
 func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
+	defer stoppedLine(ctx, log, "mocker stopped")()
 	var reg catalog.Registrar // nil: the engines do not register
 	if o.register {
 		store, err := etcdstore.New(ctx, o.etcd.Config())

@@ -108,6 +108,7 @@ func newProxyCommand() *cobra.Command {
 				mode = "disaggregated " + o.plans.order.String()
 			}
 			log.Info("prefixd proxy serving", "http", ln.Addr().String(), "prefixd", c.BaseURL, "mode", mode, "policy", o.policy.String())
+			defer stoppedLine(cmd.Context(), log, "prefixd proxy stopped")()
 			return p.Serve(cmd.Context(), ln, 30*time.Second)
 		},
 	}

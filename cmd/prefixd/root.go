@@ -1,7 +1,10 @@
 package main
 
 import (
+	"context"
 	"io"
+	"log/slog"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -47,4 +50,19 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 		newProxyCommand(),
 	)
 	return root
+}
+
+// stoppedLine returns a func that logs msg with how long the shutdown
+// took, from when ctx ended (a signal); called when the command is done
+// (deferred), after everything it ran has stopped. Nothing is logged if
+// ctx has not ended: the command failed, and main prints why.
+func stoppedLine(ctx context.Context, log *slog.Logger, msg string) func() {
+	stopping := make(chan time.Time, 1)
+	stop := context.AfterFunc(ctx, func() { stopping <- time.Now() })
+	return func() {
+		if stop() {
+			return // ctx did not end
+		}
+		log.Info(msg, "took", time.Since(<-stopping).Round(time.Millisecond))
+	}
 }
