@@ -4,9 +4,11 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/internal/cli"
 )
@@ -66,3 +68,18 @@ func stoppedLine(ctx context.Context, log *slog.Logger, msg string) func() {
 		log.Info(msg, "took", time.Since(<-stopping).Round(time.Millisecond))
 	}
 }
+
+// enum makes the --help line of the flag name show the values it takes in
+// place of a type, e.g. "--policy kv|random". The flag must exist.
+func enum(fs *pflag.FlagSet, name string, values ...string) {
+	f := fs.Lookup(name)
+	f.Value = enumValue{Value: f.Value, values: strings.Join(values, "|")}
+}
+
+// enumValue is a flag's value with its values as its type.
+type enumValue struct {
+	pflag.Value
+	values string
+}
+
+func (v enumValue) Type() string { return v.values }
