@@ -104,6 +104,7 @@ type Watcher struct {
 
 	// Owned by Run's goroutine.
 	delivered map[Key]Worker
+	leases    map[Key]LeaseID  // the lease of each delivered record
 	owner     map[uint64]Key   // worker id → the delivered key that has it
 	shadowed  map[Key]Record   // good records whose id another delivered key has
 	badSeen   map[string]int64 // path → mod revision already counted
@@ -136,6 +137,7 @@ func NewWatcher(src WatchSource, cfg WatcherConfig) *Watcher {
 		cfg:       cfg,
 		synced:    make(chan struct{}),
 		delivered: make(map[Key]Worker),
+		leases:    make(map[Key]LeaseID),
 		owner:     make(map[uint64]Key),
 		shadowed:  make(map[Key]Record),
 		badSeen:   make(map[string]int64),
@@ -165,7 +167,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	bo := retry.Backoff(w.cfg.RetryMin, w.cfg.RetryMax)
 	first := true
 	for {
-		rev, err := w.sync(ctx)
+		rev, n, err := w.sync(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -178,7 +180,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 			continue
 		}
 		if !first {
-			w.resyncs.Add(1)
+			// The store answers again (etcd back, a connection restored,
+			// a compaction passed): say what the list changed.
+			w.cfg.Logger.Info("catalog: resynced: listed the workers again", "resyncs", w.resyncs.Add(1), "workers", len(w.delivered),
+				"added", n[Added], "updated", n[Updated], "removed", n[Removed], "revision", rev)
 		}
 		first = false
 		start := time.Now()
@@ -220,13 +225,15 @@ func (w *Watcher) wait(ctx context.Context, d time.Duration) bool {
 
 // sync lists and delivers the difference from what was delivered:
 // removals first, then additions and updates, each in key order. It
-// returns the list's revision.
-func (w *Watcher) sync(ctx context.Context) (int64, error) {
+// returns the list's revision and how many changes of each kind it
+// delivered.
+func (w *Watcher) sync(ctx context.Context) (int64, [Removed + 1]int, error) {
+	var n [Removed + 1]int
 	lctx, cancel := context.WithTimeout(ctx, w.cfg.ListTimeout)
 	snap, err := w.src.List(lctx, 0)
 	cancel()
 	if err != nil {
-		return 0, err
+		return 0, n, err
 	}
 	present := make(map[Key]bool, len(snap.Records))
 	paths := make(map[string]bool, len(snap.Records))
@@ -281,13 +288,14 @@ func (w *Watcher) sync(ctx context.Context) (int64, error) {
 	slices.SortFunc(removed, func(a, b Change) int { return compareKeys(a.Key, b.Key) })
 	for _, c := range append(removed, changes...) {
 		if ctx.Err() != nil {
-			return 0, ctx.Err()
+			return 0, n, ctx.Err()
 		}
 		w.deliver(c)
+		n[c.Kind]++
 	}
 	w.revision.Store(snap.Revision)
 	w.syncedOnce.Do(func() { close(w.synced) })
-	return snap.Revision, nil
+	return snap.Revision, n, nil
 }
 
 // shadow sets aside a good record whose worker id the record holder
@@ -320,9 +328,16 @@ func compareKeys(a, b Key) int {
 	return cmp.Or(cmp.Compare(a.Model, b.Model), cmp.Compare(a.Group, b.Group), cmp.Compare(a.WorkerID, b.WorkerID))
 }
 
-// diff compares a good record with what was delivered for its key.
+// diff compares a good record with what was delivered for its key. The
+// same record under a new lease (its registrant registered again after
+// losing its lease) is no change to deliver; it is logged.
 func (w *Watcher) diff(rec Record, rev int64) (Change, bool) {
 	old, ok := w.delivered[rec.Key]
+	if was := w.leases[rec.Key]; ok && rec.Lease != was && old.Equal(rec.Worker) {
+		w.leases[rec.Key] = rec.Lease
+		w.cfg.Logger.Info("catalog: worker registered again under a new lease", "worker", rec.Key.WorkerID, "model", clip.String(rec.Key.Model),
+			"group", clip.String(rec.Key.Group), "registration", registration(rec.Lease), "was", registration(was), "revision", rev)
+	}
 	switch {
 	case !ok:
 		return Change{Kind: Added, Key: rec.Key, Worker: rec.Worker, Lease: rec.Lease, Revision: rev}, true
@@ -332,15 +347,25 @@ func (w *Watcher) diff(rec Record, rev int64) (Change, bool) {
 	return Change{}, false
 }
 
+// registration says who keeps a record: a lease, or nobody.
+func registration(l LeaseID) string {
+	if l == NoLease {
+		return "persistent"
+	}
+	return fmt.Sprintf("lease %x", int64(l))
+}
+
 // deliver records c as delivered and hands it to OnChange.
 func (w *Watcher) deliver(c Change) {
 	if c.Kind == Removed {
 		delete(w.delivered, c.Key)
+		delete(w.leases, c.Key)
 		if w.owner[c.Key.WorkerID] == c.Key {
 			delete(w.owner, c.Key.WorkerID)
 		}
 	} else {
 		w.delivered[c.Key] = c.Worker
+		w.leases[c.Key] = c.Lease
 		w.owner[c.Key.WorkerID] = c.Key
 	}
 	w.workers.Store(int64(len(w.delivered)))

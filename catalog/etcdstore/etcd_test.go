@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 var prefixes atomic.Int64
@@ -53,7 +55,15 @@ func (c changes) expect(t *testing.T, timeout time.Duration, want ...string) {
 // startWatcher runs a Watcher until the test ends; it waits for Synced.
 func startWatcher(t *testing.T, src catalog.WatchSource, c changes) *catalog.Watcher {
 	t.Helper()
-	w := catalog.NewWatcher(src, c.config())
+	return startWatcherLog(t, src, c, nil)
+}
+
+// startWatcherLog is startWatcher logging to log (nil: the default).
+func startWatcherLog(t *testing.T, src catalog.WatchSource, c changes, log *slog.Logger) *catalog.Watcher {
+	t.Helper()
+	cfg := c.config()
+	cfg.Logger = log
+	w := catalog.NewWatcher(src, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- w.Run(ctx) }()
@@ -163,7 +173,8 @@ func TestEtcdLeaseExpiryRemovesWorker(t *testing.T) {
 // TestEtcdRestartDuringWatch stops etcd under a watcher and a session and
 // starts it again on the same data dir and URL: the watcher reconnects
 // (listing again, or resuming its watch) and reports only what changed; the session, whose lease
-// went unrenewed past its TTL, registers again with a new lease.
+// went unrenewed past its TTL, registers again with a new lease, which the
+// watcher logs (the record is the same: no change is delivered).
 func TestEtcdRestartDuringWatch(t *testing.T) {
 	t.Parallel()
 	e1 := storetest.StartEtcd(t)
@@ -189,7 +200,8 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 	defer sess.Close()
 	startSession(t, sess)
 	c := make(changes, 100)
-	watcher := startWatcher(t, daemon, c)
+	logs, log := testlog.New(nil)
+	watcher := startWatcherLog(t, daemon, c, log)
 	c.expect(t, 10*time.Second, "added m/g/1", "added m/g/2", "added m/g/3")
 	oldLease, lost := sess.Lease(), sess.Done()
 
@@ -240,6 +252,8 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.expect(t, 10*time.Second, "added m/g/99")
+	logs.Wait(t, 10*time.Second, "catalog: worker registered again under a new lease", "worker=1",
+		fmt.Sprintf("registration=lease %x", int64(sess.Lease())), fmt.Sprintf("was=lease %x", int64(oldLease)))
 	// The watcher lists again when it sees the connection drop; the etcd
 	// client may also resume the watch by itself from the same revision on
 	// the same data before the drop is seen (Resyncs 0), which delivers the
@@ -254,8 +268,8 @@ func TestEtcdRestartDuringWatch(t *testing.T) {
 // TestEtcdWipedRestartDuringWatch: etcd comes back on the same URL with
 // no data (a new cluster whose revisions start over). A resumed watch
 // would wait silently for revisions the new cluster reaches only much
-// later; the watcher must list again and report the loss and what the
-// new cluster holds.
+// later; the watcher must list again, report the loss and what the new
+// cluster holds, and log the resync with what it changed.
 func TestEtcdWipedRestartDuringWatch(t *testing.T) {
 	t.Parallel()
 	e1 := storetest.StartEtcd(t)
@@ -271,7 +285,8 @@ func TestEtcdWipedRestartDuringWatch(t *testing.T) {
 		}
 	}
 	c := make(changes, 100)
-	watcher := startWatcher(t, daemon, c)
+	logs, log := testlog.New(nil)
+	watcher := startWatcherLog(t, daemon, c, log)
 	c.expect(t, 10*time.Second, "added m/g/1", "added m/g/2", "added m/g/3", "added m/g/4")
 
 	e1.Close()
@@ -287,6 +302,12 @@ func TestEtcdWipedRestartDuringWatch(t *testing.T) {
 	c.expect(t, 15*time.Second, "removed m/g/1", "removed m/g/2", "removed m/g/3", "removed m/g/4", "added m/g/9")
 	if st := watcher.Stats(); st.Resyncs < 1 || st.Workers != 1 {
 		t.Fatalf("watcher stats %+v, want a resync and 1 worker", st)
+	}
+	// The list that found the loss (worker 9 may come with it, or by the
+	// watch after it).
+	rec := logs.Wait(t, 10*time.Second, "catalog: resynced: listed the workers again", "resyncs=1", "removed=4", "updated=0")
+	if a := rec.Attrs["added"]; a != "0" && a != "1" {
+		t.Errorf("resync line %v: want added 0 or 1", rec)
 	}
 }
 

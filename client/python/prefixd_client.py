@@ -9,6 +9,10 @@
     # when the response ends or the client goes away:
     c.free_reservation(req_id)
 
+One argument convention: a method's one positional argument is the model
+it is about (model_name) or the id of the reservation or plan it acts on
+(selection_id, request_id); every other argument is keyword-only.
+
 Every method returns the decoded JSON answer (a dict or list) or None.
 An answer other than 2xx raises PrefixdError, or the subclass of its
 status (Invalid, Unauthorized, NotFound, Conflict, Overloaded,
@@ -150,41 +154,41 @@ class Client:
         return prefix + urllib.parse.quote(ident, safe="") + suffix
 
     # Workers.
-    def register(self, instance_id, endpoint, model_name, block_size, **extensions):
+    def register(self, model_name, *, instance_id, endpoint, block_size, **extensions):
         """POST /register: routing_group, dp_rank, replay_endpoint, data_parallel_size, engine_endpoint, role, … as keywords."""
         return self._do("POST", "/register", dict(instance_id=instance_id, endpoint=endpoint,
                                                   model_name=model_name, block_size=block_size, **extensions))
 
-    def unregister(self, instance_id, model_name, routing_group=None, dp_rank=None):
+    def unregister(self, model_name, *, instance_id, routing_group=None, dp_rank=None):
         """POST /unregister: one group, every group of the model (no routing_group), or one rank."""
         return self._do("POST", "/unregister", _drop_none(dict(instance_id=instance_id, model_name=model_name,
                                                                routing_group=routing_group, dp_rank=dp_rank)))
 
-    def workers(self, model_name=None, routing_group=None):
+    def workers(self, model_name=None, *, routing_group=None):
         """GET /workers: the workers with their ranks' stream state."""
         q = urllib.parse.urlencode(_drop_none(dict(model_name=model_name, routing_group=routing_group)))
         return self._do("GET", "/workers" + ("?" + q if q else ""))
 
     # Scores.
-    def query(self, model_name, token_ids, **kw):
+    def query(self, model_name, *, token_ids, **kw):
         """POST /query: every worker rank's cached prefix of the prompt (lora_name, cache_salt, routing_group as keywords)."""
         return self._do("POST", "/query", dict(model_name=model_name, token_ids=list(token_ids), **kw))
 
-    def query_by_hash(self, model_name, block_hashes, **kw):
+    def query_by_hash(self, model_name, *, block_hashes, **kw):
         """POST /query_by_hash: the prompt as local block hashes."""
         return self._do("POST", "/query_by_hash", dict(model_name=model_name, block_hashes=list(block_hashes), **kw))
 
     # Selection and reservations.
-    def select(self, model_name, token_ids=None, **kw):
+    def select(self, model_name, *, token_ids=None, **kw):
         """POST /select: choose a worker, book nothing."""
         return self._do("POST", "/select", _drop_none(dict(model_name=model_name, token_ids=_list(token_ids), **kw)))
 
-    def select_and_reserve(self, model_name, token_ids=None, selection_id=None, **kw):
+    def select_and_reserve(self, model_name, *, token_ids=None, selection_id=None, **kw):
         """POST /select_and_reserve: choose a worker and book selection_id on it."""
         return self._do("POST", "/select_and_reserve", _drop_none(dict(model_name=model_name, token_ids=_list(token_ids),
                                                                        selection_id=selection_id, **kw)))
 
-    def reserve(self, model_name, selection_id, worker_id, dp_rank=0, token_ids=None, **kw):
+    def reserve(self, model_name, *, selection_id, worker_id, dp_rank=0, token_ids=None, **kw):
         """POST /reservations: book selection_id on a worker the caller chose."""
         return self._do("POST", "/reservations", _drop_none(dict(model_name=model_name, selection_id=selection_id,
                                                                  worker_id=worker_id, dp_rank=dp_rank,
@@ -199,7 +203,7 @@ class Client:
         return self._do("DELETE", self._id("/reservations/", selection_id))
 
     # Disaggregated plans.
-    def create_plan(self, request_id, model_name, token_ids=None, **kw):
+    def create_plan(self, model_name, *, request_id, token_ids=None, **kw):
         """POST /disagg/plans: decode first unless order="prefill-first" (defer_decode=True books decode later)."""
         return self._do("POST", "/disagg/plans", _drop_none(dict(request_id=request_id, model_name=model_name,
                                                                  token_ids=_list(token_ids), **kw)))

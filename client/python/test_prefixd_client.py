@@ -6,6 +6,7 @@ with engines 1 (aggregated, holding the 64-token prompt 1..64), 2
 in PREFIXD_URL and PREFIXD_TOKEN.
 """
 
+import inspect
 import os
 import threading
 import unittest
@@ -29,37 +30,37 @@ class ClientTest(unittest.TestCase):
         self.assertIn("up 1", self.c.metrics())
 
     def test_query(self):
-        s = self.c.query("m", PROMPT)
+        s = self.c.query("m", token_ids=PROMPT)
         self.assertEqual(s["instances"]["1"]["longest_matched"], 64)
         with self.assertRaises(pc.NotFound) as e:
-            self.c.query("nope", PROMPT)
+            self.c.query("nope", token_ids=PROMPT)
         self.assertIn("no indexer for model=nope", e.exception.message)
 
     def test_register_and_workers(self):
-        self.c.register(9, "tcp://h:5557", "m", 16, engine_endpoint="http://h:8000", role="decode")
+        self.c.register("m", instance_id=9, endpoint="tcp://h:5557", block_size=16, engine_endpoint="http://h:8000", role="decode")
         ws = self.c.workers(model_name="m")
         self.assertIn(9, [w["instance_id"] for w in ws])
         with self.assertRaises(pc.Invalid) as e:
-            self.c.register(9, "udp://h", "m", 16)
+            self.c.register("m", instance_id=9, endpoint="udp://h", block_size=16)
         self.assertTrue(e.exception.message.startswith("endpoint:"), e.exception.message)
         with pc.Client(URL) as anonymous, self.assertRaises(pc.Unauthorized):
-            anonymous.register(9, "tcp://h:5557", "m", 16)
+            anonymous.register("m", instance_id=9, endpoint="tcp://h:5557", block_size=16)
 
     def test_reservation_lifecycle(self):
-        sel = self.c.select_and_reserve("m", PROMPT, selection_id="py-a")
+        sel = self.c.select_and_reserve("m", token_ids=PROMPT, selection_id="py-a")
         self.assertEqual((sel["worker_id"], sel["overlap"]["gpu"]), (1, 64))
         with self.assertRaises(pc.Conflict):
-            self.c.select_and_reserve("m", PROMPT, selection_id="py-a")
+            self.c.select_and_reserve("m", token_ids=PROMPT, selection_id="py-a")
         self.c.reservation_prefill_complete("py-a")
         self.c.free_reservation("py-a")
         with self.assertRaises(pc.NotFound):
             self.c.free_reservation("py-a")
-        r = self.c.reserve("m", "py-b", worker_id=1, token_ids=PROMPT)
+        r = self.c.reserve("m", selection_id="py-b", worker_id=1, token_ids=PROMPT)
         self.assertEqual(r["worker_id"], 1)
         self.c.free_reservation("py-b")
 
     def test_plan_lifecycle(self):
-        p = self.c.create_plan("py-p", "m", [0] * 4096)
+        p = self.c.create_plan("m", request_id="py-p", token_ids=[0] * 4096)
         self.assertEqual((p["state"], p["decode"]["worker_id"], p["prefill"]["worker_id"]), ("Linked", 3, 2))
         self.assertEqual(self.c.plan("py-p")["state"], "Linked")
         self.assertEqual(self.c.plan_prefill_complete("py-p")["state"], "PrefillReleased")
@@ -68,7 +69,7 @@ class ClientTest(unittest.TestCase):
             self.c.release_plan("py-p")
 
     def test_deferred_plan(self):
-        p = self.c.create_plan("py-d", "m", [0] * 64, order="prefill-first", defer_decode=True)
+        p = self.c.create_plan("m", request_id="py-d", token_ids=[0] * 64, order="prefill-first", defer_decode=True)
         self.assertEqual((p["state"], p["decode"]), ("PrefillCommitted", None))
         self.c.plan_prefill_complete("py-d")
         self.assertEqual(self.c.plan_decode("py-d")["decode"]["worker_id"], 3)
@@ -81,7 +82,7 @@ class ClientTest(unittest.TestCase):
             try:
                 for j in range(20):
                     sid = "py-t%d-%d" % (i, j)
-                    self.c.select_and_reserve("m", PROMPT, selection_id=sid)
+                    self.c.select_and_reserve("m", token_ids=PROMPT, selection_id=sid)
                     self.c.free_reservation(sid)
             except Exception as e:  # reported below
                 errors.append(e)
@@ -92,6 +93,22 @@ class ClientTest(unittest.TestCase):
         for t in ts:
             t.join()
         self.assertEqual(errors, [])
+
+    def test_one_argument_convention(self):
+        """Every method takes at most one positional argument (the model,
+        or the reservation's or plan's id); the rest are keyword-only."""
+        methods = [m for m in dir(pc.Client) if not m.startswith("_") and callable(getattr(pc.Client, m))]
+        self.assertIn("create_plan", methods)
+        for name in methods:
+            params = list(inspect.signature(getattr(pc.Client, name)).parameters.values())[1:]  # self
+            positional = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.VAR_POSITIONAL)]
+            self.assertLessEqual(len(positional), 1, "%s takes %s positionally" % (name, positional))
+            if positional and name not in ("health", "ready", "metrics", "close"):
+                self.assertIn(positional[0], ("model_name", "selection_id", "request_id"), name)
+        with self.assertRaises(TypeError):
+            self.c.create_plan("py-x", "m", [0] * 64)  # the old order
+        with self.assertRaises(TypeError):
+            self.c.select_and_reserve("m", PROMPT)
 
     def test_bad_base_url(self):
         with self.assertRaises(ValueError):

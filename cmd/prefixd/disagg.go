@@ -29,11 +29,17 @@ func newDisaggFlags() disaggFlags {
 func (o *disaggFlags) AddFlags(fs *pflag.FlagSet) {
 	fs.TextVar(&o.order, "disagg-order", o.order, "disaggregated plans: decode-first or prefill-first")
 	fs.TextVar(&o.prefillFail, "prefill-failure", o.prefillFail, "when prefill cannot be booked or fails after decode is booked: free_decode or bypass_on_decode")
-	fs.TextVar(&o.policy, "disagg-policy", o.policy, "conditional disaggregation: off, isl_bounding, prefill_load or isl_or_load")
+	fs.TextVar(&o.policy, "disagg-policy", o.policy, "conditional disaggregation, whether a plan may skip remote prefill and prefill on its decode engine: "+
+		"off (the default) never does, so every plan prefills remotely, even a 10-token prompt; "+
+		"isl_bounding bypasses prompts with few uncached tokens (--bypass-max-eff-isl, --bypass-max-eff-isl-ratio; prefixd demo uses it at 256 tokens); "+
+		"prefill_load bypasses when the prefill engine is busy (--prefill-busy-threshold); isl_or_load when either says so")
 	fs.Float64Var(&o.effISL, "bypass-max-eff-isl", o.effISL, "isl_bounding: bypass only below this many uncached prompt tokens")
 	fs.Float64Var(&o.effISLRatio, "bypass-max-eff-isl-ratio", o.effISLRatio, "isl_bounding: bypass only below this uncached share of the prompt")
 	fs.Float64Var(&o.decodeBusy, "decode-busy-threshold", o.decodeBusy, "decode busy gate: veto a bypass above this fraction of total_kv_blocks (0 = no gate)")
 	fs.Float64Var(&o.prefillBusy, "prefill-busy-threshold", o.prefillBusy, "prefill_load: busy above this fraction of max_num_batched_tokens (0 = no probe)")
+	enum(fs, "disagg-order", "decode-first", "prefill-first")
+	enum(fs, "prefill-failure", "free_decode", "bypass_on_decode")
+	enum(fs, "disagg-policy", "off", "isl_bounding", "prefill_load", "isl_or_load")
 }
 
 // coordinator maps the flags onto the coordinator's config (the names

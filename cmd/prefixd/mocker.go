@@ -90,6 +90,10 @@ func (o *mockerOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.serverInfo, "server-info", o.serverInfo, "vllm flavor: serve GET /server_info?config_format=json, as vLLM does with VLLM_SERVER_DEV_MODE=1")
 	fs.BoolVar(&o.caching, "prefix-caching", o.caching, "what the engine says of its prefix caching (--prefix-caching=false: says off, for testing a sidecar's refusal; the pool still caches)")
 	fs.StringVar(&o.kvGroups, "kv-groups", o.kvGroups, "hybrid KV-cache layout in group_idx order, e.g. sliding_window:1024,full_attention (Gemma 3's groups); empty: one full-attention group")
+	enum(fs, "role", "aggregated", "prefill", "decode")
+	enum(fs, "era", "map", "array")
+	enum(fs, "replay-layout", "topic", "legacy")
+	enum(fs, "flavor", "vllm", "sglang")
 }
 
 func (o *mockerOptions) Validate() error {
@@ -200,6 +204,7 @@ func newMockerCommand() *cobra.Command {
 }
 
 func runMocker(ctx context.Context, o *mockerOptions, log *slog.Logger) error {
+	defer stoppedLine(ctx, log, "mocker stopped")()
 	var reg catalog.Registrar // nil: the engines do not register
 	if o.register {
 		store, err := etcdstore.New(ctx, o.etcd.Config())

@@ -58,7 +58,8 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	emb := storetest.StartEtcd(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	var out, errOut bytes.Buffer
+	var out bytes.Buffer
+	var errOut testsupport.Buffer
 	cmd := newRootCommand(&out, &errOut)
 	cmd.SetArgs([]string{"mocker", "--etcd-endpoints", emb.Endpoints()[0], "--etcd-prefix", "/mocker-test",
 		"--engines", "2", "--first-worker-id", "7", "--http-port", "0", "--block-size", "4", "--total-kv-blocks", "64",
@@ -106,6 +107,15 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 		}
 	}
 
+	// An engine whose lease is lost registers again, and says so in the
+	// mocker's log.
+	if err := store.Revoke(context.Background(), snap.Records[0].Lease); err != nil {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 30*time.Second, "the re-registration logged", func() bool {
+		return strings.Contains(errOut.String(), `msg="catalog: registered again" worker=7`)
+	})
+
 	cancel()
 	select {
 	case err := <-done:
@@ -118,6 +128,16 @@ func TestMockerRegistersServesAndLeaves(t *testing.T) {
 	snap, err = store.List(context.Background(), 0)
 	if err != nil || len(snap.Records) != 0 {
 		t.Errorf("after shutdown: %d records (err %v), want none", len(snap.Records), err)
+	}
+	// One log format (slog's text), and a shutdown line last.
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	for _, l := range lines {
+		if !strings.HasPrefix(l, "time=") {
+			t.Errorf("a line not in slog's text format: %q", l)
+		}
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, `msg="mocker stopped" took=`) {
+		t.Errorf("last line %q, want the shutdown line", last)
 	}
 }
 

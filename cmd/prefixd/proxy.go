@@ -108,6 +108,7 @@ func newProxyCommand() *cobra.Command {
 				mode = "disaggregated " + o.plans.order.String()
 			}
 			log.Info("prefixd proxy serving", "http", ln.Addr().String(), "prefixd", c.BaseURL, "mode", mode, "policy", o.policy.String())
+			defer stoppedLine(cmd.Context(), log, "prefixd proxy stopped")()
 			return p.Serve(cmd.Context(), ln, 30*time.Second)
 		},
 	}
@@ -131,5 +132,7 @@ func newProxyCommand() *cobra.Command {
 		"paths of the engines' own routes passed to an engine, exactly (any other path is a 404); \"\" for none")
 	fs.DurationVar(&o.refresh, "refresh", o.refresh, "how often the fleet is listed from prefixd serve")
 	fs.StringVar(&o.logLevel, "log-level", o.logLevel, "debug, info, warn or error")
+	enum(fs, "policy", "kv", "random")
+	enum(fs, "log-level", "debug", "info", "warn", "error")
 	return cmd
 }

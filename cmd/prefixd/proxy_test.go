@@ -63,4 +63,8 @@ func TestProxyServes(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("proxy did not stop")
 	}
+	lines := strings.Split(strings.TrimSpace(errOut.String()), "\n")
+	if last := lines[len(lines)-1]; !strings.Contains(last, `msg="prefixd proxy stopped" took=`) {
+		t.Errorf("last line %q, want the shutdown line", last)
+	}
 }

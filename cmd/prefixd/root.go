@@ -1,9 +1,14 @@
 package main
 
 import (
+	"context"
 	"io"
+	"log/slog"
+	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/prefixd/prefixd/internal/cli"
 )
@@ -48,3 +53,33 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	)
 	return root
 }
+
+// stoppedLine returns a func that logs msg with how long the shutdown
+// took, from when ctx ended (a signal); called when the command is done
+// (deferred), after everything it ran has stopped. Nothing is logged if
+// ctx has not ended: the command failed, and main prints why.
+func stoppedLine(ctx context.Context, log *slog.Logger, msg string) func() {
+	stopping := make(chan time.Time, 1)
+	stop := context.AfterFunc(ctx, func() { stopping <- time.Now() })
+	return func() {
+		if stop() {
+			return // ctx did not end
+		}
+		log.Info(msg, "took", time.Since(<-stopping).Round(time.Millisecond))
+	}
+}
+
+// enum makes the --help line of the flag name show the values it takes in
+// place of a type, e.g. "--policy kv|random". The flag must exist.
+func enum(fs *pflag.FlagSet, name string, values ...string) {
+	f := fs.Lookup(name)
+	f.Value = enumValue{Value: f.Value, values: strings.Join(values, "|")}
+}
+
+// enumValue is a flag's value with its values as its type.
+type enumValue struct {
+	pflag.Value
+	values string
+}
+
+func (v enumValue) Type() string { return v.values }

@@ -121,6 +121,8 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.epp.maxBody, "epp-max-body-bytes", o.epp.maxBody, "the largest request body the endpoint picker reads (413 beyond)")
 	fs.DurationVar(&o.epp.bodyTimeout, "epp-body-timeout", o.epp.bodyTimeout, "how long the endpoint picker waits from a request's headers to its body's end (408 beyond)")
 	fs.BoolVar(&o.epp.disagg, "epp-disagg", o.epp.disagg, "the endpoint picker books decode-first plans (--disagg-order, --disagg-policy, …): the decode engine is the destination, the prefill engine goes in x-prefiller-host-port")
+	enum(fs, "log-level", "debug", "info", "warn", "error")
+	enum(fs, "epp-body-mode", "full-duplex", "buffered")
 }
 
 func (o *serveOptions) Validate() error {

@@ -81,6 +81,8 @@ func (o *sidecarOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.kvEnforce, "kv-transfer-enforcement", o.kvEnforce, "required or preferred")
 	fs.StringToStringVar(&o.topology, "topology", o.topology, "topology domains, e.g. rack=r7,zone=a")
 	fs.StringSliceVar(&o.taints, "taint", o.taints, "taints (repeatable)")
+	enum(fs, "role", "aggregated", "prefill", "decode", "encoder")
+	enum(fs, "kv-transfer-enforcement", "required", "preferred")
 }
 
 func (o *sidecarOptions) options() sidecar.Options {

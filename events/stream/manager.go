@@ -57,6 +57,10 @@ type Manager struct {
 	errs    map[uint64]string       // why a wanted worker is not indexed
 	prune   bool                    // the catalog is synced: drop what no worker wants
 	stopped bool
+	// removed holds the blocks each rank of a removed worker held when
+	// Remove took it out of the index, for the line logged when its stream
+	// stops (by then the index holds none).
+	removed map[rankKey]int
 
 	// Owned by Run's goroutine.
 	indexed map[uint64]indexer.PartitionKey // workers whose ranks may be in the index
@@ -92,7 +96,7 @@ func NewManager(ix *indexer.Index, cfg SubscriberConfig, log *slog.Logger) *Mana
 		log = slog.Default()
 	}
 	m := &Manager{ix: ix, cfg: cfg, log: log, kick: make(chan struct{}, 1), exited: make(chan rankKey), quit: make(chan struct{}),
-		workers: map[uint64]Worker{}, subs: map[rankKey]*rankStream{}, errs: map[uint64]string{},
+		workers: map[uint64]Worker{}, subs: map[rankKey]*rankStream{}, errs: map[uint64]string{}, removed: map[rankKey]int{},
 		indexed: map[uint64]indexer.PartitionKey{}, parts: map[indexer.PartitionKey]bool{}}
 	if cfg.Metrics != nil {
 		cfg.Metrics.reportFrom(m.Status)
@@ -132,9 +136,11 @@ func (s *Manager) Remove(id uint64) {
 	delete(s.workers, id)
 	delete(s.errs, id)
 	var apps []*IndexApplier
+	var ranks []rankKey
 	for k, st := range s.subs {
 		if k.worker == id && !st.stopping {
 			apps = append(apps, st.app)
+			ranks = append(ranks, k)
 		}
 	}
 	s.mu.Unlock()
@@ -142,6 +148,15 @@ func (s *Manager) Remove(id uint64) {
 		a.Fence()
 	}
 	if ok {
+		held := make(map[rankKey]int, len(ranks))
+		for _, k := range ranks {
+			if rs, err := s.ix.Rank(w.Partition, indexer.Rank{WorkerID: id, DPRank: k.rank}); err == nil {
+				held[k] = rs.Blocks
+			}
+		}
+		s.mu.Lock()
+		maps.Copy(s.removed, held)
+		s.mu.Unlock()
 		if err := s.ix.RemoveWorkerFrom(w.Partition, id); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
 			s.log.Error("remove worker from index", "worker", id, "model", w.Partition.Model, "group", w.Partition.Group, "err", err)
 		}
@@ -224,8 +239,9 @@ func (s *Manager) reconcile(ctx context.Context) {
 	}
 	var capacity []rankCapacity
 	type stopped struct {
-		st *rankStream
-		k  rankKey
+		st      *rankStream
+		k       rankKey
+		removed int // blocks it held when Remove took them out (0: not removed)
 	}
 	var stop []stopped
 	// Stop what is not wanted as it runs; update what only changed its
@@ -240,7 +256,8 @@ func (s *Manager) reconcile(ctx context.Context) {
 		case !ok || !want || w.Partition != st.part || !sameSource(src, st.src):
 			st.stopping = true
 			st.cancel()
-			stop = append(stop, stopped{st, k})
+			stop = append(stop, stopped{st, k, s.removed[k]})
+			delete(s.removed, k)
 		default:
 			if !sameRanks(src.Ranks, st.src.Ranks) {
 				st.sub.SetRanks(src.Ranks)
@@ -257,9 +274,9 @@ func (s *Manager) reconcile(ctx context.Context) {
 	for _, x := range stop {
 		x.st.app.Fence()
 		r := indexer.Rank{WorkerID: x.k.worker, DPRank: x.k.rank}
-		blocks := 0
+		blocks := x.removed
 		if rs, err := s.ix.Rank(x.st.part, r); err == nil {
-			blocks = rs.Blocks
+			blocks = max(blocks, rs.Blocks)
 		}
 		if err := s.ix.RemoveRank(x.st.part, r); err != nil && !errors.Is(err, indexer.ErrNoPartition) {
 			s.log.Error("remove rank", "worker", x.k.worker, "rank", x.k.rank, "err", err)
@@ -441,6 +458,7 @@ func (s *Manager) start(ctx context.Context, k rankKey, src Source, part indexer
 		return nil
 	}
 	s.subs[k] = st
+	delete(s.removed, k) // left by a Remove whose stream had already stopped
 	s.mu.Unlock()
 	go func() {
 		_ = sub.Run(sctx) // returns ctx's error when stopped

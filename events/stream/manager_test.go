@@ -2,6 +2,7 @@ package stream
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -9,11 +10,18 @@ import (
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker/publishtest"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 func startManager(t *testing.T, ix *indexer.Index) *Manager {
 	t.Helper()
-	s := NewManager(ix, SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, nil)
+	return startManagerLog(t, ix, nil)
+}
+
+// startManagerLog is startManager logging to log.
+func startManagerLog(t *testing.T, ix *indexer.Index, log *slog.Logger) *Manager {
+	t.Helper()
+	s := NewManager(ix, SubscriberConfig{IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond, ProbeInterval: 100 * time.Millisecond}, log)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()
@@ -31,11 +39,13 @@ func rankBlocks(ix *indexer.Index, k indexer.PartitionKey, w uint64, r uint32) i
 
 // TestManagerLifecycle: a worker's ranks are indexed from their streams; a
 // changed endpoint restarts only that rank's stream; removing the worker
-// stops its streams and empties the index.
+// stops its streams and empties the index, and the line logged for each
+// stream says how many blocks its rank held.
 func TestManagerLifecycle(t *testing.T) {
 	t.Parallel()
 	ix := indexer.New(indexer.Options{})
-	s := startManager(t, ix)
+	logs, log := testlog.New(nil)
+	s := startManagerLog(t, ix, log)
 	k := indexer.PartitionKey{Model: "m", Group: "default"}
 	e0, e1 := publishtest.Start(t, 0), publishtest.Start(t, 0)
 	e0.Store(3)
@@ -95,6 +105,9 @@ func TestManagerLifecycle(t *testing.T) {
 	testsupport.Eventually(t, 20*time.Second, "the worker's streams gone and the partition removed", func() bool {
 		return len(s.Status()) == 0 && len(ix.Partitions()) == 0
 	})
+	const stopped = "stream stopped; rank removed from index"
+	logs.Wait(t, 10*time.Second, stopped, "worker=7", "rank=0", "blocks=3")
+	logs.Wait(t, 10*time.Second, stopped, "worker=7", "rank=1", "blocks=2")
 }
 
 // TestManagerSharesRanks: the streams of a worker's ranks keep the one

@@ -23,6 +23,7 @@ type Metrics struct {
 	gaps      *prometheus.CounterVec
 	restarts  *prometheus.CounterVec
 	replays   *prometheus.CounterVec
+	probes    *prometheus.CounterVec
 	dropped   *prometheus.CounterVec
 	skipped   *prometheus.CounterVec
 	redundant *prometheus.CounterVec
@@ -53,7 +54,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_restarts_total",
 			Help: "New engine incarnations detected (seq went back, or a reconnect found another history)."}, wr),
 		replays: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_replays_total",
-			Help: "Replay outcomes: ok (every gap closed), partial (an attempt ended incomplete and was retried), failed (history lost)."}, append(wr, "result")),
+			Help: "Replays of missed batches (at join, after a gap, a restart or a reconnect; a probe that found batches) by outcome: ok (every gap closed), partial (an attempt ended incomplete and was retried), failed (history lost). A probe that found nothing is not one: see prefixd_stream_probes_total."}, append(wr, "result")),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_probes_total",
+			Help: "Idle probes: a quiet stream asking its engine for any batch newer than its last (every --probe-interval), to find a lost last batch that no later one would reveal as a gap."}, wr),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_dropped_total",
 			Help: "Messages and batches dropped, by reason."}, append(wr, "reason")),
 		skipped: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_stream_events_skipped_total",
@@ -66,7 +69,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		replayTime: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_stream_replay_duration_seconds",
 			Help: "Duration of replay sessions, from the first request to the end.", Buckets: prometheus.ExponentialBuckets(0.001, 4, 10)}),
 	}
-	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, degradedCollector{m}, m.batches, m.events, m.gaps, m.restarts, m.replays, m.dropped, m.skipped, m.redundant, m.sizeMismatch, m.replayTime)
+	reg.MustRegister(m.up, m.lastSeq, m.lastSeen, degradedCollector{m}, m.batches, m.events, m.gaps, m.restarts, m.replays, m.probes, m.dropped, m.skipped, m.redundant, m.sizeMismatch, m.replayTime)
 	return m
 }
 
@@ -117,6 +120,7 @@ func (m *Metrics) forget(worker, rank string) {
 	m.gaps.DeletePartialMatch(l)
 	m.restarts.DeletePartialMatch(l)
 	m.replays.DeletePartialMatch(l)
+	m.probes.DeletePartialMatch(l)
 	m.dropped.DeletePartialMatch(l)
 	m.skipped.DeletePartialMatch(l)
 	m.redundant.DeletePartialMatch(l)

@@ -865,7 +865,12 @@ func (r *run) publish() {
 		w, k := r.labels[0], r.labels[1]
 		m.gaps.WithLabelValues(w, k).Add(float64(st.Gaps - r.prev.Gaps))
 		m.restarts.WithLabelValues(w, k).Add(float64(st.Restarts - r.prev.Restarts))
-		m.replays.WithLabelValues(w, k, "ok").Add(float64(st.ReplaysOK - r.prev.ReplaysOK))
+		m.probes.WithLabelValues(w, k).Add(float64(st.Probes - r.prev.Probes))
+		ok := st.ReplaysOK - r.prev.ReplaysOK
+		if ok > 0 && r.emptyProbe() {
+			ok-- // a probe that found nothing fetched no missed batch
+		}
+		m.replays.WithLabelValues(w, k, "ok").Add(float64(ok))
 		m.replays.WithLabelValues(w, k, "partial").Add(float64(st.Incomplete - r.prev.Incomplete))
 		m.replays.WithLabelValues(w, k, "failed").Add(float64(st.ReplaysFailed - r.prev.ReplaysFailed))
 		m.batches.WithLabelValues(w, k, "duplicate").Add(float64(st.Duplicates - r.prev.Duplicates))
@@ -966,8 +971,7 @@ func (r *run) logChanges(st cursor.Stats, degraded, truncated bool) {
 		took = time.Since(r.started).Round(time.Millisecond)
 	}
 	if st.ReplaysOK > p.ReplaysOK || st.ReplaysFailed > p.ReplaysFailed {
-		found := hasApplied && (!r.session.hadApplied || applied != r.session.applied)
-		if st.ReplaysOK > p.ReplaysOK && (r.session.reason != "probe" || found) {
+		if st.ReplaysOK > p.ReplaysOK && !r.emptyProbe() {
 			r.log(slog.LevelInfo, "replay ok", 30*time.Second, "replay complete", seqs("reason", r.session.reason, "took", took)...)
 		}
 		r.session = replaySession{}
@@ -1002,6 +1006,17 @@ func (r *run) logChanges(st cursor.Stats, degraded, truncated bool) {
 		}
 		r.wasDegraded = degraded
 	}
+}
+
+// emptyProbe reports whether the replay session in progress is a probe
+// that has applied nothing new: a quiet stream asked for anything newer
+// and there was none.
+func (r *run) emptyProbe() bool {
+	if r.session.reason != "probe" {
+		return false
+	}
+	applied, ok := r.cur.Applied()
+	return !ok || (r.session.hadApplied && applied == r.session.applied)
 }
 
 // lossReason says why the rank lost history between the counters p and

@@ -971,3 +971,24 @@ prefixd_index_redundant_store_blocks_total{rank="0",worker="7"} %d
 		t.Fatalf("%d redundant-store lines within a minute, want 1", c)
 	}
 }
+
+// TestSubscriberProbesAreNotReplays: a quiet stream's idle probes are
+// counted as probes; one that finds nothing is no replay, so a stream
+// that only joined and then idled has one replay (the join).
+func TestSubscriberProbesAreNotReplays(t *testing.T) {
+	t.Parallel()
+	e := startEngine(t, indexer.Rank{WorkerID: 3}, mocker.PublisherConfig{Endpoint: "tcp://127.0.0.1:0", ReplayEndpoint: "tcp://127.0.0.1:0"})
+	e.feed(e2eOps(t, 15, 1, 40)[0])
+	_, app := newE2EIndex(t)
+	m := NewMetrics(prometheus.NewRegistry())
+	s := startSubscriber(t, Source{Worker: 3, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
+		SubscriberConfig{Metrics: m, ProbeInterval: 50 * time.Millisecond})
+	caughtUp(t, s, e)
+	testsupport.Eventually(t, 10*time.Second, "three probes of the quiet stream, answered", func() bool {
+		st := s.s.State()
+		return testutil.ToFloat64(m.probes.WithLabelValues("3", "0")) >= 3 && st.Stats.ReplaysOK >= 3
+	})
+	if n := testutil.ToFloat64(m.replays.WithLabelValues("3", "0", "ok")); n != 1 {
+		t.Fatalf("replays ok = %v after %v probes, want 1 (the join)", n, testutil.ToFloat64(m.probes.WithLabelValues("3", "0")))
+	}
+}

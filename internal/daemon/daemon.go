@@ -159,6 +159,14 @@ func Run(ctx context.Context, cfg Config) error {
 		reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	started := time.Now()
+	// stopping is when shutdown began; the line saying it ended is logged
+	// last, after the embedded etcd and the data dir's lock are released.
+	var stopping time.Time
+	defer func() {
+		if !stopping.IsZero() {
+			log.Info("prefixd stopped", "took", time.Since(stopping).Round(time.Millisecond))
+		}
+	}()
 
 	etcdCfg := cfg.Etcd
 	if len(etcdCfg.Endpoints) == 0 {
@@ -359,14 +367,13 @@ func Run(ctx context.Context, cfg Config) error {
 		cfg.OnReady(ln.Addr().String())
 	}
 	<-gctx.Done()
-	stopping := time.Now()
+	stopping = time.Now()
 	if ctx.Err() != nil {
 		log.Info("shutting down: draining HTTP, then stopping the catalog watch and the streams", "drain_timeout", cfg.ShutdownTimeout)
 	}
 	err = g.Wait()
 	stopStreams()
 	<-streamsDone
-	log.Info("prefixd stopped", "took", time.Since(stopping).Round(time.Millisecond))
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
@@ -480,7 +487,7 @@ func (v *workerView) applyAdmitted(c catalog.Change) {
 	case catalog.Added:
 		v.log.Info("worker joined", append(attrs, "role", w.Role, "ranks", w.Ranks(), "registration", registration(c.Lease), "revision", c.Revision)...)
 	default:
-		v.log.Info("worker updated", append(attrs, "ranks", w.Ranks(), "was", c.Old.Ranks(), "lifecycle", w.Lifecycle, "revision", c.Revision)...)
+		v.log.Info("worker updated", append(attrs, "ranks", w.Ranks(), "was", c.Old.Ranks(), "lifecycle", w.Lifecycle, "registration", registration(c.Lease), "revision", c.Revision)...)
 	}
 	ws, err := workerStreams(w)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -110,4 +112,67 @@ func TestBadRecordLogClipped(t *testing.T) {
 			t.Errorf("a %d-byte line: %.200s…", n, r.String())
 		}
 	}
+}
+
+// TestStoppedLineLast: "prefixd stopped" is logged once everything has
+// stopped, the embedded etcd and the data dir's lock included, so its
+// took is the whole shutdown.
+func TestStoppedLineLast(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	port, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	etcdURL := "http://" + port.Addr().String()
+	port.Close()
+	logs, log := testlog.New(t)
+	free := make(chan error, 1)
+	log = slog.New(onMessage{Handler: log.Handler(), msg: "prefixd stopped", f: func() {
+		// Whatever still runs holds the data dir.
+		l, err := lockDataDir(dir)
+		if err == nil {
+			l.Close()
+		}
+		free <- err
+	}})
+	d := startDaemonWith(t, nil, func(c *Config) { c.DataDir, c.EmbeddedURL, c.Logger = dir, etcdURL, log })
+	logs.Wait(t, 20*time.Second, "catalog synced")
+	start := time.Now()
+	if err := d.stop(); err != nil {
+		t.Fatal(err)
+	}
+	wall := time.Since(start)
+	if err := <-free; err != nil {
+		t.Fatalf("when prefixd stopped was logged, the daemon still held its data dir: %v", err)
+	}
+	rec := logs.Wait(t, time.Second, "prefixd stopped")
+	took, err := time.ParseDuration(rec.Attrs["took"])
+	if err != nil || took > wall+time.Millisecond { // took is rounded to the millisecond
+		t.Fatalf("took=%q; the stop took %v", rec.Attrs["took"], wall)
+	}
+	t.Logf("took=%v, stop %v", took, wall)
+}
+
+// onMessage is a slog.Handler that calls f before it handles a record
+// with message msg.
+type onMessage struct {
+	slog.Handler
+	msg string
+	f   func()
+}
+
+func (h onMessage) Handle(ctx context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.f()
+	}
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h onMessage) WithAttrs(as []slog.Attr) slog.Handler {
+	return onMessage{Handler: h.Handler.WithAttrs(as), msg: h.msg, f: h.f}
+}
+
+func (h onMessage) WithGroup(name string) slog.Handler {
+	return onMessage{Handler: h.Handler.WithGroup(name), msg: h.msg, f: h.f}
 }

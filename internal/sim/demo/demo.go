@@ -177,8 +177,14 @@ type Report struct {
 	Batches       uint64 // batches published by the engines
 	LiveDropped   uint64
 	EventsApplied float64
+	// Gaps are live batches seen after a hole in a stream's seq numbers
+	// (batches the engines dropped on purpose, DropLive); Replays the
+	// replays that fetched missed batches (one per stream when it joins,
+	// then one per gap or run of gaps); Probes the idle probes of quiet
+	// streams (asking for anything newer), which are not replays.
 	Gaps          float64
 	Replays       float64
+	Probes        float64
 	Restarts      float64
 	Compensations float64
 	IndexEntries  int
@@ -314,6 +320,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.EventsApplied = sumMetric(mf, "prefixd_stream_events_total")
 	rep.Gaps = sumMetric(mf, "prefixd_stream_gaps_total")
 	rep.Replays = sumMetric(mf, "prefixd_stream_replays_total")
+	rep.Probes = sumMetric(mf, "prefixd_stream_probes_total")
 	rep.Restarts = sumMetric(mf, "prefixd_stream_restarts_total")
 	rep.Compensations = sumMetric(mf, "prefixd_plan_compensations_total")
 	rep.Elapsed = time.Since(start)

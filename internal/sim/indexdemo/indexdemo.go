@@ -69,7 +69,7 @@ func Run(ctx context.Context, o Options, out io.Writer) error {
 	p := func(format string, args ...any) { fmt.Fprintf(out, format, args...) }
 	cfg := o.config()
 	p("prefixd index demo — the event codec and prefix index on a simulated fleet\n")
-	p("(etcd discovery, ZMQ streams, the mocker and the HTTP API land with later issues)\n\n")
+	p("(the index alone, in one process: `prefixd demo` runs the whole system, with etcd, ZMQ streams and the API)\n\n")
 
 	p("[1/6] generating the workload: %d workers, %d system prompts, chats with forks, LRU caches of %d blocks per rank\n",
 		cfg.Workers, cfg.SystemPrompts, cfg.RankCapacityBlocks)

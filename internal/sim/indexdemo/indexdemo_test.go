@@ -33,6 +33,10 @@ func TestRunIsExact(t *testing.T) {
 				t.Fatalf("%v era: report lacks %q:\n%s", era, want, out.String())
 			}
 		}
+		// What the demo leaves out exists now: it points to it.
+		if strings.Contains(out.String(), "later issues") || !strings.Contains(out.String(), "`prefixd demo` runs the whole system") {
+			t.Fatalf("%v era: the header does not point to prefixd demo:\n%s", era, out.String())
+		}
 	}
 }
 

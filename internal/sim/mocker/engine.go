@@ -317,7 +317,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		if w.MaxNumBatchedTokens == 0 {
 			w.MaxNumBatchedTokens = uint64(e.cfg.Timing.MaxNumBatchedTokens)
 		}
-		s, err := catalog.Register(ctx, e.cfg.Store, w.WithDefaults(), e.cfg.LeaseTTL)
+		s, err := catalog.Register(ctx, e.cfg.Store, w.WithDefaults(), e.cfg.LeaseTTL, catalog.WithLogger(e.cfg.Log))
 		if err != nil {
 			stopped := ctx.Err() != nil // shut down while registering: a clean end
 			cancel()

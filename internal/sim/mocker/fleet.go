@@ -65,7 +65,7 @@ func (f *Fleet) Start(ctx context.Context, cfg Config, ln net.Listener) (*Engine
 		done <- err
 	}()
 	if ln != nil {
-		srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second}
+		srv := &http.Server{Handler: e, ReadHeaderTimeout: 10 * time.Second, ErrorLog: slog.NewLogLogger(f.log.Handler(), slog.LevelWarn)}
 		f.wg.Add(1)
 		go func() {
 			defer f.wg.Done()
