@@ -27,7 +27,8 @@ type State struct {
 	Synced bool
 	// Replay is what the rank's replay is doing: ReplayNone, ReplayQueued
 	// (an attempt waits for a slot; ReplayQueuedSince says since when) or
-	// ReplayRunning. While a session runs the index lags the engine.
+	// ReplayRunning. While a session runs the index lags the engine. An
+	// idle probe (the stream quiet, asking for anything newer) is none.
 	Replay            ReplayPhase
 	ReplayQueuedSince time.Time
 	Stats             cursor.Stats

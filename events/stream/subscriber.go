@@ -909,7 +909,10 @@ func (r *run) publish() {
 	live, hasLive := c.LastLive()
 	next := State{Connected: r.s.State().Connected, Mode: c.Mode(), Applied: seq, HasApplied: ok,
 		LastLive: live, HasLive: hasLive, Degraded: degraded, Synced: r.synced, Stats: st}
-	if c.Mode() == cursor.ModeReplay || c.Mode() == cursor.ModeVerify {
+	// An idle probe (a quiet stream asking for anything newer) is no
+	// known lag: the rank's state stays as it was, not pending for the
+	// moments the probe waits for a slot and runs.
+	if (c.Mode() == cursor.ModeReplay || c.Mode() == cursor.ModeVerify) && r.session.reason != "probe" {
 		next.Replay = ReplayRunning
 		if !r.queuedSince.IsZero() {
 			next.Replay, next.ReplayQueuedSince = ReplayQueued, r.queuedSince

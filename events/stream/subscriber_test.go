@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -981,13 +982,26 @@ func TestSubscriberProbesAreNotReplays(t *testing.T) {
 	e.feed(e2eOps(t, 15, 1, 40)[0])
 	_, app := newE2EIndex(t)
 	m := NewMetrics(prometheus.NewRegistry())
+	// Once caught up, the probes leave the rank's published state as it
+	// was: no replay queued or running (what /workers shows as pending).
+	var synced, replayShown atomic.Bool
 	s := startSubscriber(t, Source{Worker: 3, Endpoint: e.pub.Endpoint(), ReplayEndpoint: e.pub.ReplayEndpoint()}, app,
-		SubscriberConfig{Metrics: m, ProbeInterval: 50 * time.Millisecond})
+		SubscriberConfig{Metrics: m, ProbeInterval: 50 * time.Millisecond, OnStateChange: func(st State) {
+			if synced.Load() && st.Replay != ReplayNone {
+				replayShown.Store(true)
+			}
+		}})
 	caughtUp(t, s, e)
+	testsupport.Eventually(t, 10*time.Second, "the join's replay over", func() bool { return s.s.State().Replay == ReplayNone })
+	synced.Store(true)
+	probes0 := testutil.ToFloat64(m.probes.WithLabelValues("3", "0"))
 	testsupport.Eventually(t, 10*time.Second, "three probes of the quiet stream, answered", func() bool {
 		st := s.s.State()
-		return testutil.ToFloat64(m.probes.WithLabelValues("3", "0")) >= 3 && st.Stats.ReplaysOK >= 3
+		return testutil.ToFloat64(m.probes.WithLabelValues("3", "0")) >= probes0+3 && st.Stats.ReplaysOK >= 3
 	})
+	if replayShown.Load() {
+		t.Fatal("an idle probe showed as a replay in the rank's state")
+	}
 	if n := testutil.ToFloat64(m.replays.WithLabelValues("3", "0", "ok")); n != 1 {
 		t.Fatalf("replays ok = %v after %v probes, want 1 (the join)", n, testutil.ToFloat64(m.probes.WithLabelValues("3", "0")))
 	}
