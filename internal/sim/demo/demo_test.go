@@ -114,17 +114,18 @@ func TestChatWorkload(t *testing.T) {
 }
 
 // TestDemoClaimsHoldEveryRun runs the demo's KV-aware, random and gateway
-// pools several times, the default seed twice (runs of one seed differ in
-// how the concurrent clients interleave), and checks that the claims the
-// report prints hold in each: KV-aware routing, through the proxy and
-// through the gateway, computes fewer prompt tokens than random. The
+// pools with three seeds (runs differ in the workload and in how the
+// concurrent clients interleave; TestDemo runs a fourth), and checks that
+// the claims the report prints hold in each: KV-aware routing, through
+// the proxy and through the gateway, computes fewer prompt tokens than
+// random. The
 // report claims nothing of latency, whose tail moves from run to run (in
 // one of nine runs KV-aware routing's TTFT p99 was above random's), and
 // says so.
 func TestDemoClaimsHoldEveryRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	for i, seed := range []uint64{0, 0, 1, 2} {
+	for i, seed := range []uint64{0, 1, 2} {
 		var out bytes.Buffer
 		rep, err := Run(ctx, Config{Requests: 300, Seed: seed, Out: &out, groups: []string{groupKV, groupRandom, groupGateway}})
 		if err != nil {
