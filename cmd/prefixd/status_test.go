@@ -129,6 +129,21 @@ func TestStatusAgainstDaemon(t *testing.T) {
 		l, ok := rank0()
 		return ok && l.Status == api.StatusActive
 	})
+	// A SUB socket receives only once its subscription has reached the
+	// publisher (ZMQ's slow joiner): a batch published before that is
+	// fetched by the next idle probe's replay, and nothing is seen live.
+	// Warm-up prompts, one block each, until one arrives live.
+	warm := uint32(0)
+	testsupport.Eventually(t, 20*time.Second, "a batch seen on the live socket", func() bool {
+		if l, ok := rank0(); ok && l.LastSeenSeq != nil {
+			return true
+		}
+		warm++
+		if _, err := eng.Serve(context.Background(), mocker.Request{TokenIDs: []uint32{1000 + warm, 2000 + warm, 3000 + warm, 4000 + warm}, MaxTokens: 1}); err != nil {
+			t.Fatal(err)
+		}
+		return false
+	})
 	// Live batches now: three prompts sharing a prefix.
 	for i := range 3 {
 		prompt := []uint32{1, 2, 3, 4, 5, 6, 7, 8, uint32(100 + i), 10, 11, 12, 13}
