@@ -25,6 +25,14 @@ func TestDocs(t *testing.T) {
 	if out, err := exec.Command("make", "-C", root, "-s", "build").CombinedOutput(); err != nil {
 		t.Fatalf("make build: %v\n%s", err, out)
 	}
+	// The sessions have no network: a document's go mod tidy takes the
+	// module graph's modules (the tests of dependencies included, which no
+	// build of prefixd downloads) from the module cache.
+	dl := exec.Command("go", "mod", "download", "all")
+	dl.Dir = root
+	if out, err := dl.CombinedOutput(); err != nil {
+		t.Fatalf("go mod download all: %v\n%s", err, out)
+	}
 	examples, err := Examples(root)
 	if err != nil {
 		t.Fatal(err)
