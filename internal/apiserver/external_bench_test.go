@@ -13,7 +13,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime/pprof"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -29,9 +28,6 @@ import (
 // instead of the tests (TestMain) and prints its openloop.Result as JSON.
 const (
 	loadgenURL    = "PREFIXD_LOADGEN_URL"
-	loadgenBody   = "PREFIXD_LOADGEN_BODY" // a file holding the request body
-	loadgenRate   = "PREFIXD_LOADGEN_RATE"
-	loadgenWindow = "PREFIXD_LOADGEN_WINDOW"
 	loadgenClient = "PREFIXD_LOADGEN_CLIENT" // "raw" (rawSender) or "http" (net/http's client)
 	// The generator's own CPU profile goes to this file, if set.
 	loadgenProfile = "PREFIXD_LOADGEN_CPUPROFILE"
@@ -59,11 +55,9 @@ func TestMain(m *testing.M) {
 }
 
 func runLoadgen(url string) int {
-	body, err := os.ReadFile(os.Getenv(loadgenBody))
-	rate, rerr := strconv.Atoi(os.Getenv(loadgenRate))
-	window, werr := time.ParseDuration(os.Getenv(loadgenWindow))
-	if err != nil || rerr != nil || werr != nil || rate <= 0 {
-		fmt.Fprintln(os.Stderr, "loadgen:", err, rerr, werr)
+	body, rate, window, err := openloop.ReadArgs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		return 2
 	}
 	var newSender func() (openloop.Sender, error)
@@ -102,19 +96,11 @@ func runLoadgen(url string) int {
 // GOMAXPROCS, GODEBUG) are not passed on: the generator runs with the
 // defaults whatever the server is tried with.
 func loadgenCmd(srvURL, route, bodyFile string, rate int, window time.Duration, client string) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	var prefix []string
 	if *externalGenCPUs != "" {
-		cmd = exec.Command("taskset", "-c", *externalGenCPUs, os.Args[0], "-test.run=^$")
+		prefix = []string{"taskset", "-c", *externalGenCPUs}
 	}
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}, k) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, loadgenURL+"="+srvURL+"/"+route, loadgenBody+"="+bodyFile,
-		loadgenRate+"="+strconv.Itoa(rate), loadgenWindow+"="+window.String(), loadgenClient+"="+client)
-	cmd.Stderr = os.Stderr
-	return cmd
+	return openloop.Child(prefix, bodyFile, rate, window, loadgenURL+"="+srvURL+"/"+route, loadgenClient+"="+client)
 }
 
 // BenchmarkQuery8KExternal is BenchmarkQuery8K's open loop with the load

@@ -3,7 +3,6 @@ package epp_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -37,12 +35,7 @@ import (
 // this test binary, re-executed with these variables set, runs
 // openloop.Run instead of the tests (TestMain) and prints its
 // openloop.Result as JSON.
-const (
-	eppgenTarget = "PREFIXD_EPPGEN_TARGET" // "grpc://host:port" (the picker) or an http:// URL
-	eppgenBody   = "PREFIXD_EPPGEN_BODY"   // a file holding the request body
-	eppgenRate   = "PREFIXD_EPPGEN_RATE"
-	eppgenWindow = "PREFIXD_EPPGEN_WINDOW"
-)
+const eppgenTarget = "PREFIXD_EPPGEN_TARGET" // "grpc://host:port" (the picker) or an http:// URL
 
 var eppWindow = flag.Duration("epp.window", 2*time.Second, "how long each BenchmarkEPPExternal run measures")
 
@@ -62,11 +55,9 @@ func TestMain(m *testing.M) {
 }
 
 func runEPPGen(target string) int {
-	body, err := os.ReadFile(os.Getenv(eppgenBody))
-	rate, rerr := strconv.Atoi(os.Getenv(eppgenRate))
-	window, werr := time.ParseDuration(os.Getenv(eppgenWindow))
-	if err := errors.Join(err, rerr, werr); err != nil || rate <= 0 {
-		fmt.Fprintln(os.Stderr, "eppgen:", err, rate)
+	body, rate, window, err := openloop.ReadArgs()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "eppgen:", err)
 		return 2
 	}
 	var newSender func() (openloop.Sender, error)
@@ -190,15 +181,7 @@ func (g *gateway) Send() error {
 // The runtime settings of the process under test (GOGC, GOMEMLIMIT,
 // GOMAXPROCS, GODEBUG) are not passed on.
 func eppgenCmd(target, bodyFile string, rate int, window time.Duration) *exec.Cmd {
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	for _, kv := range os.Environ() {
-		if k, _, _ := strings.Cut(kv, "="); !slices.Contains([]string{"GOGC", "GOMEMLIMIT", "GOMAXPROCS", "GODEBUG"}, k) {
-			cmd.Env = append(cmd.Env, kv)
-		}
-	}
-	cmd.Env = append(cmd.Env, eppgenTarget+"="+target, eppgenBody+"="+bodyFile, eppgenRate+"="+strconv.Itoa(rate), eppgenWindow+"="+window.String())
-	cmd.Stderr = os.Stderr
-	return cmd
+	return openloop.Child(nil, bodyFile, rate, window, eppgenTarget+"="+target)
 }
 
 // runGen runs the generator against target and returns its result,
