@@ -56,7 +56,7 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_epp_bookings",
 			Help: "Reservations and plans the picker holds for requests in flight."}, func() float64 { return float64(m.open.Load()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_epp_body_bytes",
-			Help: "Bytes the request bodies at the picker hold, of its body budget."}, func() float64 { return float64(s.bodies.used.Load()) }),
+			Help: "Bytes the request bodies at the picker hold, of its body budget."}, func() float64 { return float64(s.bodies.Used()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_epp_unroutable_engines",
 			Help: "Engine records whose endpoint cannot be given as ip:port: never picked."}, func() float64 { return float64(s.cfg.Endpoints.Unroutable()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_epp_tokenize_cache_bytes",

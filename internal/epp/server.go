@@ -24,6 +24,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/leaf/httpbody"
 	"github.com/prefixd/prefixd/internal/leaf/jsonlex"
 	"github.com/prefixd/prefixd/internal/leaf/oaierror"
 	"github.com/prefixd/prefixd/internal/tokenize"
@@ -110,27 +111,11 @@ type Server struct {
 	m      *metrics
 	tok    *tokenize.Client
 	cache  *tokenize.Cache
-	bodies budget
-	rr     atomic.Uint64 // round-robin over the engines that tokenize
+	bodies httpbody.Budget // what the request bodies hold over every stream
+	rr     atomic.Uint64   // round-robin over the engines that tokenize
 }
 
 var _ extprocv3.ExternalProcessorServer = (*Server)(nil)
-
-// budget bounds the bytes the request bodies hold over every stream.
-type budget struct {
-	limit int64
-	used  atomic.Int64
-}
-
-func (b *budget) take(n int64) bool {
-	if b.used.Add(n) > b.limit {
-		b.used.Add(-n)
-		return false
-	}
-	return true
-}
-
-func (b *budget) give(n int64) { b.used.Add(-n) }
 
 // New returns a Server for cfg.
 func New(cfg Config) (*Server, error) {
@@ -186,7 +171,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{cfg: cfg, log: cfg.Logger, m: newMetrics()}
-	s.bodies.limit = cfg.BodyBudget
+	s.bodies.Limit = cfg.BodyBudget
 	s.cache = tokenize.NewCache(cfg.TokenizeCache, cfg.TokenizeCacheBytes, s.m.cacheEvictions, s.m.cacheRefusals)
 	s.tok = tokenize.New(cfg.Engines, s.cache)
 	if cfg.Registerer != nil {
@@ -202,7 +187,7 @@ func New(cfg Config) (*Server, error) {
 func (s *Server) Bookings() int { return int(s.m.open.Load()) }
 
 // BodyBytes returns the bytes the request bodies in flight hold.
-func (s *Server) BodyBytes() int64 { return s.bodies.used.Load() }
+func (s *Server) BodyBytes() int64 { return s.bodies.Used() }
 
 // picked is what the picker booked for one request.
 type picked struct {
@@ -381,7 +366,7 @@ func (x *exchange) requestBody(b *extprocv3.HttpBody) error {
 		// else the next size up, within the cap: charged as taken.
 		size := min(max(need, x.length, int64(cap(x.body))*2), x.s.cfg.MaxBodyBytes)
 		size = bufSize(size)
-		if !x.s.bodies.take(size - x.held) {
+		if _, ok := x.s.bodies.Take(size - x.held); !ok {
 			x.s.m.bodiesRefused.WithLabelValues("budget").Inc()
 			return x.fail(http.StatusServiceUnavailable, "", "the picker's body budget is full: retry")
 		}
@@ -455,7 +440,7 @@ func (x *exchange) decide(eos bool) error {
 }
 
 func (x *exchange) dropBody() {
-	x.s.bodies.give(x.held)
+	x.s.bodies.Give(x.held)
 	putBuf(x.body)
 	x.held, x.body = 0, nil
 }

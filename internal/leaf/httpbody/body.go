@@ -66,9 +66,11 @@ func (b *Budget) Used() int64 { return b.used.Load() }
 // Give gives back n bytes taken by Read (the caller's held count).
 func (b *Budget) Give(n int64) { b.used.Add(-n) }
 
-// take takes n bytes, or reports !ok (taking nothing) if they do not fit;
-// lent says the budget then holds more than Limit − Reserve.
-func (b *Budget) take(n int64) (lent, ok bool) {
+// Take takes n bytes, or reports !ok (taking nothing) if they do not fit;
+// lent says the budget then holds more than Limit − Reserve. Read takes
+// what it reads; a reader of bodies that are not HTTP requests (the
+// endpoint picker's gRPC messages) takes and gives back itself.
+func (b *Budget) Take(n int64) (lent, ok bool) {
 	u := b.used.Add(n)
 	if u > b.Limit {
 		b.used.Add(-n)
@@ -113,7 +115,7 @@ func Read(w http.ResponseWriter, r *http.Request, buf []byte, limit int, b *Budg
 			}
 			c = max(c, len(buf)+1)
 			grow := int64(c - cap(buf))
-			lent, ok := b.take(grow)
+			lent, ok := b.Take(grow)
 			if !ok {
 				w.Header().Set("Retry-After", "1")
 				return buf, &Error{http.StatusServiceUnavailable, OverBudget,
