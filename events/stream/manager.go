@@ -497,20 +497,35 @@ func (s *Manager) Status() []Rank {
 	}
 	s.mu.Unlock()
 	for i := range out {
-		// The index's word on the flag is the truth every view reports,
-		// before the stream's first connection (a rank restored from a
-		// peer's dump) as after it; the stream's own word only adds to it
-		// (it reaches the index with its next batch or reset).
-		if rs, err := s.ix.Rank(out[i].Partition, indexer.Rank{WorkerID: out[i].Worker, DPRank: out[i].Rank}); err == nil {
-			out[i].Blocks, out[i].Truncated, out[i].DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
-			out[i].Indexed = rs.Blocks > 0 || rs.HasSeq || rs.Degraded
-			out[i].Degraded = out[i].Degraded || rs.Degraded
-		}
+		s.indexWord(&out[i])
 	}
 	slices.SortFunc(out, func(a, b Rank) int {
 		return cmp.Or(cmp.Compare(a.Worker, b.Worker), cmp.Compare(a.Rank, b.Rank))
 	})
 	return out
+}
+
+// Unfollowed reports a rank of worker id in partition p that the manager
+// does not follow yet (the catalog knows the worker; Sync has not reached
+// it): no stream, and the index's word on it, so that a view listing the
+// rank before its stream starts says what Status will.
+func (s *Manager) Unfollowed(p indexer.PartitionKey, id uint64, rank uint32) Rank {
+	r := Rank{Worker: id, Rank: rank, Partition: p}
+	s.indexWord(&r)
+	return r
+}
+
+// indexWord fills r from the index's word on the rank. That word on the
+// flag is the truth every view reports, before the stream's first
+// connection (a rank restored from a peer's dump) as after it; the
+// stream's own word only adds to it (it reaches the index with its next
+// batch or reset).
+func (s *Manager) indexWord(r *Rank) {
+	if rs, err := s.ix.Rank(r.Partition, indexer.Rank{WorkerID: r.Worker, DPRank: r.Rank}); err == nil {
+		r.Blocks, r.Truncated, r.DegradedReason = rs.Blocks, rs.Truncated, rs.DegradedReason
+		r.Indexed = rs.Blocks > 0 || rs.HasSeq || rs.Degraded
+		r.Degraded = r.Degraded || rs.Degraded
+	}
 }
 
 // Synced reports whether every running stream finished its initial

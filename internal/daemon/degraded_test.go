@@ -282,9 +282,15 @@ func TestPeerRestoreDegradedEngineGone(t *testing.T) {
 			mustAgree(t, a, "a, engine gone", true, tc.why)
 
 			b := startDaemon(t, etcd.Endpoints(), "", a.url)
-			testsupport.Eventually(t, 20*time.Second, "b lists the restored rank", func() bool {
-				_, ok := listener(t, b, "m", 1, 0)
-				return ok
+			// /workers lists the rank as soon as the catalog's watch
+			// delivers it, and /metrics once its stream is followed: each
+			// says degraded from its first word on.
+			testsupport.Eventually(t, 20*time.Second, "every view of b lists the restored rank", func() bool {
+				v := viewsOf(t, b, "m", 1, 0)
+				if (v.listed && !v.workers) || (v.scraped && !v.metrics) || (v.statusListed && !v.status) {
+					t.Fatalf("b lists the restored rank not degraded: %s", v)
+				}
+				return v.listed && v.dumped && v.scraped && v.statusListed
 			})
 			vb := mustAgree(t, b, "b, restored, engine gone", true, tc.why)
 			if vb.dumpWhy != va.dumpWhy {

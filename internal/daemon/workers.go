@@ -115,7 +115,19 @@ func (v *workerView) List(model, group string) []apiserver.WorkerState {
 	out := make([]apiserver.WorkerState, 0, len(v.known))
 	for k, w := range v.known {
 		if (model == "" || k.Model == model) && (group == "" || k.Group == group) {
-			out = append(out, apiserver.WorkerState{Record: w, Streams: streams[w.WorkerID]})
+			ss := streams[w.WorkerID]
+			for _, r := range w.Ranks() {
+				if _, ok := ss[r]; !ok {
+					// Known here before the manager follows it: the
+					// index's word still holds (a rank restored degraded
+					// from a peer is listed degraded from the start).
+					if ss == nil {
+						ss = map[uint32]stream.Rank{}
+					}
+					ss[r] = v.streams.Unfollowed(indexer.PartitionKey{Model: w.ModelName, Group: w.RoutingGroup}, w.WorkerID, r)
+				}
+			}
+			out = append(out, apiserver.WorkerState{Record: w, Streams: ss})
 		}
 	}
 	return out
