@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -40,6 +41,23 @@ func TestDocs(t *testing.T) {
 	tidy.Dir = warm
 	if out, err := tidy.CombinedOutput(); err != nil {
 		t.Fatalf("go mod tidy of a module that imports the client: %v\n%s", err, out)
+	}
+	// Its workspace form loads prefixd's whole module graph, the
+	// requirements no build on this platform downloads included (e.g. a
+	// Windows-only one of cobra's): build it here too, as the document does.
+	work := t.TempDir()
+	if err := os.WriteFile(filepath.Join(work, "go.mod"), []byte("module example.com/warmwork\n\ngo 1.26\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(work, "main.go"), []byte("package main\n\nimport _ \"github.com/prefixd/prefixd/client\"\n\nfunc main() {}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{{"work", "init", ".", root}, {"build", "-o", os.DevNull, "."}} {
+		cmd := exec.Command("go", args...)
+		cmd.Dir = work
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("go %s in a workspace with prefixd: %v\n%s", strings.Join(args, " "), err, out)
+		}
 	}
 	examples, err := Examples(root)
 	if err != nil {
