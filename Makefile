@@ -68,12 +68,16 @@ TEST_FIRST ?= ./indexer ./internal/sim/routing ./internal/sim/demo ./internal/pr
 	./internal/sim/indexbench ./internal/daemon ./deploy ./events/stream ./internal/testsupport/doctest \
 	./cmd/prefixd-bench ./catalog/etcdstore ./cmd/prefixd
 TEST_PROCS ?= $(shell echo $$(( $$(getconf _NPROCESSORS_ONLN) * 2 )))
+# A package's whole run, and so the end-to-end tests' own deadline
+# (testsupport.Context): past go test's 10 minutes, so that the suite
+# still passes with two or three of it running at once on 2 cores.
+TEST_TIMEOUT ?= 20m
 TEST_PARALLEL ?= 4
 
 test: private SHELL := /bin/bash
 test: deps
 	$(GO) vet ./...
-	set -o pipefail; $(GO) test -race -count=1 -p $(TEST_PROCS) -parallel $(TEST_PARALLEL) -json $(TEST_FIRST) ./... | $(TESTPROGRESS)
+	set -o pipefail; $(GO) test -race -count=1 -p $(TEST_PROCS) -parallel $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) -json $(TEST_FIRST) ./... | $(TESTPROGRESS)
 	# The portable token reader, as on platforms without scanBlocks.
 	$(GO) vet -tags purego ./internal/leaf/jsonlex
 	set -o pipefail; $(GO) test -race -count=1 -json -tags purego ./internal/leaf/jsonlex | $(TESTPROGRESS)

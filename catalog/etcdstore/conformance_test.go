@@ -1,7 +1,6 @@
 package etcdstore_test
 
 import (
-	"context"
 	"os"
 	"sync"
 	"testing"
@@ -9,6 +8,7 @@ import (
 
 	"github.com/prefixd/prefixd/catalog/etcdstore"
 	"github.com/prefixd/prefixd/catalog/storetest"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 func TestEtcdStoreConformance(t *testing.T) {
@@ -37,7 +37,7 @@ func sharedEtcd(t *testing.T) *etcdstore.Embedded {
 		if shared.dir, shared.err = os.MkdirTemp("", "catalog-etcd-"); shared.err != nil {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+		ctx, cancel := testsupport.Context(t)
 		defer cancel()
 		shared.e, shared.err = etcdstore.StartEmbedded(ctx, etcdstore.EmbeddedConfig{Dir: shared.dir, UnsafeNoFsync: true})
 		t.Logf("shared embedded etcd started in %v", time.Since(start).Round(time.Millisecond))

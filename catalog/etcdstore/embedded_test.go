@@ -1,14 +1,13 @@
 package etcdstore_test
 
 import (
-	"context"
 	"errors"
 	"net"
 	"syscall"
 	"testing"
-	"time"
 
 	"github.com/prefixd/prefixd/catalog/etcdstore"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestEmbeddedPicksAgain: a port StartEmbedded picked as free but that
@@ -36,7 +35,7 @@ func TestEmbeddedPicksAgain(t *testing.T) {
 		defer l.Close()
 		return "http://" + l.Addr().String(), nil
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	e, err := etcdstore.StartEmbeddedPicking(ctx, etcdstore.EmbeddedConfig{Dir: t.TempDir(), UnsafeNoFsync: true}, pick)
 	if err != nil {

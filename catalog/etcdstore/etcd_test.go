@@ -344,7 +344,7 @@ func TestEtcdWatcherStopsWhileDown(t *testing.T) {
 func TestEtcdAuth(t *testing.T) {
 	t.Parallel()
 	e := storetest.StartEtcd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	prefix := uniquePrefix()
 

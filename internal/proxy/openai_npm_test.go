@@ -1,18 +1,17 @@
 package proxy_test
 
 import (
-	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/proxy"
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // npmDir holds the openai npm client's package.json, its lock and
@@ -49,7 +48,7 @@ func TestOpenAINpmClient(t *testing.T) {
 
 	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{},
 		spec{id: 1, role: catalog.RoleAggregated}, spec{id: 2, role: catalog.RoleAggregated})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, node, "client.mjs")
 	cmd.Dir = npmDir

@@ -2,12 +2,13 @@ package demo
 
 import (
 	"bytes"
-	"context"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestDemo runs the whole demo at a smaller size: real etcd, real ZMQ,
@@ -19,7 +20,7 @@ import (
 // must be renewed on time; with the other end-to-end tests beside it on
 // a loaded machine they were not.
 func TestDemo(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	var out bytes.Buffer
 	rep, err := Run(ctx, Config{Requests: 240, Conversations: 24, DropLive: 0.05, Seed: 3, Out: &out})
@@ -123,7 +124,7 @@ func TestChatWorkload(t *testing.T) {
 // one of nine runs KV-aware routing's TTFT p99 was above random's), and
 // says so.
 func TestDemoClaimsHoldEveryRun(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	for i, seed := range []uint64{0, 1, 2} {
 		var out bytes.Buffer

@@ -185,7 +185,7 @@ func TestEndToEndPeerBootstrapAndLeaseExpiry(t *testing.T) {
 // bounds the test.
 func e2eEtcd(t *testing.T) (context.Context, *etcdstore.Embedded, *etcdstore.Store) {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	t.Cleanup(cancel)
 	emb := storetest.StartEtcd(t)
 	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: emb.Endpoints()})

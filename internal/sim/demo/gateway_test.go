@@ -2,10 +2,10 @@ package demo
 
 import (
 	"bytes"
-	"context"
 	"math"
 	"testing"
-	"time"
+
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // hitRateMargin bounds how far, in points of hit rate, the demo's
@@ -26,7 +26,7 @@ const hitRateMargin = 0.05
 // the test gateway and prefixd's endpoint picker on 4 identical engines
 // of their own: the prefix-cache hit rates are within hitRateMargin.
 func TestGatewayHitRateMatchesProxy(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	var out bytes.Buffer
 	rep, err := Run(ctx, Config{Out: &out, groups: []string{groupKV, groupGateway}})

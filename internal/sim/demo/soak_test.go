@@ -2,12 +2,13 @@ package demo
 
 import (
 	"bytes"
-	"context"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
 // TestSoakShort runs the soak for a few seconds against a freshly built
@@ -21,7 +22,7 @@ func TestSoakShort(t *testing.T) {
 		t.Fatalf("build prefixd: %v\n%s", err, out)
 	}
 	var out, csv bytes.Buffer
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := testsupport.Context(t)
 	defer cancel()
 	rep, err := Soak(ctx, SoakConfig{Config: Config{Out: &out}, Daemon: bin, Duration: 8 * time.Second, Sample: time.Second,
 		ChurnEvery: 1500 * time.Millisecond, Rate: 100, MaxGrowth: 100, CSV: &csv, ProbeInterval: time.Second})
