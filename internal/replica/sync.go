@@ -133,7 +133,8 @@ func (s *Sync) Run(ctx context.Context) error {
 	g.Go(func() error { return s.discover(gctx) })
 	s.log.Info("replica sync serving", "replica", s.cfg.ID, "listen", s.cfg.Listener.Addr().String(), "advertise", s.cfg.Advertise, "lease_ttl", s.cfg.LeaseTTL)
 	err := g.Wait()
-	s.reconcile(nil) // stop following, drop every peer's bookings
+	s.reconcile(nil, true) // stop following, drop every peer's bookings
+	s.log.Info("replica sync stopped: record revoked, peers' bookings dropped", "replica", s.cfg.ID)
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return nil
 	}
@@ -224,7 +225,7 @@ func (s *Sync) discover(ctx context.Context) error {
 			wait = time.After(d)
 		} else {
 			bo.Reset()
-			s.reconcile(snap.Replicas)
+			s.reconcile(snap.Replicas, false)
 			if changed == nil {
 				wctx, cancel := context.WithCancel(ctx)
 				stopWatch = cancel
@@ -247,8 +248,9 @@ func (s *Sync) discover(ctx context.Context) error {
 
 // reconcile follows every replica of recs but this one, and stops
 // following (dropping their bookings) those no longer there or whose
-// record changed (a restart: a new started_at, or a new address).
-func (s *Sync) reconcile(recs []catalog.Replica) {
+// record changed (a restart: a new started_at, or a new address). When
+// this replica stops, it stops following everyone.
+func (s *Sync) reconcile(recs []catalog.Replica, stopping bool) {
 	want := map[string]catalog.Replica{}
 	for _, r := range recs {
 		if r.ID != s.cfg.ID {
@@ -269,9 +271,11 @@ func (s *Sync) reconcile(recs []catalog.Replica) {
 		f.cancel()
 		<-f.done
 		n := s.cfg.Service.DropPeer(f.rec.ID)
-		s.log.Info("replica peer left: its bookings dropped", "peer", f.rec.ID, "sync_address", f.rec.SyncAddress, "bookings_dropped", n)
+		if !stopping {
+			s.log.Info("replica peer left: its bookings dropped", "peer", f.rec.ID, "sync_address", f.rec.SyncAddress, "bookings_dropped", n)
+		}
 	}
-	if recs == nil {
+	if stopping {
 		return
 	}
 	s.mu.Lock()
@@ -301,7 +305,7 @@ func (s *Sync) follow(ctx context.Context, r catalog.Replica) {
 	}
 	defer conn.Close()
 	bo := retry.Backoff(100*time.Millisecond, 5*time.Second)
-	for {
+	for failures := 0; ; failures++ {
 		synced, err := s.stream(ctx, conn, r)
 		s.setConnected(r.ID, false)
 		if ctx.Err() != nil {
@@ -309,9 +313,16 @@ func (s *Sync) follow(ctx context.Context, r catalog.Replica) {
 		}
 		if synced {
 			bo.Reset()
+			failures = 0
 		}
 		d := bo.NextBackOff()
-		s.log.Warn("replica peer stream ended; reconnecting", "peer", r.ID, "in", d.Round(time.Millisecond), "err", err)
+		// The first failure is news; the retries until the peer is back
+		// (or its record expires) are not.
+		lvl := slog.LevelWarn
+		if failures > 0 {
+			lvl = slog.LevelDebug
+		}
+		s.log.Log(ctx, lvl, "replica peer stream ended; reconnecting", "peer", r.ID, "in", d.Round(time.Millisecond), "err", err)
 		select {
 		case <-ctx.Done():
 			return
