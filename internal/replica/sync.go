@@ -322,7 +322,11 @@ func (s *Sync) follow(ctx context.Context, r catalog.Replica) {
 		if failures > 0 {
 			lvl = slog.LevelDebug
 		}
-		s.log.Log(ctx, lvl, "replica peer stream ended; reconnecting", "peer", r.ID, "in", d.Round(time.Millisecond), "err", err)
+		attrs := []any{"peer", r.ID, "sync_address", r.SyncAddress, "in", d.Round(time.Millisecond), "err", err}
+		if host, _, _ := net.SplitHostPort(r.SyncAddress); !synced && isLoopback(host) {
+			attrs = append(attrs, "hint", "a loopback sync_address is reachable from its own host only: give replicas on other hosts --replica-sync-listen and --replica-advertise")
+		}
+		s.log.Log(ctx, lvl, "replica peer stream ended; reconnecting", attrs...)
 		select {
 		case <-ctx.Done():
 			return
@@ -409,4 +413,9 @@ func (s *Sync) Peers() map[string]bool {
 		out[id] = s.connected[id]
 	}
 	return out
+}
+
+func isLoopback(host string) bool {
+	ip := net.ParseIP(host)
+	return host == "localhost" || ip != nil && ip.IsLoopback()
 }
