@@ -320,19 +320,6 @@ func Run(ctx context.Context, cfg Config) error {
 		svcCfg.Origin, svcCfg.OnBooking = replicaID, hub.Booked
 	}
 	svc := coordinator.NewService(svcCfg)
-	var peers *replica.Sync
-	if syncLn != nil {
-		advertise := cmp.Or(cfg.Replica.Advertise, syncLn.Addr().String())
-		var rs catalog.ReplicaStore = store
-		if cfg.Replica.store != nil {
-			rs = cfg.Replica.store(rs)
-		}
-		if peers, err = replica.New(replica.Config{ID: replicaID, Advertise: advertise, Listener: syncLn, Service: svc, Hub: hub, Store: rs,
-			LeaseTTL: cfg.Replica.LeaseTTL, Resync: cfg.Replica.Resync, Logger: log}); err != nil {
-			return fmt.Errorf("--replica-advertise: %w", err)
-		}
-		reg.MustRegister(peers.Collector())
-	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
 		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
 	maxRanks := cfg.MaxRanks
@@ -366,6 +353,19 @@ func Run(ctx context.Context, cfg Config) error {
 		OnBadRecord: func(string, error) { badRecords.Inc() },
 	})
 	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
+	var peers *replica.Sync
+	if syncLn != nil {
+		advertise := cmp.Or(cfg.Replica.Advertise, syncLn.Addr().String())
+		var rs catalog.ReplicaStore = store
+		if cfg.Replica.store != nil {
+			rs = cfg.Replica.store(rs)
+		}
+		if peers, err = replica.New(replica.Config{ID: replicaID, Advertise: advertise, Listener: syncLn, Service: svc, Hub: hub, Store: rs,
+			LeaseTTL: cfg.Replica.LeaseTTL, Resync: cfg.Replica.Resync, Logger: log, Synced: watcher.Synced()}); err != nil {
+			return fmt.Errorf("--replica-advertise: %w", err)
+		}
+		reg.MustRegister(peers.Collector())
+	}
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error {
 		select {

@@ -61,6 +61,11 @@ type Config struct {
 	// (default DefaultResync).
 	Resync time.Duration
 	Logger *slog.Logger
+	// Synced, if set, holds back following peers until it is closed
+	// (the daemon: its catalog watch delivered the first list), so that
+	// their snapshots land on workers this replica knows; a booking on a
+	// worker it does not know is refused.
+	Synced <-chan struct{}
 	// Applied, if set, is called after each message from a peer is
 	// applied, with the last Seq seen from it (tests and benchmarks).
 	Applied func(peer string, seq uint64)
@@ -207,6 +212,13 @@ func (s *Sync) send(st grpc.ServerStream, peer string, kind Kind, seq uint64, ds
 // discover follows the replica records: the watch, and a list every
 // Resync, each reconciled with the peers followed.
 func (s *Sync) discover(ctx context.Context) error {
+	if s.cfg.Synced != nil {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-s.cfg.Synced:
+		}
+	}
 	bo := retry.Backoff(100*time.Millisecond, s.cfg.Resync)
 	tick := time.NewTicker(s.cfg.Resync)
 	defer tick.Stop()
