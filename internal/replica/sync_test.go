@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net"
 	"sort"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -46,19 +48,32 @@ type replicaT struct {
 	svc  *coordinator.Service
 	sync *Sync
 	stop func() error
-	seen chan uint64 // Applied's seq, any peer
+	seen chan uint64 // Applied's seq, any peer (the benchmark's)
+	hub  *Hub
 }
 
 func startReplica(t testing.TB, store catalog.ReplicaStore, id string, ttl time.Duration) *replicaT {
 	t.Helper()
-	hub := NewHub(0)
-	r := &replicaT{id: id, svc: newService(id, hub), seen: make(chan uint64, 1<<16)}
+	return startReplicaWith(t, store, id, ttl, 0, nil)
+}
+
+// startReplicaWith starts a replica whose hub holds buffer deltas per
+// subscriber; applied, if set, runs after each message it applies.
+func startReplicaWith(t testing.TB, store catalog.ReplicaStore, id string, ttl time.Duration, buffer int, applied func()) *replicaT {
+	t.Helper()
+	hub := NewHub(buffer)
+	r := &replicaT{id: id, svc: newService(id, hub), seen: make(chan uint64, 1<<16), hub: hub}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	r.sync, err = New(Config{ID: id, Advertise: ln.Addr().String(), Listener: ln, Service: r.svc, Hub: hub, Store: store, LeaseTTL: ttl,
-		Logger: slog.New(slog.DiscardHandler), Applied: func(_ string, seq uint64) { r.seen <- seq }})
+		Logger: slog.New(slog.DiscardHandler), Applied: func(_ string, seq uint64) {
+			if applied != nil {
+				applied()
+			}
+			r.seen <- seq
+		}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,6 +158,45 @@ func TestSyncBookingsFollowReplicas(t *testing.T) {
 	reserve(t, a2.svc, "again", 1, 2)
 	testsupport.Eventually(t, 10*time.Second, "the restarted a's booking on b", func() bool { return load(b.svc, 1).ActiveRequests == 1 })
 	testsupport.Eventually(t, 10*time.Second, "b's booking on the restarted a", func() bool { return load(a2.svc, 2).ActiveRequests == 1 })
+}
+
+// TestSyncSlowPeer: a peer that stops reading never slows bookings
+// down: the sender's buffer for it overflows, its deltas are dropped
+// and counted, its stream ends, and once it reads again it resyncs from
+// a snapshot to the sender's exact load.
+func TestSyncSlowPeer(t *testing.T) {
+	e := storetest.StartEtcd(t)
+	prefix := "/slow/prefixd/v1"
+	a := startReplicaWith(t, store(t, e, prefix), "a", 2*time.Second, 4, nil)
+	gate := make(chan struct{})
+	var stalled atomic.Bool
+	var once sync.Once
+	release := func() { once.Do(func() { close(gate) }) }
+	defer release()
+	b := startReplicaWith(t, store(t, e, prefix), "b", 2*time.Second, 0, func() {
+		if stalled.Load() {
+			<-gate
+		}
+	})
+	reserve(t, a.svc, "first", 1, 1)
+	testsupport.Eventually(t, 10*time.Second, "b synced with a", func() bool { return load(b.svc, 1).ActiveRequests == 1 })
+	// b applies nothing now: the stream's flow-control windows fill,
+	// then a's four-delta buffer for b.
+	stalled.Store(true)
+	for i := range 3000 {
+		reserve(t, a.svc, fmt.Sprint("burst-", i), 1+uint64(i%2), 100)
+	}
+	_, dropped := a.hub.counters()
+	if dropped["b"] == 0 {
+		t.Fatalf("nothing dropped for a stalled peer after 3000 bookings")
+	}
+	release()
+	testsupport.Eventually(t, 20*time.Second, "b resynced to a's load", func() bool {
+		return load(b.svc, 1) == load(a.svc, 1) && load(b.svc, 2) == load(a.svc, 2)
+	})
+	if ps := b.svc.Peers(); len(ps) != 1 || ps[0].Bookings != 3001 {
+		t.Fatalf("b holds %+v, want a's 3001 bookings", ps)
+	}
 }
 
 func must(t testing.TB, err error) {
