@@ -185,6 +185,9 @@ func (s *Sync) serve(ctx context.Context, st grpc.ServerStream) error {
 // send sends ds in messages of at most MaxBatch deltas and about half
 // of MaxMessageBytes; a snapshot ends with a message marked Last.
 func (s *Sync) send(st grpc.ServerStream, peer string, kind Kind, seq uint64, ds []coordinator.BookingDelta) error {
+	if kind == KindLive && len(ds) == 0 {
+		return nil // a wake-up whose deltas an earlier take sent
+	}
 	for first := true; first || len(ds) > 0; first = false {
 		n, size := 0, 0
 		for n < len(ds) && n < MaxBatch {
