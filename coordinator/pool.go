@@ -223,6 +223,7 @@ type reservation struct {
 	private int
 	prefill int
 	created time.Time
+	peer    bool // booked by another replica (ApplyPeer): never reported to onBook
 }
 
 // Pool is the workers of one (model, group, role) and their bookings. It
@@ -238,6 +239,9 @@ type Pool struct {
 	workers map[indexer.Rank]*workerState
 	order   []indexer.Rank // sorted, for reproducible selection
 	res     map[string]*reservation
+	// onBook, if set, is told of every change to a local reservation
+	// (peers.go); Pools sets it on the pools it creates.
+	onBook func(PoolKey, BookingOp, *reservation)
 }
 
 // NewPool returns an empty pool. rng must not be nil.
@@ -626,6 +630,7 @@ func (p *Pool) SelectAndReserveFallbacks(id string, q Query, now time.Time) (Sel
 	}
 	ws.reqs++
 	p.res[id] = r
+	p.booked(BookingAdmit, r)
 	return s, fb, nil
 }
 
@@ -657,7 +662,9 @@ func (p *Pool) Move(id string, rank indexer.Rank) bool {
 	to.prefill += r.prefill
 	from.reqs--
 	to.reqs++
+	p.booked(BookingFree, r)
 	r.rank = rank
+	p.booked(BookingAdmit, r)
 	return true
 }
 
@@ -669,9 +676,14 @@ func (p *Pool) PrefillComplete(id string) bool {
 	if !ok || r.prefill == 0 {
 		return false
 	}
+	p.prefillDone(r)
+	p.booked(BookingPrefilled, r)
+	return true
+}
+
+func (p *Pool) prefillDone(r *reservation) {
 	p.workers[r.rank].prefill -= r.prefill
 	r.prefill = 0
-	return true
 }
 
 // Free releases reservation id (implying PrefillComplete). It is
@@ -682,7 +694,7 @@ func (p *Pool) Free(id string) bool {
 	if !ok {
 		return false
 	}
-	p.PrefillComplete(id)
+	p.prefillDone(r)
 	ws := p.workers[r.rank]
 	for _, h := range r.seq {
 		if ws.refs[h]--; ws.refs[h] <= 0 {
@@ -692,6 +704,7 @@ func (p *Pool) Free(id string) bool {
 	ws.private -= r.private
 	ws.reqs--
 	delete(p.res, id)
+	p.booked(BookingFree, r)
 	return true
 }
 

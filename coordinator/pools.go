@@ -16,6 +16,8 @@ type Pools struct {
 	rng   Rand
 	pools map[PoolKey]*Pool
 	owner map[indexer.Rank]PoolKey
+	// onBook is every pool's Pool.onBook (Service.booked).
+	onBook func(PoolKey, BookingOp, *reservation)
 }
 
 // NewPools returns an empty set of pools. rng must not be nil.
@@ -65,6 +67,7 @@ func (ps *Pools) SetWorker(w Worker) ([]Freed, error) {
 	p := ps.pools[w.Key()]
 	if p == nil {
 		p = NewPool(w.Key(), ps.cfg, ps.rng)
+		p.onBook = ps.onBook
 	}
 	if err := p.SetWorker(w); err != nil {
 		return freed, fmt.Errorf("pools: %w", err)

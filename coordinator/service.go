@@ -93,6 +93,13 @@ type ServiceConfig struct {
 	Rand Rand
 	// Now is the clock of the operations; nil is time.Now.
 	Now func() time.Time
+	// Origin names this replica in the deltas OnBooking reports, and
+	// ApplyPeer drops deltas that carry it (peers.go).
+	Origin string
+	// OnBooking, if set, is told of every change to a local booking, in
+	// order (peers.go). It runs under the Service's lock and must not
+	// block or call the Service.
+	OnBooking func(BookingDelta)
 }
 
 // A Service is the coordinator for concurrent callers: one mutex over the
@@ -128,6 +135,7 @@ type Service struct {
 	noEndpoint map[EngineKey]PoolKey        // engines without an endpoint, by the pool they would join
 	byID       map[string]PoolKey           // the pool of each reservation booked here
 	finished   *simplelru.LRU[string, Plan]
+	sync       peerSync // bookings shared with other replicas (peers.go)
 }
 
 // NewService returns a Service with no engines.
@@ -152,6 +160,10 @@ func NewService(cfg ServiceConfig) *Service {
 		blockSizes: map[indexer.PartitionKey]int{}, engines: map[EngineKey][]indexer.Rank{},
 		noEndpoint: map[EngineKey]PoolKey{}, byID: map[string]PoolKey{}, finished: finished}
 	s.c = NewCoordinator(s.pools, serviceSource{s}, cfg.Coordinator)
+	s.sync = newPeerSync(cfg.Origin, cfg.OnBooking)
+	if cfg.OnBooking != nil {
+		s.pools.onBook = s.booked
+	}
 	return s
 }
 
@@ -312,6 +324,7 @@ func (s *Service) Expire(now time.Time) {
 			s.settle(now, id)
 		}
 	}
+	s.forgetExpiredPeers()
 }
 
 // Run calls Expire every interval, with the tick's time, until ctx ends;

@@ -695,6 +695,12 @@ func TestBaseDeployment(t *testing.T) {
 	if !c.hasPort("http") || !c.hasPort(float64(atoi(t, port))) {
 		t.Errorf("--listen=%s is not the container's port http %v", flags["listen"], c.Ports)
 	}
+	// The replicas share bookings: on the container's port sync, at the
+	// pod's address (a loopback one would reach no other pod).
+	_, syncPort, _ := strings.Cut(flags["replica-sync-listen"], ":")
+	if syncPort == "" || !c.hasPort("sync") || !c.hasPort(float64(atoi(t, syncPort))) || flags["replica-advertise"] != "$(POD_IP):"+syncPort {
+		t.Errorf("--replica-sync-listen=%s --replica-advertise=%s: want :<port sync> and $(POD_IP):<that port>", flags["replica-sync-listen"], flags["replica-advertise"])
+	}
 	if c.LivenessProbe == nil || c.LivenessProbe.HTTPGet == nil || c.LivenessProbe.HTTPGet.Path != "/health" ||
 		c.ReadinessProbe == nil || c.ReadinessProbe.HTTPGet == nil || c.ReadinessProbe.HTTPGet.Path != "/ready" {
 		t.Errorf("want liveness on /health and readiness on /ready")

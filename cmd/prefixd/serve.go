@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"net"
 	"net/url"
 	"strings"
 	"time"
@@ -24,6 +25,7 @@ import (
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
+	"github.com/prefixd/prefixd/internal/replica"
 )
 
 type serveOptions struct {
@@ -51,6 +53,13 @@ type serveOptions struct {
 	writeTimeout time.Duration
 	dumpProgress time.Duration
 	epp          eppFlags
+	replica      replicaFlags
+}
+
+// replicaFlags are booking sync's flags.
+type replicaFlags struct {
+	listen, advertise, id string
+	leaseTTL              time.Duration
 }
 
 // eppFlags are the endpoint picker's flags.
@@ -81,7 +90,8 @@ func newServeOptions() *serveOptions {
 		disagg: newDisaggFlags(), readyTimeout: time.Minute, logLevel: "info", maxMessage: zmtp.DefaultMaxMessageBytes, handshake: zmtp.DefaultHandshakeTimeout,
 		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout,
 		dumpProgress: apiserver.DefaultDumpProgressTimeout,
-		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second}}
+		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second},
+		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL}}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -121,6 +131,10 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Int64Var(&o.epp.maxBody, "epp-max-body-bytes", o.epp.maxBody, "the largest request body the endpoint picker reads (413 beyond)")
 	fs.DurationVar(&o.epp.bodyTimeout, "epp-body-timeout", o.epp.bodyTimeout, "how long the endpoint picker waits from a request's headers to its body's end (408 beyond)")
 	fs.BoolVar(&o.epp.disagg, "epp-disagg", o.epp.disagg, "the endpoint picker books decode-first plans (--disagg-order, --disagg-policy, …): the decode engine is the destination, the prefill engine goes in x-prefiller-host-port")
+	fs.StringVar(&o.replica.listen, "replica-sync-listen", o.replica.listen, "share bookings with the other replicas on the same etcd over a gRPC stream on this address (port 0 picks one; \"off\" = no sharing); for replicas on other hosts listen on a reachable address and set --replica-advertise")
+	fs.StringVar(&o.replica.advertise, "replica-advertise", o.replica.advertise, "the host:port other replicas dial for this one's bookings (default: the sync listener's address; required when it listens on all interfaces, e.g. $(POD_IP):8092)")
+	fs.StringVar(&o.replica.id, "replica-id", o.replica.id, "this replica's name in etcd and in peers' metrics (default: host name and process id)")
+	fs.DurationVar(&o.replica.leaseTTL, "replica-lease-ttl", o.replica.leaseTTL, "the replica record's lease: a replica killed without a word leaves the others (with its bookings) within it")
 	enum(fs, "log-level", "debug", "info", "warn", "error")
 	enum(fs, "epp-body-mode", "full-duplex", "buffered")
 }
@@ -199,6 +213,9 @@ func (o *serveOptions) Validate() error {
 	if o.temperature < 0 {
 		return fmt.Errorf("--temperature %v: must not be negative", o.temperature)
 	}
+	if err := o.replica.Validate(); err != nil {
+		return err
+	}
 	for _, p := range o.peers {
 		u, err := url.Parse(strings.TrimPrefix(p, "dns+"))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -231,12 +248,42 @@ func newServeCommand() *cobra.Command {
 				EPP: daemon.EPPConfig{Listen: o.epp.listen, TLS: epp.TLS{CertFile: o.epp.certFile, KeyFile: o.epp.keyFile, SelfSigned: o.epp.selfSigned},
 					Group: o.epp.group, Disagg: o.epp.disagg, BodyMode: eppBodyModes[o.epp.bodyMode], Fallbacks: cmp.Or(o.epp.fallbacks, -1),
 					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
+				Replica:     o.replica.config(),
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}
 	o.AddFlags(cmd.Flags())
 	return cmd
+}
+
+// Validate checks the booking-sync flags.
+func (r replicaFlags) Validate() error {
+	if r.listen == "off" || r.listen == "" {
+		return nil
+	}
+	host, _, err := net.SplitHostPort(r.listen)
+	if err != nil {
+		return fmt.Errorf("--replica-sync-listen %q: want host:port or off", clip.String(r.listen))
+	}
+	if r.advertise == "" {
+		if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+			return fmt.Errorf("--replica-sync-listen %q listens on every interface: set --replica-advertise to the address other replicas dial (e.g. $(POD_IP):8092)", r.listen)
+		}
+	} else if h, p, err := net.SplitHostPort(r.advertise); err != nil || h == "" || p == "" || p == "0" {
+		return fmt.Errorf("--replica-advertise %q: want host:port", clip.String(r.advertise))
+	}
+	if r.leaseTTL < time.Second || r.leaseTTL > 5*time.Minute {
+		return fmt.Errorf("--replica-lease-ttl %v: want 1s to 5m", r.leaseTTL)
+	}
+	return nil
+}
+
+func (r replicaFlags) config() daemon.ReplicaConfig {
+	if r.listen == "off" {
+		return daemon.ReplicaConfig{}
+	}
+	return daemon.ReplicaConfig{Listen: r.listen, Advertise: r.advertise, ID: r.id, LeaseTTL: r.leaseTTL}
 }
 
 // concurrency maps a flag whose 0 means unbounded (--max-concurrent-replays,

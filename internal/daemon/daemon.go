@@ -30,6 +30,7 @@ import (
 	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/peer"
+	"github.com/prefixd/prefixd/internal/replica"
 )
 
 // Config configures a daemon. Zero fields take the defaults noted.
@@ -105,6 +106,9 @@ type Config struct {
 	// Extension's endpoint picker (package epp) beside the HTTP API,
 	// sharing the coordinator.
 	EPP EPPConfig
+	// Replica, when its Listen is set, shares bookings with the other
+	// replicas on the same etcd (package replica).
+	Replica ReplicaConfig
 	// PredictedTTL, when positive, turns booking predictions on: every
 	// booking's prompt counts as cached on its worker for this long, or
 	// until the worker's events arrive (indexer.Predictions); /query
@@ -132,6 +136,28 @@ type EPPConfig struct {
 	OnReady func(addr string)
 	// Server, if set, is called with the picker (tests read its bookings).
 	Server func(*epp.Server)
+}
+
+// ReplicaConfig configures booking sync between replicas.
+type ReplicaConfig struct {
+	// Listen is the sync gRPC address ("" = no sync; port 0 picks one).
+	Listen string
+	// Advertise is the host:port peers dial (default: the listener's
+	// address, which needs a specified host).
+	Advertise string
+	// ID names the replica (default: host name and process id).
+	ID string
+	// LeaseTTL is the replica record's lease (default
+	// replica.DefaultLeaseTTL): a replica killed without a word leaves
+	// its peers within it.
+	LeaseTTL time.Duration
+	// Resync lists the replica records this often besides the watch
+	// (default replica.DefaultResync).
+	Resync time.Duration
+
+	// store, if set, wraps the replica records' store (tests: one that
+	// never revokes its lease is a replica killed with SIGKILL).
+	store func(catalog.ReplicaStore) catalog.ReplicaStore
 }
 
 // Run runs the daemon until ctx ends: (embedded) etcd, the catalog watch,
@@ -240,6 +266,20 @@ func Run(ctx context.Context, cfg Config) error {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
 	defer ln.Close() // a no-op once the server has it
+	var syncLn net.Listener
+	var hub *replica.Hub
+	replicaID := cfg.Replica.ID
+	if cfg.Replica.Listen != "" {
+		if syncLn, err = net.Listen("tcp", cfg.Replica.Listen); err != nil {
+			return fmt.Errorf("listen %s (--replica-sync-listen): %w", cfg.Replica.Listen, err)
+		}
+		defer syncLn.Close()
+		hub = replica.NewHub(0)
+		if replicaID == "" {
+			host, _ := os.Hostname()
+			replicaID = fmt.Sprintf("%s-%d", cmp.Or(host, "prefixd"), os.Getpid())
+		}
+	}
 	var eppLn net.Listener
 	if cfg.EPP.Listen != "" {
 		if eppLn, err = net.Listen("tcp", cfg.EPP.Listen); err != nil {
@@ -274,8 +314,12 @@ func Run(ctx context.Context, cfg Config) error {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_predicted_entries",
 			Help: "Booking predictions held: (block, rank) entries a booked worker is about to hold."}, func() float64 { return float64(pred.Len()) }))
 	}
-	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix},
-		Predicted: pred, Observer: newPlanMetrics(reg)})
+	svcCfg := coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix},
+		Predicted: pred, Observer: newPlanMetrics(reg)}
+	if hub != nil {
+		svcCfg.Origin, svcCfg.OnBooking = replicaID, hub.Booked
+	}
+	svc := coordinator.NewService(svcCfg)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
 		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
 	maxRanks := cfg.MaxRanks
@@ -309,6 +353,19 @@ func Run(ctx context.Context, cfg Config) error {
 		OnBadRecord: func(string, error) { badRecords.Inc() },
 	})
 	reg.MustRegister(newCatalogCollector(store.Ping, watcher.Stats))
+	var peers *replica.Sync
+	if syncLn != nil {
+		advertise := cmp.Or(cfg.Replica.Advertise, syncLn.Addr().String())
+		var rs catalog.ReplicaStore = store
+		if cfg.Replica.store != nil {
+			rs = cfg.Replica.store(rs)
+		}
+		if peers, err = replica.New(replica.Config{ID: replicaID, Advertise: advertise, Listener: syncLn, Service: svc, Hub: hub, Store: rs,
+			LeaseTTL: cfg.Replica.LeaseTTL, Resync: cfg.Replica.Resync, Logger: log, Synced: watcher.Synced()}); err != nil {
+			return fmt.Errorf("--replica-advertise: %w", err)
+		}
+		reg.MustRegister(peers.Collector())
+	}
 	g.Go(func() error { return watcher.Run(gctx) })
 	g.Go(func() error {
 		select {
@@ -320,6 +377,11 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	})
 	g.Go(func() error { return svc.Run(gctx, ExpireInterval) })
+	if peers != nil {
+		// It stops with the others: its record is revoked, so the peers
+		// drop this replica's bookings at once.
+		g.Go(func() error { return peers.Run(gctx) })
+	}
 
 	var wasReady atomic.Bool
 	ready := func() (bool, string) {
