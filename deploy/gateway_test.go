@@ -566,6 +566,56 @@ func gatewayProblems(t *testing.T, r, base rendering) []string {
 			fail("NetworkPolicy %s does not let gateways reach the EPP's port %v", np.name(), targetPort)
 		}
 	}
+
+	// Two or more replicas, all serving: each shares its bookings on its
+	// port sync with every prefixd in etcd (the base's daemons, in another
+	// namespace, included), and a PodDisruptionBudget keeps one serving.
+	if eppWorkload.replicas < 2 {
+		fail("the EPP runs %d replica(s), want 2 or more sharing their bookings", eppWorkload.replicas)
+	}
+	_, syncPort, _ := strings.Cut(eppFlags["replica-sync-listen"], ":")
+	if syncPort == "" || !epp.hasPort("sync") || epp.containerPortNumber("sync") != portOf(eppFlags["replica-sync-listen"]) || eppFlags["replica-advertise"] != "$(POD_IP):"+syncPort {
+		fail("the EPP's --replica-sync-listen=%s --replica-advertise=%s: want :<container port sync> and $(POD_IP):<that port>", eppFlags["replica-sync-listen"], eppFlags["replica-advertise"])
+	}
+	pdb := false
+	for _, o := range r.objects {
+		var spec struct {
+			MinAvailable *int `json:"minAvailable"`
+			Selector     struct {
+				MatchLabels map[string]string `json:"matchLabels"`
+			} `json:"selector"`
+		}
+		if o.kind() != "PodDisruptionBudget" {
+			continue
+		}
+		o.decode(t, &spec, "spec")
+		if matches(spec.Selector.MatchLabels, eppWorkload.labels) && spec.MinAvailable != nil && *spec.MinAvailable >= 1 && *spec.MinAvailable < eppWorkload.replicas {
+			pdb = true
+		}
+	}
+	if !pdb {
+		fail("no PodDisruptionBudget keeps 1 to %d of the EPP's %d replicas available", eppWorkload.replicas-1, eppWorkload.replicas)
+	}
+	var daemon map[string]string
+	for _, w := range base.workloads {
+		if len(prefixdSub([]workload{w}, "serve")) == 1 {
+			daemon = w.labels
+		}
+	}
+	for _, np := range r.objects {
+		var sel map[string]string
+		if np.kind() == "NetworkPolicy" {
+			np.decode(t, &sel, "spec", "podSelector", "matchLabels")
+		}
+		if np.kind() == "NetworkPolicy" && matches(sel, eppWorkload.labels) && len(sel) > 0 {
+			if !admits(t, np, eppWorkload.labels, false, "sync") || !admits(t, np, daemon, true, "sync") {
+				fail("NetworkPolicy %s does not let the other EPP replica and the base's daemons reach port sync", np.name())
+			}
+		}
+	}
+	if p := base.find("NetworkPolicy", "prefixd"); p == nil || !admits(t, p, eppWorkload.labels, true, "sync") {
+		fail("the base's NetworkPolicy prefixd does not let the EPP's pods %v reach port sync", eppWorkload.labels)
+	}
 	return problems
 }
 
@@ -661,6 +711,18 @@ func TestGatewayExampleProblems(t *testing.T) {
 			ingress := np.get("spec", "ingress").([]any)
 			set(np, ingress[:len(ingress)-1], "spec", "ingress")
 		}, "does not let the EPP reach StatefulSet vllm's port 5557"},
+		{"one replica", func(o []object) {
+			set(find(o, "Deployment", "prefixd-epp"), float64(1), "spec", "replicas")
+		}, "runs 1 replica(s)"},
+		{"no budget", func(o []object) {
+			set(find(o, "PodDisruptionBudget", "prefixd-epp"), float64(2), "spec", "minAvailable")
+		}, "no PodDisruptionBudget keeps"},
+		{"sync on another port", func(o []object) { eppArg(o, "replica-sync-listen", ":9092") }, "--replica-sync-listen=:9092"},
+		{"replicas closed to each other", func(o []object) {
+			np := find(o, "NetworkPolicy", "prefixd-epp")
+			ingress := np.get("spec", "ingress").([]any)
+			set(np, ingress[:len(ingress)-1], "spec", "ingress")
+		}, "reach port sync"},
 		{"EPP closed to gateways", func(o []object) {
 			set(find(o, "NetworkPolicy", "prefixd-epp"), []any{}, "spec", "ingress")
 		}, "does not let gateways reach"},
