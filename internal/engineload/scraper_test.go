@@ -49,7 +49,9 @@ func (s *sink) get(k coordinator.EngineKey, r uint32) (coordinator.EngineLoad, b
 	return l, ok
 }
 
-func key(id uint64) coordinator.EngineKey { return coordinator.EngineKey{Model: "m", Group: "g", WorkerID: id} }
+func key(id uint64) coordinator.EngineKey {
+	return coordinator.EngineKey{Model: "m", Group: "g", WorkerID: id}
+}
 
 // clock is a settable clock.
 type clock struct {
