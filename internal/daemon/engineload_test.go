@@ -136,7 +136,9 @@ func TestDaemonEngineLoad(t *testing.T) {
 			w.(http.Flusher).Flush()
 			<-r.Context().Done()
 		},
-		13: func(w http.ResponseWriter, r *http.Request) { fmt.Fprint(w, "vllm:num_requests_running{engine=\"0\" {{{\n") },
+		13: func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprint(w, "vllm:num_requests_running{engine=\"0\" {{{\n")
+		},
 		14: func(w http.ResponseWriter, r *http.Request) {
 			fmt.Fprint(w, "vllm:num_requests_running NaN\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n")
 		},

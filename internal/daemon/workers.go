@@ -152,13 +152,13 @@ func (v *workerView) List(model, group string) []apiserver.WorkerState {
 }
 
 // engineTargets are the engines to scrape for their load: every known
-// worker with an HTTP endpoint, with its ranks.
+// worker with an HTTP endpoint whose role has a pool, with its ranks.
 func (v *workerView) engineTargets() []engineload.Target {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	out := make([]engineload.Target, 0, len(v.known))
 	for k, w := range v.known {
-		if w.Endpoint != "" {
+		if _, pooled := coordinator.EngineOf(w); pooled && w.Endpoint != "" {
 			out = append(out, engineload.Target{Key: coordinator.KeyOf(k), Endpoint: w.Endpoint, Ranks: w.Ranks()})
 		}
 	}

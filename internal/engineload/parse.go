@@ -1,11 +1,14 @@
 package engineload
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"strconv"
+	"sync"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -41,51 +44,81 @@ var wanted = [][]byte{
 	[]byte(sglRunning), []byte(sglWaiting), []byte(sglUsage),
 }
 
-// errors of parsing, each a failure reason.
+// maxLine bounds one line of a /metrics body; real lines are well
+// under a kilobyte.
+const maxLine = 64 << 10
+
+// errors of reading and parsing, each a failure reason.
 var (
+	errTooLarge           = errors.New("body too large")
 	errParse              = errors.New("not the Prometheus text format")
-	errTooMany            = errors.New("too many series")
+	errTooMany            = errors.New("too many lines of the load gauges")
 	errBadValue           = errors.New("value out of range")
 	errBadLabel           = errors.New("rank label not a dp rank")
 	errMissing            = errors.New("gauges missing")
 	errUnlabeled          = errors.New("series carry no rank label, and the engine has several ranks")
 	errUnknownRank        = errors.New("series name a rank the engine did not register")
-	reasonOf              = map[error]string{errParse: "parse", errTooMany: "too_many_series", errBadValue: "bad_value", errBadLabel: "bad_label", errMissing: "missing", errUnlabeled: "unlabeled", errUnknownRank: "unknown_rank"}
+	reasonOf              = map[error]string{errTooLarge: "too_large", errParse: "parse", errTooMany: "too_many_series", errBadValue: "bad_value", errBadLabel: "bad_label", errMissing: "missing", errUnlabeled: "unlabeled", errUnknownRank: "unknown_rank"}
 	noLabel        uint64 = math.MaxUint64 // the rank key of a series without a rank label
 )
 
-// filter keeps the sample, HELP and TYPE lines of the wanted families
-// (the rest of an engine's /metrics, histograms mostly, is most of its
-// size) and counts the samples kept.
-func filter(body []byte) (kept []byte, samples int) {
-	out := make([]byte, 0, 1024)
-	for len(body) > 0 {
-		line := body
-		if i := bytes.IndexByte(body, '\n'); i >= 0 {
-			line, body = body[:i+1], body[i+1:]
-		} else {
-			body = nil
+// filter reads a /metrics body from r as it arrives, at most maxBytes of
+// it, and keeps only the sample, HELP and TYPE lines of the wanted
+// families (the rest of an engine's /metrics, histograms mostly, is most
+// of its size), at most maxLines of them: what it holds is the kept
+// lines and one line's buffer, whatever the body. A line over maxLine is
+// errParse; an error of r is returned as it is.
+func filter(r io.Reader, maxBytes int64, maxLines int) ([]byte, error) {
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(io.LimitReader(r, maxBytes+1))
+	defer func() { br.Reset(nil); readers.Put(br) }()
+	var out []byte
+	var read int64
+	lines := 0
+	for {
+		line, err := br.ReadSlice('\n')
+		if read += int64(len(line)); read > maxBytes {
+			return nil, fmt.Errorf("over %d bytes: %w", maxBytes, errTooLarge)
 		}
-		rest, comment := line, false
-		if r, ok := bytes.CutPrefix(line, []byte("# HELP ")); ok {
-			rest, comment = r, true
-		} else if r, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
-			rest, comment = r, true
+		switch {
+		case errors.Is(err, bufio.ErrBufferFull):
+			return nil, fmt.Errorf("a line over %d bytes: %w", maxLine, errParse)
+		case err != nil && !errors.Is(err, io.EOF):
+			return nil, err
 		}
-		for _, name := range wanted {
-			if r, ok := bytes.CutPrefix(rest, name); ok && len(r) > 0 && (r[0] == '{' || r[0] == ' ' || r[0] == '\t') {
-				out = append(out, line...)
-				if line[len(line)-1] != '\n' {
-					out = append(out, '\n')
-				}
-				if !comment {
-					samples++
-				}
-				break
+		if keep(line) {
+			if lines++; lines > maxLines {
+				return nil, fmt.Errorf("over %d: %w", maxLines, errTooMany)
+			}
+			out = append(out, line...)
+			if line[len(line)-1] != '\n' {
+				out = append(out, '\n')
 			}
 		}
+		if err != nil { // io.EOF
+			return out, nil
+		}
 	}
-	return out, samples
+}
+
+// readers are filter's line buffers, maxLine each.
+var readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, maxLine) }}
+
+// keep reports whether line is a sample, HELP or TYPE line of a wanted
+// family.
+func keep(line []byte) bool {
+	rest := line
+	if r, ok := bytes.CutPrefix(line, []byte("# HELP ")); ok {
+		rest = r
+	} else if r, ok := bytes.CutPrefix(line, []byte("# TYPE ")); ok {
+		rest = r
+	}
+	for _, name := range wanted {
+		if r, ok := bytes.CutPrefix(rest, name); ok && len(r) > 0 && (r[0] == '{' || r[0] == ' ' || r[0] == '\t') {
+			return true
+		}
+	}
+	return false
 }
 
 // figure is what a body says of one rank, before the time is stamped.
@@ -94,17 +127,23 @@ type figure struct {
 	has                     [3]bool
 }
 
-// parse reads the figures of ranks from a /metrics body: at most
-// maxSeries samples of the wanted gauges. A rank with several series
-// (one per tp or pp rank) takes the largest of each gauge. fatal fails
-// the whole body; otherwise every rank has a figure or an error in
-// errs, and problems are the body's faults that cost no registered rank
-// its figure (a series of an unknown rank, a malformed rank label).
-func parse(body []byte, ranks []uint32, maxSeries int) (figures map[uint32]coordinator.EngineLoad, errs map[uint32]error, problems []error, fatal error) {
-	kept, n := filter(body)
-	if n > maxSeries {
-		return nil, nil, nil, fmt.Errorf("%d samples of the load gauges, at most %d: %w", n, maxSeries, errTooMany)
+// parse reads the figures of ranks from a /metrics body, within the
+// bounds of filter (parseKept).
+func parse(body []byte, ranks []uint32, maxLines int) (figures map[uint32]coordinator.EngineLoad, errs map[uint32]error, problems []error, fatal error) {
+	kept, err := filter(bytes.NewReader(body), int64(len(body)), maxLines)
+	if err != nil {
+		return nil, nil, nil, err
 	}
+	return parseKept(kept, ranks)
+}
+
+// parseKept reads the figures of ranks from the lines filter kept. A rank
+// with several series (one per tp or pp rank) takes the largest of each
+// gauge. fatal fails the whole body; otherwise every rank has a figure or
+// an error in errs, and problems are the body's faults that cost no
+// registered rank its figure (a series of an unknown rank, a malformed
+// rank label).
+func parseKept(kept []byte, ranks []uint32) (figures map[uint32]coordinator.EngineLoad, errs map[uint32]error, problems []error, fatal error) {
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, perr := parser.TextToMetricFamilies(bytes.NewReader(kept))
 	if perr != nil {

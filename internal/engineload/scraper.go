@@ -5,8 +5,10 @@
 //
 // Every scrape is bounded: in time (Config.Timeout), in size (the
 // Content-Length, then the bytes read, against Config.MaxBodyBytes), in
-// series (Config.MaxSeries samples of the load gauges), and in number
-// (at most Config.Concurrency at once, one per engine). A body too large,
+// memory (the body is filtered as it arrives: only the lines of the load
+// gauges are kept, at most Config.MaxSeries of them, before
+// prometheus/common's text parser reads them), and in number (at most
+// Config.Concurrency at once, one per engine). A body too large,
 // too slow, malformed, or with values no engine reports (NaN, negative,
 // infinite, a usage above 1, absurd counts) is refused, counted in
 // prefixd_engine_load_scrape_failures_total{reason} and logged at most
@@ -18,11 +20,9 @@
 package engineload
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -53,10 +53,13 @@ const (
 	// DefaultTimeout bounds one scrape, the body read included.
 	DefaultTimeout = 2 * time.Second
 	// DefaultMaxBodyBytes bounds a /metrics body: vLLM's, histograms
-	// included, is tens of kilobytes per dp rank.
+	// included, is tens of kilobytes per dp rank. The body is filtered
+	// as it arrives: a scrape holds only the lines of the load gauges.
 	DefaultMaxBodyBytes = 8 << 20
-	// DefaultMaxSeries bounds the samples of the load gauges in one body.
-	DefaultMaxSeries = 3 * 4096
+	// DefaultMaxSeries bounds the lines of the load gauges kept from one
+	// body (samples, HELP and TYPE): three series per dp rank, for up to
+	// catalog.MaxDataParallelSize ranks, and their comments.
+	DefaultMaxSeries = 3*4096 + 12
 	// DefaultConcurrency bounds the scrapes running at once.
 	DefaultConcurrency = 8
 )
@@ -198,6 +201,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup) {
 	ts := s.targets()
 	now := s.cfg.Now()
 	listed := map[rankKey]bool{}
+	engines := map[coordinator.EngineKey]bool{}
 	s.mu.Lock()
 	var start []Target
 	for _, t := range ts {
@@ -208,6 +212,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup) {
 				s.ranks[k] = &rankState{lastT: now}
 			}
 		}
+		engines[t.Key] = true
 		if !s.inFlight[t.Key] {
 			s.inFlight[t.Key] = true
 			start = append(start, t)
@@ -219,7 +224,7 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup) {
 		}
 	}
 	for k := range s.logged {
-		if !listedEngine(listed, k) {
+		if !engines[k] {
 			delete(s.logged, k)
 		}
 	}
@@ -244,15 +249,6 @@ func (s *Scraper) round(ctx context.Context, wg *sync.WaitGroup) {
 	}
 }
 
-func listedEngine(listed map[rankKey]bool, k coordinator.EngineKey) bool {
-	for rk := range listed {
-		if rk.engine == k {
-			return true
-		}
-	}
-	return false
-}
-
 // failure is a failed scrape or rank: its reason label and what to log.
 type failure struct {
 	reason string
@@ -272,7 +268,7 @@ func (s *Scraper) scrape(ctx context.Context, t Target) {
 	if f == nil {
 		var problems []error
 		var fatal error
-		figures, errs, problems, fatal = parse(body, t.Ranks, s.cfg.MaxSeries)
+		figures, errs, problems, fatal = parseKept(body, t.Ranks)
 		if fatal != nil {
 			f = &failure{reasonFor(fatal), fatal}
 		}
@@ -306,7 +302,8 @@ func (s *Scraper) scrape(ctx context.Context, t Target) {
 	}
 }
 
-// get fetches t's /metrics within the bounds.
+// get fetches t's /metrics within the bounds, and returns the lines of
+// the load gauges (filter).
 func (s *Scraper) get(ctx context.Context, t Target) ([]byte, *failure) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
@@ -326,15 +323,14 @@ func (s *Scraper) get(ctx context.Context, t Target) ([]byte, *failure) {
 	if resp.ContentLength > s.cfg.MaxBodyBytes {
 		return nil, &failure{"too_large", fmt.Errorf("GET /metrics: Content-Length %d, at most %d", resp.ContentLength, s.cfg.MaxBodyBytes)}
 	}
-	var buf bytes.Buffer
-	n, err := io.Copy(&buf, io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
+	kept, err := filter(resp.Body, s.cfg.MaxBodyBytes, s.cfg.MaxSeries)
 	switch {
-	case n > s.cfg.MaxBodyBytes:
-		return nil, &failure{"too_large", fmt.Errorf("GET /metrics: body over %d bytes", s.cfg.MaxBodyBytes)}
-	case err != nil:
-		return nil, transportFailure(ctx, err)
+	case err == nil:
+		return kept, nil
+	case errors.Is(err, errTooLarge), errors.Is(err, errParse), errors.Is(err, errTooMany):
+		return nil, &failure{reasonFor(err), fmt.Errorf("GET /metrics: %w", err)}
 	}
-	return buf.Bytes(), nil
+	return nil, transportFailure(ctx, err)
 }
 
 // transportFailure names a failed GET: timeout, or unreachable.

@@ -180,11 +180,13 @@ func TestScrapeHostile(t *testing.T) {
 		{"bad_value", text("vllm:num_requests_running 1\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc +Inf\n")},
 		{"bad_value", text("vllm:num_requests_running 1e15\nvllm:num_requests_waiting 0\nvllm:kv_cache_usage_perc 0.5\n")},
 		{"too_many_series", text(strings.Repeat("vllm:num_requests_running 1\n", 200))},
+		{"too_many_series", text(strings.Repeat("# HELP vllm:num_requests_running x\n", 200))},
+		{"parse", text("vllm:num_requests_running{engine=\"" + strings.Repeat("9", 70<<10) + "\"} 1\n")}, // a line over 64 KiB
 		{"status", func(w http.ResponseWriter, r *http.Request) { http.Error(w, "no", http.StatusInternalServerError) }},
 		{"missing", text("something_else 1\n")},
 	} {
 		t.Run(tc.reason, func(t *testing.T) {
-			f := newFixture(t, Config{Timeout: 200 * time.Millisecond, MaxBodyBytes: 64 << 10, MaxSeries: 100})
+			f := newFixture(t, Config{Timeout: 200 * time.Millisecond, MaxBodyBytes: 128 << 10, MaxSeries: 100})
 			f.set(Target{Key: key(1), Endpoint: serve(t, tc.h), Ranks: []uint32{0}},
 				Target{Key: key(2), Endpoint: serve(t, text(good)), Ranks: []uint32{0}})
 			start := time.Now()
