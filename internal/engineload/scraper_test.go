@@ -186,12 +186,16 @@ func TestScrapeHostile(t *testing.T) {
 		{"missing", text("something_else 1\n")},
 	} {
 		t.Run(tc.reason, func(t *testing.T) {
-			f := newFixture(t, Config{Timeout: 200 * time.Millisecond, MaxBodyBytes: 128 << 10, MaxSeries: 100})
+			timeout := 10 * time.Second // the honest engine answers, however loaded the machine
+			if tc.reason == "timeout" {
+				timeout = 200 * time.Millisecond
+			}
+			f := newFixture(t, Config{Timeout: timeout, MaxBodyBytes: 128 << 10, MaxSeries: 100})
 			f.set(Target{Key: key(1), Endpoint: serve(t, tc.h), Ranks: []uint32{0}},
 				Target{Key: key(2), Endpoint: serve(t, text(good)), Ranks: []uint32{0}})
 			start := time.Now()
 			f.round()
-			if took := time.Since(start); took > 5*time.Second {
+			if took := time.Since(start); took > 15*time.Second {
 				t.Fatalf("a round took %v", took)
 			}
 			if n := f.failures(tc.reason); n != 1 {
