@@ -341,3 +341,53 @@ func TestEngineLoadPeerBookings(t *testing.T) {
 		t.Fatalf("after DropPeer: %+v", rl)
 	}
 }
+
+// BenchmarkServiceSelectAndReserveEngineLoad is
+// BenchmarkServiceSelectAndReserve with every rank's engine figure
+// counting, and one rank's figure renewed every 8 bookings (a scrape
+// every 512 bookings per rank), at a clock that moves 1 µs a booking.
+func BenchmarkServiceSelectAndReserveEngineLoad(b *testing.B) {
+	now := t0
+	s := NewService(ServiceConfig{Pool: DefaultPoolConfig(), Source: benchOverlaps{}, Rand: seeded(1), Now: func() time.Time { return now }})
+	var keys []EngineKey
+	for i := uint64(0); i < 64; i++ {
+		e := engine(1000+i, RoleAggregated, endpoint(1000+i))
+		e.TotalKVBlocks, e.MaxNumBatchedTokens = 1<<20, 1<<20
+		if err := s.SetEngine(e); err != nil {
+			b.Fatal(err)
+		}
+		keys = append(keys, e.Key())
+		if err := s.SetEngineLoad(e.Key(), 0, EngineLoad{At: now, Running: int(i % 4), KVUsage: 0.01 * float64(i%8)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	k := PoolKey{Model: "m", Group: "default", Role: RoleAggregated}
+	const live = 256
+	reqs := make([]SelectRequest, live)
+	for i := range reqs {
+		t := make([]uint32, 128*bs)
+		for j := range t {
+			t[j] = uint32(j) + uint32(i)<<20
+		}
+		reqs[i] = SelectRequest{ID: fmt.Sprint("r", i), Pool: k, Tokens: t}
+	}
+	i := 0
+	for b.Loop() {
+		now = now.Add(time.Microsecond)
+		r := reqs[i%live]
+		if i >= live {
+			if err := s.Free(r.ID); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if _, err := s.SelectAndReserve(r); err != nil {
+			b.Fatal(err)
+		}
+		if i%8 == 0 {
+			if err := s.SetEngineLoad(keys[(i/8)%len(keys)], 0, EngineLoad{At: now, Running: i % 5, KVUsage: 0.5}); err != nil {
+				b.Fatal(err)
+			}
+		}
+		i++
+	}
+}
