@@ -145,6 +145,44 @@ type Listener struct {
 	// one for most models, one per attention type for a hybrid model
 	// (docs/index.md, "Hybrid models"). Filled in by the handler.
 	KVCacheGroups []KVCacheGroup `json:"kv_cache_groups,omitempty"`
+	// Load is the rank's load as selection sees it, from the engine's
+	// own /metrics and the bookings made through this replica (absent
+	// while the rank is in no pool: no endpoint, or not admitted yet).
+	// Filled in by the implementation.
+	Load *RankLoad `json:"load,omitempty"`
+}
+
+// RankLoad is a rank's load in /workers: the engine's figure, the
+// bookings, and what selection uses. Effective is Engine's figure plus
+// Since, term by term (decode blocks from the KV usage when the rank's
+// capacity is known), or Booked alone without a figure; prefill tokens
+// are always Booked's (docs/architecture.md, "Load").
+type RankLoad struct {
+	// Engine is the engine's last figure, absent when none counts (none
+	// yet, stale, or the engine unreachable).
+	Engine *EngineLoad `json:"engine,omitempty"`
+	// Booked is every live booking on the rank.
+	Booked LoadTerms `json:"booked"`
+	// Since is the bookings made after the engine's figure (blocks and
+	// requests), counted on top of it.
+	Since     LoadTerms `json:"since"`
+	Effective LoadTerms `json:"effective"`
+}
+
+// EngineLoad is an engine rank's own report of its load.
+type EngineLoad struct {
+	Running int     `json:"running"`
+	Waiting int     `json:"waiting"`
+	KVUsage float64 `json:"kv_usage"` // in [0, 1]
+	// AgeSeconds is how old the figure is (since its scrape began).
+	AgeSeconds float64 `json:"age_seconds"`
+}
+
+// LoadTerms are the terms of the cost function's load.
+type LoadTerms struct {
+	Blocks        int `json:"blocks"`
+	PrefillTokens int `json:"prefill_tokens"`
+	Requests      int `json:"requests"`
 }
 
 // KVCacheGroup is one KV-cache group of a rank in /workers.

@@ -17,6 +17,11 @@
 //     by sequence hash so shared prefixes count once (SelectAndReserve,
 //     PrefillComplete, Free, Expire; bounded by MaxReservations).
 //   - Pools: one Pool per key, created on the first worker.
+//   - EngineLoad: a rank's own report of its load (its /metrics), as of
+//     its scrape. Selection's load of a rank is the engine's figure plus
+//     the bookings made after it; a booking made before is assumed
+//     inside the figure; prefill tokens count bookings alone; without a
+//     figure, bookings alone (engineload.go states the rule).
 //   - Policy: conditional disaggregation (off, isl_bounding, prefill_load,
 //     isl_or_load) and the decode busy gate.
 //   - Coordinator: linked plans across a decode and a prefill pool,

@@ -284,11 +284,15 @@ func (s *Service) admitPeer(st *peerState, d *BookingDelta, key string, now time
 	}
 	r := &reservation{id: key, rank: d.Rank, seq: d.Blocks, private: d.Private, prefill: d.PrefillTokens, created: now, peer: true}
 	for _, h := range r.seq {
-		ws.refs[h]++
+		if ws.refs[h]++; ws.refs[h] == 1 {
+			r.fresh++
+		}
 	}
+	r.fresh += r.private
 	ws.private += r.private
 	ws.prefill += r.prefill
 	ws.reqs++
+	ws.booked(r, false) // made since the rank's figure if received after it (engineload.go)
 	p.res[key] = r
 	st.ids[d.ID] = d.Pool
 	return true

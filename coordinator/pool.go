@@ -203,6 +203,7 @@ type workerState struct {
 	private int // blocks booked without KV reuse
 	prefill int
 	reqs    int
+	eng     engineState // the engine's figure and bookings since (engineload.go)
 }
 
 func (ws *workerState) blocks() int { return len(ws.refs) + ws.private }
@@ -224,6 +225,8 @@ type reservation struct {
 	prefill int
 	created time.Time
 	peer    bool // booked by another replica (ApplyPeer): never reported to onBook
+	fresh   int  // blocks the booking added to its rank (engineload.go)
+	since   bool // counted on top of its rank's engine figure
 }
 
 // Pool is the workers of one (model, group, role) and their bookings. It
@@ -355,7 +358,7 @@ func (p *Pool) Overloaded(rank indexer.Rank) bool {
 
 func (p *Pool) overloaded(ws *workerState) bool {
 	t := p.cfg.Thresholds
-	if t.DecodeBlocksFrac > 0 && ws.w.TotalKVBlocks > 0 && float64(ws.blocks()) > t.DecodeBlocksFrac*float64(ws.w.TotalKVBlocks) {
+	if t.DecodeBlocksFrac > 0 && ws.w.TotalKVBlocks > 0 && float64(ws.effBlocks()) > t.DecodeBlocksFrac*float64(ws.w.TotalKVBlocks) {
 		return true
 	}
 	if t.PrefillTokens > 0 && ws.prefill > t.PrefillTokens {
@@ -519,9 +522,9 @@ func (p *Pool) score(ws *workerState, q *Query, opt *Options, seq []uint64, minP
 			depth++
 		}
 	}
-	potDecode := ws.blocks() + n - depth
+	potDecode := ws.effBlocks() + n - depth
 	raw := (float64(ws.prefill) + isl) / bs
-	reqCost := opt.DecodeActiveRequestWeight * float64(ws.reqs)
+	reqCost := opt.DecodeActiveRequestWeight * float64(ws.effReqs())
 	cost := opt.PrefillLoadScale*max(0, raw-credit) + float64(potDecode) + reqCost
 	if opt.DecodeCostRule && !opt.TrackPrefillTokens && credit > 0 {
 		cost = max(0, float64(potDecode)-credit) + reqCost
@@ -541,7 +544,7 @@ func (p *Pool) score(ws *workerState, q *Query, opt *Options, seq []uint64, minP
 	}
 	return scored{ws: ws, cost: cost, sel: Selection{
 		Rank: ws.w.Rank, Endpoint: ws.w.Endpoint, Cost: cost, Overlap: ov, CachedTokens: cached, EffectivePrefillTokens: eff,
-		PotentialPrefillTokens: potPrefill, PotentialDecodeBlocks: potDecode, ActiveRequests: ws.reqs,
+		PotentialPrefillTokens: potPrefill, PotentialDecodeBlocks: potDecode, ActiveRequests: ws.effReqs(),
 	}}
 }
 
@@ -618,17 +621,21 @@ func (p *Pool) SelectAndReserveFallbacks(id string, q Query, now time.Time) (Sel
 	if opt.AssumeKVReuse {
 		r.seq = seq
 		for _, h := range seq {
-			ws.refs[h]++
+			if ws.refs[h]++; ws.refs[h] == 1 {
+				r.fresh++
+			}
 		}
 	} else {
 		r.private = len(seq)
 		ws.private += r.private
+		r.fresh = r.private
 	}
 	if opt.TrackPrefillTokens {
 		r.prefill = effTokens(q.Prompt.Tokens, s.CachedTokens)
 		ws.prefill += r.prefill
 	}
 	ws.reqs++
+	ws.booked(r, false)
 	p.res[id] = r
 	p.booked(BookingAdmit, r)
 	return s, fb, nil
@@ -650,11 +657,15 @@ func (p *Pool) Move(id string, rank indexer.Rank) bool {
 		return true
 	}
 	from := p.workers[r.rank]
+	from.unbook(r)
+	r.fresh = r.private
 	for _, h := range r.seq {
 		if from.refs[h]--; from.refs[h] <= 0 {
 			delete(from.refs, h)
 		}
-		to.refs[h]++
+		if to.refs[h]++; to.refs[h] == 1 {
+			r.fresh++
+		}
 	}
 	from.private -= r.private
 	to.private += r.private
@@ -665,6 +676,7 @@ func (p *Pool) Move(id string, rank indexer.Rank) bool {
 	p.booked(BookingFree, r)
 	r.rank = rank
 	p.booked(BookingAdmit, r)
+	to.booked(r, true)
 	return true
 }
 
@@ -696,6 +708,7 @@ func (p *Pool) Free(id string) bool {
 	}
 	p.prefillDone(r)
 	ws := p.workers[r.rank]
+	ws.unbook(r)
 	for _, h := range r.seq {
 		if ws.refs[h]--; ws.refs[h] <= 0 {
 			delete(ws.refs, h)

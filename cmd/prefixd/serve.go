@@ -23,6 +23,7 @@ import (
 	"github.com/prefixd/prefixd/internal/apiserver"
 	"github.com/prefixd/prefixd/internal/cli"
 	"github.com/prefixd/prefixd/internal/daemon"
+	"github.com/prefixd/prefixd/internal/engineload"
 	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 	"github.com/prefixd/prefixd/internal/replica"
@@ -54,12 +55,20 @@ type serveOptions struct {
 	dumpProgress time.Duration
 	epp          eppFlags
 	replica      replicaFlags
+	engineLoad   engineLoadFlags
 }
 
 // replicaFlags are booking sync's flags.
 type replicaFlags struct {
 	listen, advertise, id string
 	leaseTTL              time.Duration
+}
+
+// engineLoadFlags are the flags of the scrape of every engine's load.
+type engineLoadFlags struct {
+	interval, timeout time.Duration
+	concurrency       int
+	maxBody           int64
 }
 
 // eppFlags are the endpoint picker's flags.
@@ -91,7 +100,9 @@ func newServeOptions() *serveOptions {
 		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout,
 		dumpProgress: apiserver.DefaultDumpProgressTimeout,
 		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second},
-		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL}}
+		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL},
+		engineLoad: engineLoadFlags{interval: engineload.DefaultInterval, timeout: engineload.DefaultTimeout, concurrency: engineload.DefaultConcurrency,
+			maxBody: engineload.DefaultMaxBodyBytes}}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -109,6 +120,10 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
 	fs.Float64Var(&o.overlap, "overlap-weight", o.overlap, "the cost function's credit per cached block (Dynamo's overlap_score_weight, whose default is 1; a request's router_config_override still wins)")
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
+	fs.DurationVar(&o.engineLoad.interval, "engine-load-interval", o.engineLoad.interval, fmt.Sprintf("read every engine's running and waiting requests and KV usage from its /metrics this often; selection counts that figure plus the bookings made since, and bookings alone for a rank whose figure is %d intervals old (0 = off: bookings alone; docs/operations.md)", engineload.DefaultStaleIntervals))
+	fs.DurationVar(&o.engineLoad.timeout, "engine-load-timeout", o.engineLoad.timeout, "the longest one engine /metrics scrape may take, the body read included")
+	fs.IntVar(&o.engineLoad.concurrency, "engine-load-concurrency", o.engineLoad.concurrency, "engine /metrics scrapes running at once")
+	fs.Int64Var(&o.engineLoad.maxBody, "engine-load-max-bytes", o.engineLoad.maxBody, "the largest engine /metrics body read; a bigger one is refused and counted")
 	fs.IntVar(&o.replays, "max-concurrent-replays", o.replays, "replays running at once over all worker ranks; 0 = unbounded")
 	fs.DurationVar(&o.writeTimeout, "catalog-write-timeout", o.writeTimeout, "longest wait for etcd of one POST /register or /unregister; past it they answer 503 with Retry-After")
 	fs.DurationVar(&o.dumpProgress, "dump-progress-timeout", o.dumpProgress, "a GET /dump client that takes nothing of the dump for this long is cut off, freeing its slot")
@@ -210,6 +225,18 @@ func (o *serveOptions) Validate() error {
 	if o.predictedTTL < 0 || o.predictedTTL > time.Hour {
 		return fmt.Errorf("--predicted-ttl %v: want 0 (off) to 1h", o.predictedTTL)
 	}
+	if o.engineLoad.interval < 0 || (o.engineLoad.interval > 0 && o.engineLoad.interval < 10*time.Millisecond) || o.engineLoad.interval > time.Hour {
+		return fmt.Errorf("--engine-load-interval %v: want 0 (off) or 10ms to 1h", o.engineLoad.interval)
+	}
+	if o.engineLoad.timeout <= 0 {
+		return fmt.Errorf("--engine-load-timeout %v: must be positive", o.engineLoad.timeout)
+	}
+	if o.engineLoad.concurrency < 1 || o.engineLoad.concurrency > 1024 {
+		return fmt.Errorf("--engine-load-concurrency %d: want 1 to 1024", o.engineLoad.concurrency)
+	}
+	if o.engineLoad.maxBody < 1<<10 || o.engineLoad.maxBody > 1<<30 {
+		return fmt.Errorf("--engine-load-max-bytes %d: want 1024 to %d", o.engineLoad.maxBody, 1<<30)
+	}
 	if o.temperature < 0 {
 		return fmt.Errorf("--temperature %v: must not be negative", o.temperature)
 	}
@@ -249,6 +276,7 @@ func newServeCommand() *cobra.Command {
 					Group: o.epp.group, Disagg: o.epp.disagg, BodyMode: eppBodyModes[o.epp.bodyMode], Fallbacks: cmp.Or(o.epp.fallbacks, -1),
 					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
 				Replica:     o.replica.config(),
+				EngineLoad:  engineload.Config{Interval: o.engineLoad.interval, Timeout: o.engineLoad.timeout, Concurrency: o.engineLoad.concurrency, MaxBodyBytes: o.engineLoad.maxBody},
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},

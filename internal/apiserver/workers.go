@@ -15,6 +15,7 @@ import (
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
@@ -51,6 +52,8 @@ type WorkerState struct {
 	// Streams are the ranks' streams by dp rank; a rank without one
 	// (not started yet) is pending.
 	Streams map[uint32]stream.Rank
+	// Loads are the ranks' loads by dp rank, for those in a pool.
+	Loads map[uint32]coordinator.RankLoad
 }
 
 // Errors a Workers implementation wraps so that the API picks the status.
@@ -241,9 +244,26 @@ func workerInfo(ws WorkerState, now time.Time) api.WorkerInfo {
 		case ok && st.Err != "":
 			l.Status, l.LastError = api.StatusFailed, st.Err
 		}
+		if rl, ok := ws.Loads[r]; ok {
+			l.Load = rankLoad(rl, now)
+		}
 		info.Listeners[r] = l
 	}
 	return info
+}
+
+// rankLoad is rl as /workers shows it, at now.
+func rankLoad(rl coordinator.RankLoad, now time.Time) *api.RankLoad {
+	terms := func(l coordinator.Load) api.LoadTerms {
+		return api.LoadTerms{Blocks: l.Blocks, PrefillTokens: l.PrefillTokens, Requests: l.Requests}
+	}
+	out := &api.RankLoad{Booked: terms(rl.Booked), Since: terms(rl.Since), Effective: terms(rl.Effective)}
+	if rl.HasEngine {
+		e := rl.Engine
+		out.Engine = &api.EngineLoad{Running: e.Running, Waiting: e.Waiting, KVUsage: e.KVUsage,
+			AgeSeconds: max(0, now.Sub(e.At).Round(time.Millisecond).Seconds())}
+	}
+	return out
 }
 
 // fillWorker completes what the handler derives: source, aggregate status,

@@ -27,6 +27,7 @@ import (
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
+	"github.com/prefixd/prefixd/internal/engineload"
 	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/leaf/httpserve"
 	"github.com/prefixd/prefixd/internal/peer"
@@ -114,6 +115,13 @@ type Config struct {
 	// until the worker's events arrive (indexer.Predictions); /query
 	// shows them apart.
 	PredictedTTL time.Duration
+	// EngineLoad configures the scrape of every engine's /metrics for its
+	// own load (package engineload), which selection counts with the
+	// bookings made since (coordinator.EngineLoad). An Interval of 0
+	// scrapes nothing: selection counts bookings alone (prefixd serve's
+	// --engine-load-interval defaults to engineload.DefaultInterval).
+	// Logger and Registry are the daemon's.
+	EngineLoad engineload.Config
 }
 
 // EPPConfig configures the endpoint picker.
@@ -381,6 +389,17 @@ func Run(ctx context.Context, cfg Config) error {
 		// It stops with the others: its record is revoked, so the peers
 		// drop this replica's bookings at once.
 		g.Go(func() error { return peers.Run(gctx) })
+	}
+	if cfg.EngineLoad.Interval > 0 {
+		elc := cfg.EngineLoad
+		elc.Logger, elc.Registry = log, reg
+		scraper := engineload.New(elc, view.engineTargets, svc)
+		elc = scraper.Config()
+		log.Info("reading every engine's load from its /metrics", "interval", elc.Interval, "stale_after", elc.StaleAfter,
+			"timeout", elc.Timeout, "concurrency", elc.Concurrency, "max_body_bytes", elc.MaxBodyBytes)
+		g.Go(func() error { return scraper.Run(gctx) })
+	} else {
+		log.Info("engine load not read (--engine-load-interval 0): selection counts this replica's bookings alone")
 	}
 
 	var wasReady atomic.Bool

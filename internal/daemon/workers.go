@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/events/stream"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/apiserver"
+	"github.com/prefixd/prefixd/internal/engineload"
 	"github.com/prefixd/prefixd/internal/leaf/clip"
 )
 
@@ -101,7 +103,8 @@ func (v *workerView) Unregister(ctx context.Context, model, group string, id uin
 	return catalog.UnregisterRanks(ctx, v.store, model, group, id, rank)
 }
 
-// List returns the known workers with their streams' state.
+// List returns the known workers with their streams' state and their
+// ranks' loads.
 func (v *workerView) List(model, group string) []apiserver.WorkerState {
 	streams := map[uint64]map[uint32]stream.Rank{}
 	for _, st := range v.streams.Status() {
@@ -111,7 +114,6 @@ func (v *workerView) List(model, group string) []apiserver.WorkerState {
 		streams[st.Worker][st.Rank] = st
 	}
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	out := make([]apiserver.WorkerState, 0, len(v.known))
 	for k, w := range v.known {
 		if (model == "" || k.Model == model) && (group == "" || k.Group == group) {
@@ -128,6 +130,36 @@ func (v *workerView) List(model, group string) []apiserver.WorkerState {
 				}
 			}
 			out = append(out, apiserver.WorkerState{Record: w, Streams: ss})
+		}
+	}
+	v.mu.Unlock()
+	// The loads after the view's lock: the coordinator has its own.
+	if v.svc != nil {
+		for i := range out {
+			w := out[i].Record
+			k := coordinator.KeyOf(catalog.Key{Model: w.ModelName, Group: w.RoutingGroup, WorkerID: w.WorkerID})
+			for _, r := range w.Ranks() {
+				if rl, ok := v.svc.RankLoad(k, r); ok {
+					if out[i].Loads == nil {
+						out[i].Loads = map[uint32]coordinator.RankLoad{}
+					}
+					out[i].Loads[r] = rl
+				}
+			}
+		}
+	}
+	return out
+}
+
+// engineTargets are the engines to scrape for their load: every known
+// worker with an HTTP endpoint whose role has a pool, with its ranks.
+func (v *workerView) engineTargets() []engineload.Target {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	out := make([]engineload.Target, 0, len(v.known))
+	for k, w := range v.known {
+		if _, pooled := coordinator.EngineOf(w); pooled && w.Endpoint != "" {
+			out = append(out, engineload.Target{Key: coordinator.KeyOf(k), Endpoint: w.Endpoint, Ranks: w.Ranks()})
 		}
 	}
 	return out

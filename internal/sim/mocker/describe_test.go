@@ -81,8 +81,16 @@ func TestDescribeRoutes(t *testing.T) {
 			}
 		}
 	}
-	if _, body := getBody(t, sg+"/metrics"); strings.Contains(body, "vllm:cache_config_info") {
-		t.Fatal("an SGLang-flavoured engine reports vllm:cache_config_info")
+	if _, body := getBody(t, sg+"/metrics"); strings.Contains(body, "vllm:") {
+		t.Fatalf("an SGLang-flavoured engine reports vLLM's metrics:\n%s", body)
+	} else {
+		for _, want := range []string{`sglang:num_running_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0`,
+			`sglang:num_queue_reqs{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0`,
+			`sglang:token_usage{engine_type="unified",model_name="m",pp_rank="0",tp_rank="0"} 0`} {
+			if !strings.Contains(body, want) {
+				t.Fatalf("SGLang /metrics lacks %s:\n%s", want, body)
+			}
+		}
 	}
 	if _, err := strconv.Atoi(port); err != nil {
 		t.Fatalf("port %q", port)

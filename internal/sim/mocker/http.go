@@ -89,9 +89,15 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewEncoder(w).Encode(res)
 }
 
-// serveMetrics writes vLLM's scheduler gauges, which KV-aware routers
-// scrape: requests running and waiting (those waiting for a KV transfer
-// included, as vLLM counts them) and KV-cache usage.
+// serveMetrics writes the scheduler gauges KV-aware routers scrape, with
+// the engine's names and labels: requests running and waiting (those
+// waiting for a KV transfer included, as vLLM counts them) and KV-cache
+// usage. vLLM labels each series with model_name and engine, the dp rank
+// (vllm/v1/metrics/loggers.py), and adds the prefix-cache counters and,
+// here, vllm:cache_config_info; SGLang names them sglang:num_running_reqs,
+// sglang:num_queue_reqs and sglang:token_usage, labelled with model_name,
+// engine_type, tp_rank and pp_rank (one mock engine is one dp rank, so
+// the dp_rank label of data-parallel attention is absent).
 func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodGet {
 		w.Header().Set("Allow", http.MethodGet)
@@ -99,21 +105,30 @@ func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	l := e.Load()
-	label := `{model_name=` + strconv.Quote(e.servedModel()) + `}`
 	w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+	usage := strconv.FormatFloat(l.KVUsage, 'g', -1, 64)
+	if e.cfg.Flavor == FlavorSGLang {
+		label := `{engine_type="unified",model_name=` + strconv.Quote(e.servedModel()) + `,pp_rank="0",tp_rank="0"}`
+		fmt.Fprintf(w, "# HELP sglang:num_running_reqs The number of running requests.\n"+
+			"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs%s %d\n", label, l.Running)
+		fmt.Fprintf(w, "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"+
+			"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs%s %d\n", label, l.Waiting+l.Transferring)
+		fmt.Fprintf(w, "# HELP sglang:token_usage The token usage.\n"+
+			"# TYPE sglang:token_usage gauge\nsglang:token_usage%s %s\n", label, usage)
+		return
+	}
+	label := `{engine="` + strconv.FormatUint(uint64(e.cfg.DPRank), 10) + `",model_name=` + strconv.Quote(e.servedModel()) + `}`
 	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
 		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running%s %d\n", label, l.Running)
 	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"+
 		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting%s %d\n", label, l.Waiting+l.Transferring)
 	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"+
-		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc%s %s\n", label, strconv.FormatFloat(l.KVUsage, 'g', -1, 64))
+		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc%s %s\n", label, usage)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in prompt tokens (of requests computing their prompt here).\n"+
 		"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total%s %d\n", label, l.PrefixQueries)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_hits_total Prefix cache hits, in prompt tokens.\n"+
 		"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total%s %d\n", label, l.PrefixHits)
-	if e.cfg.Flavor != FlavorSGLang {
-		e.writeCacheConfigInfo(w)
-	}
+	e.writeCacheConfigInfo(w)
 }
 
 // faultPlan is the failures POST /faults/fail injected into the OpenAI

@@ -600,8 +600,8 @@ func TestEngineMetrics(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`vllm:num_requests_running{model_name="m"} 1`, `vllm:num_requests_waiting{model_name="m"} 1`,
-		`vllm:kv_cache_usage_perc{model_name="m"} 0.5`, "# TYPE vllm:kv_cache_usage_perc gauge"} {
+	for _, want := range []string{`vllm:num_requests_running{engine="0",model_name="m"} 1`, `vllm:num_requests_waiting{engine="0",model_name="m"} 1`,
+		`vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5`, "# TYPE vllm:kv_cache_usage_perc gauge"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
@@ -623,7 +623,7 @@ func TestEngineMetrics(t *testing.T) {
 	}
 	body, _ = io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{`vllm:prefix_cache_queries_total{model_name="m"} 80`, `vllm:prefix_cache_hits_total{model_name="m"} 32`} {
+	for _, want := range []string{`vllm:prefix_cache_queries_total{engine="0",model_name="m"} 80`, `vllm:prefix_cache_hits_total{engine="0",model_name="m"} 32`} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}
