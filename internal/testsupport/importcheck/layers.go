@@ -27,7 +27,7 @@ var Rooms = []Room{
 	{"leaves", []string{"internal/leaf/..."}},
 	{"domain", []string{"indexer/...", "events/...", "catalog/...", "coordinator"}},
 	{"public", []string{"api", "client"}},
-	{"adapters", []string{"internal/apiserver", "internal/daemon", "internal/peer", "internal/replica", "internal/proxy", "internal/sidecar", "internal/status", "internal/tokenize", "internal/epp"}},
+	{"adapters", []string{"internal/apiserver", "internal/daemon", "internal/peer", "internal/replica", "internal/engineload", "internal/proxy", "internal/sidecar", "internal/status", "internal/tokenize", "internal/epp"}},
 	{"lab", []string{"internal/sim/..."}},
 	{"commands", []string{"cmd/...", "internal/cli", "deploy"}},
 	// Test support, imported only by tests (NoTestSupport keeps it out of
