@@ -29,10 +29,23 @@ func TestRouting(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	// Two replicas: rows carry the count, and the replica table follows.
+	stdout, stderr, err = run(t, "routing", "--quiet", "--requests", "20", "--policies", "prefixd", "--speedups", "1", "--replicas", "1,2")
+	if err != nil {
+		t.Fatalf("routing --replicas: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{"| prefixd/r1 |", "| prefixd/r2 |", "Replicas (", "| prefixd | ×1 | 2 |"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"--replicas", "0"}, "--replicas"},
+		{[]string{"--replicas", "65"}, "--replicas"},
+		{[]string{"--replica-spread", "-1s"}, "replica spread"},
 		{[]string{"--policies", "fastest"}, "--policies"},
 		{[]string{"--speedups", "x"}, "--speedups"},
 		{[]string{"--speedups", "0"}, "--speedups"},
