@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -15,14 +16,33 @@ import (
 
 var rewrite = flag.Bool("rewrite", false, "rewrite testdata/one-router.json from the current code")
 
+// goldenRequests is how many of the trace's first requests
+// testdata/one-router.json replays.
+const goldenRequests = 30
+
+// golden returns testdata/one-router.json's results, by policy, in
+// Policies order.
+func golden(t *testing.T) []Result {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("testdata", "one-router.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []Result
+	if err := json.Unmarshal(b, &want); err != nil {
+		t.Fatal(err)
+	}
+	return want
+}
+
 // TestOneRouterUnchanged: one replica replays exactly as the single
 // router did before replicas existed. testdata/one-router.json holds that
-// router's results on the trace's first 60 requests, every policy at ×4
+// router's results on the trace's first 30 requests, every policy at ×4
 // (written by the code before replicas; -rewrite regenerates it,
 // which only a change meant to alter the simulation may do).
 func TestOneRouterUnchanged(t *testing.T) {
 	reqs, prompts := sliceOf(t)
-	reqs, prompts = reqs[:60], prompts[:60]
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
 	cfg := DefaultConfig()
 	cfg.Replicas = 1
 	got, err := Sweep(context.Background(), cfg, reqs, prompts, Policies, []float64{4}, nil, 0, nil)
@@ -46,14 +66,7 @@ func TestOneRouterUnchanged(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var want []Result
-	if err := json.Unmarshal(b, &want); err != nil {
-		t.Fatal(err)
-	}
+	want := golden(t)
 	if len(got) != len(want) {
 		t.Fatalf("%d results, want %d", len(got), len(want))
 	}
@@ -74,9 +87,9 @@ func TestOneRouterUnchanged(t *testing.T) {
 // replica received every engine's events.
 func TestReplicasIndependent(t *testing.T) {
 	reqs, prompts := sliceOf(t)
-	reqs, prompts = reqs[:100], prompts[:100]
+	reqs, prompts = reqs[:40], prompts[:40]
 	cfg := DefaultConfig()
-	cfg.Replicas, cfg.Speedup, cfg.TotalBlocks = 8, 4, 4096 // evictions in the slice
+	cfg.Replicas, cfg.Speedup = 8, 4
 	s, err := newSim(cfg, reqs, prompts, Prefixd)
 	if err != nil {
 		t.Fatal(err)
@@ -131,50 +144,35 @@ func TestReplicasIndependent(t *testing.T) {
 			}
 		}
 	}
-	if s.work.Removed == 0 || s.work.ApplyErrors != 0 {
-		t.Errorf("index work %+v: want removals and no errors", s.work)
+	if s.work.Batches == 0 || s.work.ApplyErrors != 0 {
+		t.Errorf("index work %+v: want batches and no errors", s.work)
 	}
 }
 
-// TestTwoReplicas replays a short slice with two replicas: every request
-// completes, every booking returns, the index applied every batch twice;
-// random routes as one router does, and prefixd differently.
+// TestTwoReplicas replays the golden slice with two replicas: every
+// request completes and every booking returns; random (no router state)
+// routes as the single router did, prefixd (its bookings split) does not.
 func TestTwoReplicas(t *testing.T) {
 	reqs, prompts := sliceOf(t)
-	reqs, prompts = reqs[:100], prompts[:100]
-	cfg := DefaultConfig()
-	cfg.Speedup = 4
-	got, err := Sweep(context.Background(), cfg, reqs, prompts, []Policy{Random, Prefixd}, []float64{4}, []int{1, 2}, 0, nil)
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
+	got, err := Sweep(context.Background(), DefaultConfig(), reqs, prompts, []Policy{Random, Prefixd}, []float64{4}, []int{2}, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
-	by := map[string]Result{}
+	want := golden(t)
+	if len(got) != 2 {
+		t.Fatalf("%d results, want 2", len(got))
+	}
 	for _, r := range got {
-		names = append(names, r.Name(true))
-		by[r.Name(true)] = r
-		if r.Completed != len(reqs) || r.Bookings != 0 {
-			t.Errorf("%s: %d of %d completed, %d bookings left", r.Name(true), r.Completed, len(reqs), r.Bookings)
+		one := want[slices.IndexFunc(want, func(w Result) bool { return w.Policy == r.Policy })]
+		if r.Replicas != 2 || r.Completed != len(reqs) || r.Bookings != 0 {
+			t.Errorf("%s: %d replicas, %d of %d completed, %d bookings left", r.Name(true), r.Replicas, r.Completed, len(reqs), r.Bookings)
 		}
-	}
-	if want := []string{"random/r1", "prefixd/r1", "prefixd/r2"}; !reflect.DeepEqual(names, want) {
-		t.Fatalf("rows %v, want %v", names, want)
-	}
-	one, two := by["prefixd/r1"], by["prefixd/r2"]
-	if two.Index.Batches <= one.Index.Batches || two.Index.ApplyErrors != 0 {
-		t.Errorf("index work: one replica %+v, two %+v", *one.Index, *two.Index)
-	}
-	if one.TTFT == two.TTFT {
-		t.Errorf("prefixd: two replicas routed as one (TTFT %+v)", one.TTFT)
-	}
-	// Random keeps no router state: two replicas are one router.
-	cfg.Replicas = 2
-	r2, err := Run(cfg, reqs, prompts, Random)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r1 := by["random/r1"]
-	if r2.Replicas != 2 || r2.TTFT != r1.TTFT || r2.HitRate != r1.HitRate {
-		t.Errorf("random: two replicas %+v, one %+v", r2.TTFT, r1.TTFT)
+		if same := r.TTFT == one.TTFT && r.E2E == one.E2E; same != (r.Policy == Random) {
+			t.Errorf("%s: TTFT %+v, one router's %+v: want equal only for random", r.Name(true), r.TTFT, one.TTFT)
+		}
+		if r.Index != nil && (r.Index.Batches <= one.Index.Batches || r.Index.ApplyErrors != 0) {
+			t.Errorf("%s: index work %+v, one router's %+v: want more batches, no errors", r.Name(true), *r.Index, *one.Index)
+		}
 	}
 }
