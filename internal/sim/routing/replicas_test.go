@@ -87,7 +87,7 @@ func TestOneRouterUnchanged(t *testing.T) {
 // replica received every engine's events.
 func TestReplicasIndependent(t *testing.T) {
 	reqs, prompts := sliceOf(t)
-	reqs, prompts = reqs[:40], prompts[:40]
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
 	cfg := DefaultConfig()
 	cfg.Replicas, cfg.Speedup = 8, 4
 	s, err := newSim(cfg, reqs, prompts, Prefixd)
