@@ -99,9 +99,12 @@ func Bench(ctx context.Context, o BenchOptions, w io.Writer) error {
 	}
 	prompts := Prompts(reqs, DefaultVocab)
 	start := time.Now()
+	// Rows carry their replica count when a count above one is swept (as
+	// NewReport names them).
+	named := slices.ContainsFunc(o.Replicas, func(n int) bool { return n > 1 })
 	progress := func(r Result) {
 		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "%-16s ×%-4g hit %5.1f %%  TTFT p50 %9s p99 %9s  (%.1f s)\n", r.Name(len(o.Replicas) > 0), r.Speedup,
+			fmt.Fprintf(o.Progress, "%-16s ×%-4g hit %5.1f %%  TTFT p50 %9s p99 %9s  (%.1f s)\n", r.Name(named), r.Speedup,
 				100*r.HitRate, msStr(r.TTFT.P50), msStr(r.TTFT.P99), r.Wall)
 		}
 	}

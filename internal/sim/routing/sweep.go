@@ -70,7 +70,7 @@ func Sweep(ctx context.Context, cfg Config, reqs []trace.Request, prompts [][]ui
 			c.Speedup, c.Replicas = j.sp, j.n
 			r, err := Run(c, reqs, prompts, j.p)
 			if err != nil {
-				return fmt.Errorf("%s at ×%g, %d replicas: %w", j.p, j.sp, c.replicas(), err)
+				return fmt.Errorf("%s/r%d at ×%g: %w", j.p, c.replicas(), j.sp, err)
 			}
 			results[i] = r
 			done <- r
