@@ -35,7 +35,7 @@ FUZZTIME ?= 20s
 # Pinned linter: the newest staticcheck release that runs cleanly on Go 1.26.
 STATICCHECK_VERSION := v0.8.2
 
-.PHONY: all build deps test bench bench-index bench-routing lint fuzz demo index-demo soak clean
+.PHONY: all build deps test bench bench-index bench-routing bench-replicas lint fuzz demo index-demo soak clean
 
 all: build
 
@@ -91,6 +91,13 @@ bench:
 ROUTING_FLAGS ?= --weights 0.5,1,2,4
 bench-routing:
 	$(GO) run ./cmd/prefixd-bench routing $(ROUTING_FLAGS) --out docs/bench/routing
+
+# The same trace routed by N replicas that share nothing but the engines
+# (docs/benchmarks.md#replicas): each its own bookings and index. The report
+# and charts go to docs/bench/replicas.
+REPLICAS_FLAGS ?= --policies least-loaded,prefixd,oracle --speedups 1,4,8,16 --replicas 1,2,4,8
+bench-replicas:
+	$(GO) run ./cmd/prefixd-bench routing $(REPLICAS_FLAGS) --out docs/bench/replicas
 
 # The index benchmark's full sweep (Dynamo's mooncake_bench shape): the
 # Mooncake trace through 64 mock engines, offered load swept at each core

@@ -30,6 +30,8 @@ func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&o.policies, "policies", o.policies, "policies to compare, comma-separated")
 	fs.Float64SliceVar(&o.Speedups, "speedups", o.Speedups, "load levels: factors compressing the trace's arrival times, comma-separated")
 	fs.Float64SliceVar(&o.Weights, "weights", o.Weights, "also sweep prefixd's and the oracle's overlap weight over these values, comma-separated")
+	fs.IntSliceVar(&o.Replicas, "replicas", o.Replicas, "sweep these router counts, comma-separated: requests spread round-robin over N replicas, each with its own bookings and index; rows named <policy>/r<N> (unset: one router)")
+	fs.DurationVar(&o.ReplicaSpread, "replica-spread", o.ReplicaSpread, "replicas after the first receive events up to this much later than --event-delay (drawn from the seed)")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")
 	fs.IntVar(&o.TotalBlocks, "kv-blocks", o.TotalBlocks, "KV blocks per engine")
@@ -67,6 +69,7 @@ func newRoutingCommand() *cobra.Command {
 			"approximate prefix affinity, prefixd (its index fed by the engines' KV events through the\n" +
 			"real decoder and cursor; with booking predictions too), prefixd's decode-first plans\n" +
 			"on a prefill/decode split, and the oracle (the same cost function reading the true caches).\n" +
+			"--replicas spreads the requests over N routers that share nothing but the engines.\n" +
 			"It prints a table per load level and, with --out, writes report.json, report.md and charts.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

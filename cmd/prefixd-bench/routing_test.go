@@ -29,10 +29,27 @@ func TestRouting(t *testing.T) {
 			t.Error(err)
 		}
 	}
+	// Two replicas: rows carry the count, and the replica table follows;
+	// random keeps no router state and runs once.
+	stdout, stderr, err = run(t, "routing", "--quiet", "--requests", "20", "--policies", "random,prefixd", "--speedups", "1", "--replicas", "1,2")
+	if err != nil {
+		t.Fatalf("routing --replicas: %v\n%s", err, stderr)
+	}
+	for _, want := range []string{"| random/r1 |", "| prefixd/r1 |", "| prefixd/r2 |", "Replicas (", "| prefixd | ×1 | 2 |"} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("stdout lacks %q:\n%s", want, stdout)
+		}
+	}
+	if strings.Contains(stdout, "random/r2") {
+		t.Errorf("random ran at two replicas:\n%s", stdout)
+	}
 	for _, tc := range []struct {
 		args []string
 		want string
 	}{
+		{[]string{"--replicas", "0"}, "--replicas"},
+		{[]string{"--replicas", "65"}, "--replicas"},
+		{[]string{"--replica-spread", "-1s"}, "replica spread"},
 		{[]string{"--policies", "fastest"}, "--policies"},
 		{[]string{"--speedups", "x"}, "--speedups"},
 		{[]string{"--speedups", "0"}, "--speedups"},

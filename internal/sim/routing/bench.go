@@ -27,6 +27,10 @@ type BenchOptions struct {
 	// Weights, if set, are overlap weights to sweep prefixd's and the
 	// oracle's cost function over, at every speedup.
 	Weights []float64
+	// Replicas, if set, are router counts to sweep every policy over, at
+	// every speedup (Config.Replicas; random and consistent hashing run
+	// at the smallest only): rows are named "<policy>/r<N>".
+	Replicas []int
 	// Out is the directory for report.json, report.md and the charts
 	// ("": none written).
 	Out      string
@@ -57,6 +61,11 @@ func (o BenchOptions) Validate() error {
 	for _, w := range o.Weights {
 		if !(w >= 0) || w > 1e6 {
 			return fmt.Errorf("--weights %v: want non-negative weights", w)
+		}
+	}
+	for _, n := range o.Replicas {
+		if n < 1 || n > MaxReplicas {
+			return fmt.Errorf("--replicas %d: want 1 to %d", n, MaxReplicas)
 		}
 	}
 	c := o.Config
@@ -90,13 +99,16 @@ func Bench(ctx context.Context, o BenchOptions, w io.Writer) error {
 	}
 	prompts := Prompts(reqs, DefaultVocab)
 	start := time.Now()
+	// Rows carry their replica count when a count above one is swept (as
+	// NewReport names them).
+	named := slices.ContainsFunc(o.Replicas, func(n int) bool { return n > 1 })
 	progress := func(r Result) {
 		if o.Progress != nil {
-			fmt.Fprintf(o.Progress, "%-16s ×%-4g hit %5.1f %%  TTFT p50 %9s p99 %9s  (%.1f s)\n", r.Policy, r.Speedup,
+			fmt.Fprintf(o.Progress, "%-16s ×%-4g hit %5.1f %%  TTFT p50 %9s p99 %9s  (%.1f s)\n", r.Name(named), r.Speedup,
 				100*r.HitRate, msStr(r.TTFT.P50), msStr(r.TTFT.P99), r.Wall)
 		}
 	}
-	results, err := Sweep(ctx, o.Config, reqs, prompts, o.Policies, o.Speedups, o.Parallel, progress)
+	results, err := Sweep(ctx, o.Config, reqs, prompts, o.Policies, o.Speedups, o.Replicas, o.Parallel, progress)
 	if err != nil {
 		return err
 	}
@@ -104,7 +116,7 @@ func Bench(ctx context.Context, o BenchOptions, w io.Writer) error {
 	for _, wt := range o.Weights {
 		c := o.Config
 		c.Options.OverlapCredit = wt
-		rs, err := Sweep(ctx, c, reqs, prompts, []Policy{Prefixd, Oracle}, o.Speedups, o.Parallel, progress)
+		rs, err := Sweep(ctx, c, reqs, prompts, []Policy{Prefixd, Oracle}, o.Speedups, nil, o.Parallel, progress)
 		if err != nil {
 			return err
 		}

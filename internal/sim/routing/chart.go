@@ -36,8 +36,9 @@ var palette = []color.RGBA{
 	{0x2c, 0xa0, 0x2c, 0xff}, // prefixd-disagg: green
 }
 
-// style gives each policy one colour and dash, the same in every chart.
-func style(p Policy) draw.LineStyle {
+// style gives each policy one colour and dash, the same in every chart;
+// more than one replica dots the line, the more the finer.
+func style(p Policy, replicas int) draw.LineStyle {
 	i := slices.Index(Policies, p)
 	ls := draw.LineStyle{Width: vg.Points(1.5), Color: palette[i%len(palette)]}
 	switch p {
@@ -45,6 +46,10 @@ func style(p Policy) draw.LineStyle {
 		ls.Dashes = []vg.Length{vg.Points(4), vg.Points(2)}
 	case Prefixd:
 		ls.Width = vg.Points(2.5)
+	}
+	if replicas > 1 {
+		on := max(8/float64(replicas), 1) * 4
+		ls.Dashes = []vg.Length{vg.Points(on), vg.Points(2)}
 	}
 	return ls
 }
@@ -115,10 +120,10 @@ func (rep Report) WriteCharts(dir string, cdfAt float64) ([]string, error) {
 		if c.logY {
 			p.Y.Scale, p.Y.Tick.Marker = plot.LogScale{}, plot.LogTicks{Prec: -1}
 		}
-		for _, pol := range policiesOf(rep.Results) {
+		for _, sr := range seriesOf(rep.Results) {
 			var xys plotter.XYs
 			for _, r := range rep.Results {
-				if r.Policy == pol {
+				if r.Policy == sr.Policy && r.Replicas == sr.Replicas {
 					y := c.v(r)
 					if c.logY && y <= 0 {
 						continue
@@ -133,10 +138,10 @@ func (rep Report) WriteCharts(dir string, cdfAt float64) ([]string, error) {
 			if err != nil {
 				return files, fmt.Errorf("chart %s: %w", c.name, err)
 			}
-			l.LineStyle = style(pol)
+			l.LineStyle = style(sr.Policy, sr.Replicas)
 			pts.Color, pts.Shape = l.LineStyle.Color, draw.CircleGlyph{}
 			p.Add(l, pts)
-			p.Legend.Add(string(pol), l)
+			p.Legend.Add(rep.name(Result{Policy: sr.Policy, Replicas: sr.Replicas}), l)
 		}
 		legendRoom(p, false)
 		if err := save(p, c.name); err != nil {
@@ -173,9 +178,9 @@ func (rep Report) cdf(sp float64) *plot.Plot {
 		if err != nil {
 			continue
 		}
-		l.LineStyle = style(r.Policy)
+		l.LineStyle = style(r.Policy, r.Replicas)
 		p.Add(l)
-		p.Legend.Add(string(r.Policy), l)
+		p.Legend.Add(rep.name(r), l)
 	}
 	if !any {
 		return nil

@@ -9,7 +9,7 @@ import (
 // engine; otherwise prefill (one output token) runs on the plan's prefill
 // engine and, when it ends, decode on the decode engine receives the KV.
 func (s *sim) arriveDisagg(r *request) {
-	p, err := s.svc.Plan(coordinator.Request{ID: r.id, Model: model, PrefillGroup: group, DecodeGroup: group, Tokens: r.tokens})
+	p, err := s.replicas[r.replica].svc.Plan(coordinator.Request{ID: r.id, Model: model, PrefillGroup: group, DecodeGroup: group, Tokens: r.tokens})
 	if err != nil || p.Decode == nil {
 		s.fail(r)
 		return
@@ -27,10 +27,10 @@ func (s *sim) arriveDisagg(r *request) {
 
 // prefillDone hands r's KV to its decode engine.
 func (s *sim) prefillDone(r *request) {
-	_, _ = s.svc.PrefillComplete(r.id)
+	_, _ = s.replicas[r.replica].svc.PrefillComplete(r.id)
 	r.stage = stageDecode
 	s.start(r, r.decode, &mocker.Seq{Tokens: r.tokens, MaxTokens: r.output, RemoteKV: true})
 }
 
 // release frees what r's plan still holds.
-func (s *sim) release(r *request) { _, _ = s.svc.Release(r.id) }
+func (s *sim) release(r *request) { _, _ = s.replicas[r.replica].svc.Release(r.id) }

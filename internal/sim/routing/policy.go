@@ -32,16 +32,23 @@ func (*roundRobin) prefilled(*request) {}
 func (*roundRobin) done(*request)      {}
 
 // leastLoaded counts what a router without engine metrics knows: the
-// requests it sent each engine that have not finished.
-type leastLoaded struct{ s *sim }
+// requests it (replica rep) sent each engine that have not finished.
+type leastLoaded struct {
+	s   *sim
+	rep int
+}
 
 func (p leastLoaded) route(*request) (int, error) {
 	best, ties := -1, 0
 	for i, e := range p.s.engines {
+		n, b := e.inflight[p.rep], 0
+		if best >= 0 {
+			b = p.s.engines[best].inflight[p.rep]
+		}
 		switch {
-		case best < 0 || e.inflight < p.s.engines[best].inflight:
+		case best < 0 || n < b:
 			best, ties = i, 1
-		case e.inflight == p.s.engines[best].inflight:
+		case n == b:
 			// Reservoir sampling: each tie equally likely.
 			if ties++; p.s.rng.IntN(ties) == 0 {
 				best = i
@@ -95,24 +102,27 @@ func (p *ring) route(r *request) (int, error) {
 func (*ring) prefilled(*request) {}
 func (*ring) done(*request)      {}
 
-// svcRouter routes through prefixd's coordinator service: select and
+// svcRouter routes through a replica's coordinator service: select and
 // reserve, prefill complete at the first token, free at the end.
-type svcRouter struct{ s *sim }
+type svcRouter struct {
+	s   *sim
+	svc *coordinator.Service
+}
 
 var aggregated = coordinator.PoolKey{Model: model, Group: group, Role: coordinator.RoleAggregated}
 
 func (p svcRouter) route(r *request) (int, error) {
-	c, err := p.s.svc.SelectAndReserve(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens})
+	c, err := p.svc.SelectAndReserve(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens})
 	if err != nil {
 		return 0, err
 	}
 	return p.s.byRank[c.Rank], nil
 }
 
-func (p svcRouter) prefilled(r *request) { _ = p.s.svc.ReservePrefillComplete(r.id) }
+func (p svcRouter) prefilled(r *request) { _ = p.svc.ReservePrefillComplete(r.id) }
 
 // done frees the booking; one already expired is gone (not an error here).
-func (p svcRouter) done(r *request) { _ = p.s.svc.Free(r.id) }
+func (p svcRouter) done(r *request) { _ = p.svc.Free(r.id) }
 
 // oracle is an overlap source that reads every engine's true prefix
 // cache: the cost function with perfect knowledge.

@@ -24,6 +24,9 @@ type Report struct {
 	// Weights are prefixd's and the oracle's runs over overlap weights
 	// (BenchOptions.Weights), if any.
 	Weights []Result `json:"weights,omitempty"`
+	// Replicas is the replica counts swept (BenchOptions.Replicas), if
+	// any: rows are then named with their count ("prefixd/r8").
+	Replicas []int `json:"replicas,omitempty"`
 }
 
 // FleetInfo is the configuration a report was made with.
@@ -35,22 +38,26 @@ type FleetInfo struct {
 	EventDelayMS   float64 `json:"event_delay_ms"`
 	PredictedTTLS  float64 `json:"predicted_ttl_s"`
 	ApproxTTLS     float64 `json:"approx_ttl_s"`
-	OverlapWeight  float64 `json:"overlap_weight"`
-	Seed           uint64  `json:"seed"`
+	// ReplicaSpreadMS spreads the replicas' event delays (Config.ReplicaSpread).
+	ReplicaSpreadMS float64 `json:"replica_spread_ms,omitempty"`
+	OverlapWeight   float64 `json:"overlap_weight"`
+	Seed            uint64  `json:"seed"`
 }
 
-// Knee is one policy's saturation point in a sweep.
+// Knee is one policy's saturation point in a sweep, at one replica count.
 type Knee struct {
-	Policy  Policy  `json:"policy"`
-	Speedup float64 `json:"speedup"` // 0: saturated at every speedup
-	PeakRPS float64 `json:"peak_rps"`
+	Policy   Policy  `json:"policy"`
+	Replicas int     `json:"replicas"`
+	Speedup  float64 `json:"speedup"` // 0: saturated at every speedup
+	PeakRPS  float64 `json:"peak_rps"`
 }
 
 // kneeFraction of the offered rate is what a policy must still complete,
 // within the arrival window, to be below its knee.
 const kneeFraction = 0.9
 
-// NewReport assembles a report of results.
+// NewReport assembles a report of results. Results at more than one
+// replica count make a replica sweep: rows are named with their count.
 func NewReport(traceName string, requests int, cfg Config, results []Result) Report {
 	prefill := 0
 	if slices.ContainsFunc(results, func(r Result) bool { return r.Policy == Disagg }) {
@@ -60,10 +67,15 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 		Engines: cfg.Engines, PrefillEngines: prefill, TotalBlocks: cfg.TotalBlocks, BlockSize: cfg.BlockSize,
 		EventDelayMS: ms(cfg.EventDelay), PredictedTTLS: cfg.PredictedTTL.Seconds(), ApproxTTLS: cfg.ApproxTTL.Seconds(),
 		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed}}
-	for _, p := range policiesOf(results) {
-		k := Knee{Policy: p}
+	if ns := distinct(results, func(r Result) int { return r.Replicas }); len(ns) > 1 || len(ns) == 1 && ns[0] > 1 {
+		slices.Sort(ns)
+		rep.Replicas = ns
+		rep.Fleet.ReplicaSpreadMS = ms(cfg.ReplicaSpread)
+	}
+	for _, s := range seriesOf(results) {
+		k := Knee{Policy: s.Policy, Replicas: s.Replicas}
 		for _, r := range results {
-			if r.Policy != p {
+			if r.Policy != s.Policy || r.Replicas != s.Replicas {
 				continue
 			}
 			k.PeakRPS = max(k.PeakRPS, r.ThroughputRPS)
@@ -87,9 +99,18 @@ func distinct[T comparable](results []Result, key func(Result) T) []T {
 	return out
 }
 
-func policiesOf(results []Result) []Policy {
-	return distinct(results, func(r Result) Policy { return r.Policy })
+// series is one line of a sweep: a policy at a replica count.
+type series struct {
+	Policy   Policy
+	Replicas int
 }
+
+func seriesOf(results []Result) []series {
+	return distinct(results, func(r Result) series { return series{r.Policy, r.Replicas} })
+}
+
+// name is r's row name in this report.
+func (rep Report) name(r Result) string { return r.Name(len(rep.Replicas) > 0) }
 
 // speedupsOf returns the results' speedups, ascending.
 func speedupsOf(results []Result) []float64 {
@@ -131,11 +152,11 @@ func (rep Report) WriteTable(w io.Writer) error {
 			if r.Index != nil {
 				idx = fmt.Sprintf("%s / %s / %s", count(r.Index.Events), count(r.Index.Blocks), count(uint64(r.Index.Entries)))
 			}
-			fmt.Fprintf(&b, "| %s | %.1f %% | %s | %s | %s | %s | %s | %.2f | %.0f | %.2f | %d | %s |\n", r.Policy, 100*r.HitRate,
+			fmt.Fprintf(&b, "| %s | %.1f %% | %s | %s | %s | %s | %s | %.2f | %.0f | %.2f | %d | %s |\n", rep.name(r), 100*r.HitRate,
 				msStr(r.TTFT.P50), msStr(r.TTFT.P90), msStr(r.TTFT.P99), msStr(r.E2E.P50), msStr(r.E2E.P99),
 				r.ThroughputRPS, r.OutputTPS, r.Imbalance, r.Failed, idx)
 		}
-		if line := compare(rows); line != "" {
+		if line := rep.compare(rows); line != "" {
 			b.WriteString("\n" + line + "\n")
 		}
 	}
@@ -146,9 +167,10 @@ func (rep Report) WriteTable(w io.Writer) error {
 			if k.Speedup > 0 {
 				at = fmt.Sprintf("×%g", k.Speedup)
 			}
-			fmt.Fprintf(&b, "- %s: %s, peak %.2f req/s\n", k.Policy, at, k.PeakRPS)
+			fmt.Fprintf(&b, "- %s: %s, peak %.2f req/s\n", rep.name(Result{Policy: k.Policy, Replicas: k.Replicas}), at, k.PeakRPS)
 		}
 	}
+	rep.writeReplicas(&b)
 	if len(rep.Weights) > 0 {
 		fmt.Fprintf(&b, "\nOverlap weight (the cost function's credit per cached block; prefixd serves %g, Dynamo's default is 1):\n\n", float64(coordinator.DefaultOverlapWeight))
 		b.WriteString("| policy | weight | load | hit rate | TTFT p50 | p99 | E2E p50 | imbalance |\n|---|---:|---:|---:|---:|---:|---:|---:|\n")
@@ -161,22 +183,54 @@ func (rep Report) WriteTable(w io.Writer) error {
 	return err
 }
 
-// compare says where prefixd stands against the oracle and the others.
-func compare(rows []Result) string {
+// compare says where prefixd (at the fewest replicas) stands against the
+// oracle and the others.
+func (rep Report) compare(rows []Result) string {
 	i := slices.IndexFunc(rows, func(r Result) bool { return r.Policy == Prefixd })
 	if i < 0 {
 		return ""
 	}
 	px := rows[i]
 	var parts []string
-	for _, r := range rows {
-		if r.Policy == Prefixd || r.HitRate == 0 && r.TTFT.P50 == 0 {
+	for j, r := range rows {
+		if j == i || r.HitRate == 0 && r.TTFT.P50 == 0 {
 			continue
 		}
-		parts = append(parts, fmt.Sprintf("%s: hit %+.1f pt, TTFT p50 %s, p99 %s", r.Policy,
+		parts = append(parts, fmt.Sprintf("%s: hit %+.1f pt, TTFT p50 %s, p99 %s", rep.name(r),
 			100*(px.HitRate-r.HitRate), ratio(px.TTFT.P50, r.TTFT.P50), ratio(px.TTFT.P99, r.TTFT.P99)))
 	}
-	return "prefixd against " + strings.Join(parts, "; ") + "."
+	return rep.name(px) + " against " + strings.Join(parts, "; ") + "."
+}
+
+// writeReplicas writes a replica sweep's summary: for each policy run at
+// more than one count, hit rate, TTFT and imbalance per load and count,
+// against the fewest replicas.
+func (rep Report) writeReplicas(b *strings.Builder) {
+	if len(rep.Replicas) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\nReplicas (requests spread round-robin over N routers, each with its own bookings and index; events reach replicas after %s plus up to %s):\n\n",
+		dur(rep.Fleet.EventDelayMS/1e3), dur(rep.Fleet.ReplicaSpreadMS/1e3))
+	b.WriteString("| policy | load | N | hit rate | Δ hit | TTFT p50 | × | p99 | × | imbalance |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	for _, p := range distinct(rep.Results, func(r Result) Policy { return r.Policy }) {
+		for _, sp := range speedupsOf(rep.Results) {
+			var rows []Result
+			for _, r := range rep.Results {
+				if r.Policy == p && r.Speedup == sp {
+					rows = append(rows, r)
+				}
+			}
+			if len(rows) < 2 {
+				continue
+			}
+			base := rows[0]
+			for _, r := range rows {
+				fmt.Fprintf(b, "| %s | ×%g | %d | %.1f %% | %+.1f pt | %s | %s | %s | %s | %.2f |\n", p, sp, r.Replicas, 100*r.HitRate,
+					100*(r.HitRate-base.HitRate), msStr(r.TTFT.P50), ratio(r.TTFT.P50, base.TTFT.P50), msStr(r.TTFT.P99),
+					ratio(r.TTFT.P99, base.TTFT.P99), r.Imbalance)
+			}
+		}
+	}
 }
 
 // ratio is a/b as "0.93×".

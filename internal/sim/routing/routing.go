@@ -10,6 +10,11 @@
 // decoded, ordered by the stream cursor and applied to a real index; the
 // oracle reads every engine's true cache at decision time instead.
 //
+// Config.Replicas spreads the requests over several routers that share
+// nothing but the engines, as replicas of prefixd behind one gateway do:
+// each has its own coordinator.Service (its own bookings) and its own
+// index, fed by every engine's events after its own delay.
+//
 // A run is deterministic for a trace, configuration, policy and seed, and
 // single-threaded; Sweep runs independent runs in parallel.
 package routing
@@ -19,6 +24,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
 	"time"
 
@@ -91,6 +97,15 @@ const (
 	// bounds a lost or slow stream's effect).
 	DefaultPredictedTTL = 2 * time.Second
 	DefaultApproxTTL    = 120 * time.Second
+	// DefaultReplicaSpread is the most a replica's event delay exceeds
+	// EventDelay: replicas subscribe over their own paths and apply on
+	// their own cores, so their indexes lag by different amounts. A few
+	// milliseconds, the order of EventDelay itself; the results hardly
+	// depend on it (event lag of 1 s still makes the oracle's decisions on
+	// this trace, docs/benchmarks.md).
+	DefaultReplicaSpread = 10 * time.Millisecond
+	// MaxReplicas bounds Config.Replicas.
+	MaxReplicas = 64
 	// DefaultVocab is Llama 3's vocabulary size: trace hash ids expand to
 	// token ids below it.
 	DefaultVocab = 128256
@@ -119,6 +134,27 @@ type Config struct {
 	PredictedTTL time.Duration
 	ApproxTTL    time.Duration
 	Seed         uint64
+
+	// Replicas is how many routers share the traffic (0: one). Requests
+	// go to them round-robin, in arrival order; each routes with its own
+	// state (its own Service and bookings, its own index, predictions and
+	// in-flight counts), as separate `prefixd serve` replicas behind one
+	// gateway do today. One replica is the single router, result for
+	// result.
+	Replicas int
+	// ReplicaSpread spreads the replicas' event delays: the first replica
+	// receives events after EventDelay, each other one after EventDelay
+	// plus a draw in [0, ReplicaSpread] from the seed.
+	ReplicaSpread time.Duration
+	// ScrapeInterval is how often each replica reads every engine's own
+	// load (0: never, as today). Not modelled yet: any other value is
+	// refused until coordinator.Service takes an engine's load.
+	ScrapeInterval time.Duration
+	// SyncDelay is how long a booking made at one replica takes to count
+	// at the others (0: bookings are not shared, as today). Not modelled
+	// yet: any other value is refused until coordinator.Service applies
+	// peers' bookings.
+	SyncDelay time.Duration
 }
 
 // DefaultConfig returns the benchmark's fleet: 16 engines of 16,384
@@ -127,7 +163,26 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
 		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
-		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1}
+		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread}
+}
+
+// replicas is how many routers the replay has.
+func (c Config) replicas() int { return max(c.Replicas, 1) }
+
+// replicaDelays returns each replica's event delay: EventDelay for the
+// first, EventDelay plus a uniform draw in [0, ReplicaSpread] for each
+// other, from the seed (its own stream: the replay's other draws do not
+// move).
+func (c Config) replicaDelays() []time.Duration {
+	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0xde1a7))
+	out := make([]time.Duration, c.replicas())
+	for i := range out {
+		out[i] = c.EventDelay
+		if i > 0 && c.ReplicaSpread > 0 {
+			out[i] += time.Duration(rng.Int64N(int64(c.ReplicaSpread) + 1))
+		}
+	}
+	return out
 }
 
 // prefillEngines is how many engines prefill under Disagg.
@@ -150,6 +205,14 @@ func (c Config) Validate() error {
 		return fmt.Errorf("speedup %v: want a positive factor", c.Speedup)
 	case c.PredictedTTL <= 0 || c.ApproxTTL <= 0:
 		return fmt.Errorf("predicted TTL %v and approx TTL %v must be positive", c.PredictedTTL, c.ApproxTTL)
+	case c.Replicas < 0 || c.Replicas > MaxReplicas:
+		return fmt.Errorf("replicas %d: want 0 (one) to %d", c.Replicas, MaxReplicas)
+	case c.ReplicaSpread < 0 || c.ReplicaSpread > time.Minute:
+		return fmt.Errorf("replica spread %v: want 0 to 1m", c.ReplicaSpread)
+	case c.ScrapeInterval != 0:
+		return fmt.Errorf("scrape interval %v: engine load is not modelled yet (want 0)", c.ScrapeInterval)
+	case c.SyncDelay != 0:
+		return fmt.Errorf("sync delay %v: shared bookings are not modelled yet (want 0)", c.SyncDelay)
 	}
 	return c.Timing.WithDefaults().Validate()
 }
@@ -181,8 +244,11 @@ type IndexWork struct {
 
 // Result is one run's measurements.
 type Result struct {
-	Policy  Policy  `json:"policy"`
-	Speedup float64 `json:"speedup"`
+	Policy Policy `json:"policy"`
+	// Replicas is how many routers shared the traffic (Config.Replicas;
+	// 1: one router).
+	Replicas int     `json:"replicas"`
+	Speedup  float64 `json:"speedup"`
 	// Weight is the cost function's overlap weight of the run.
 	Weight float64 `json:"overlap_weight"`
 	// Requests were offered; Completed finished, Failed did not (refused
@@ -207,12 +273,14 @@ type Result struct {
 	// Imbalance is the busiest engine's busy time over the mean (1:
 	// perfectly even); under Disagg, over the prefill engines.
 	Imbalance float64 `json:"imbalance"`
-	// Bookings is the reservations and plans prefixd still held at the end
-	// (0: none leaked).
+	// Bookings is the reservations and plans prefixd still held at the end,
+	// over every replica (0: none leaked).
 	Bookings int `json:"bookings"`
 	// Fallbacks counts Disagg plans that ran in bypass (prefill on the
 	// decode engine).
-	Bypass  int        `json:"bypass,omitempty"`
+	Bypass int `json:"bypass,omitempty"`
+	// Index is what the replicas' indexes did: counters summed over them,
+	// entries the largest replica's.
 	Index   *IndexWork `json:"index,omitempty"`
 	Virtual float64    `json:"virtual_seconds"`
 	Wall    float64    `json:"wall_seconds"`
@@ -269,8 +337,19 @@ func summarize(ms []float64) Latency {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-// byPolicyOrder sorts results by policy (report order), weight, speedup.
+// byPolicyOrder sorts results by policy (report order), weight, replicas,
+// speedup.
 func byPolicyOrder(a, b Result) int {
 	ia, ib := slices.Index(Policies, a.Policy), slices.Index(Policies, b.Policy)
-	return cmp.Or(cmp.Compare(ia, ib), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Speedup, b.Speedup))
+	return cmp.Or(cmp.Compare(ia, ib), cmp.Compare(a.Weight, b.Weight), cmp.Compare(a.Replicas, b.Replicas),
+		cmp.Compare(a.Speedup, b.Speedup))
+}
+
+// Name is the result's row name: its policy, and with withReplicas its
+// replica count too ("prefixd/r8").
+func (r Result) Name(withReplicas bool) string {
+	if !withReplicas {
+		return string(r.Policy)
+	}
+	return fmt.Sprintf("%s/r%d", r.Policy, max(r.Replicas, 1))
 }

@@ -41,7 +41,7 @@ func sliceOf(t *testing.T) ([]trace.Request, [][]uint32) {
 // batch.
 func TestCISlice(t *testing.T) {
 	reqs, prompts := sliceOf(t)
-	results, err := Sweep(context.Background(), DefaultConfig(), reqs, prompts, Policies, []float64{1, 4}, 0, nil)
+	results, err := Sweep(context.Background(), DefaultConfig(), reqs, prompts, Policies, []float64{1, 4}, nil, 0, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,14 +134,14 @@ func TestIndexMatchesEngines(t *testing.T) {
 		k := indexer.PartitionKey{Model: model, Group: group}
 		for _, e := range s.engines {
 			want := e.pool.Holds()
-			st, err := s.ix.Rank(k, e.rank)
+			st, err := s.replicas[0].ix.Rank(k, e.rank)
 			if err != nil {
 				t.Fatal(err)
 			}
 			if st.Degraded || st.Truncated || st.Blocks != len(want) {
 				t.Errorf("%s engine %d: index %+v, engine holds %d blocks", p, e.idx, st, len(want))
 			}
-			err = s.ix.ReadRank(k, e.rank, func(tr *indexer.Tree) {
+			err = s.replicas[0].ix.ReadRank(k, e.rank, func(tr *indexer.Tree) {
 				for h, n := range want {
 					if c, ok := tr.Holds(e.rank, h); !ok || int(c[indexer.TierDevice]) != n {
 						t.Errorf("%s engine %d block %x: index %v %v, engine %d copies", p, e.idx, h, c, ok, n)
@@ -176,6 +176,11 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.ApproxTTL = 0 }, "approx TTL"},
 		{func(c *Config) { c.PredictedTTL = 0 }, "predicted TTL"},
 		{func(c *Config) { c.Timing.MaxNumSeqs = -1 }, "max num seqs"},
+		{func(c *Config) { c.Replicas = -1 }, "replicas"},
+		{func(c *Config) { c.Replicas = MaxReplicas + 1 }, "replicas"},
+		{func(c *Config) { c.ReplicaSpread = -time.Millisecond }, "replica spread"},
+		{func(c *Config) { c.ScrapeInterval = time.Second }, "scrape interval"},
+		{func(c *Config) { c.SyncDelay = time.Millisecond }, "sync delay"},
 	} {
 		c := DefaultConfig()
 		tc.edit(&c)

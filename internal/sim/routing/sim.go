@@ -40,16 +40,52 @@ type engine struct {
 	until    time.Time // end of the running step
 	busy     time.Duration
 
-	// inflight is the requests routed here and not finished, as the
-	// router counts them.
-	inflight int
+	// inflight is the requests routed here and not finished, as each
+	// replica's router counts them (by replica).
+	inflight []int
 
-	// The event stream: published batches wait in inbox until their
-	// delivery time, then go through the cursor to the index.
+	// pubSeq numbers the engine's event batches; every replica receives
+	// each one (replica.feeds).
 	pubSeq uint64
-	inbox  []delivery
-	head   int
-	cur    *cursor.Cursor
+}
+
+// replica is one router of a replicated deployment: requests are spread
+// over the replicas round-robin, and each routes its share with its own
+// state: its own coordinator.Service (only its own bookings), its own
+// index built from every engine's events after its own delay, its own
+// predictions, its own router. Nothing is shared between replicas but the
+// engines; with one replica the simulation is the single router's.
+//
+// Two ways for replicas to agree plug in here when their coordinator
+// APIs land:
+//   - Config.ScrapeInterval: every engine's own load reported to each
+//     replica (Service.SetEngineLoad) at its scrapes; see sim.run.
+//   - Config.SyncDelay: each booking's delta (ServiceConfig.OnBooking)
+//     applied on every other replica (Service.ApplyPeer) after the delay;
+//     see newService.
+type replica struct {
+	i int
+	// delay is how long engines' events take to reach this replica's
+	// index: Config.EventDelay, plus a spread for every replica but the
+	// first (replicaDelays).
+	delay   time.Duration
+	router  router
+	svc     *coordinator.Service // the KV-aware policies'
+	ix      *indexer.Index
+	applier *stream.IndexApplier
+	pred    *indexer.Predictions
+	// feeds is each engine's event stream as this replica receives it,
+	// by engine.
+	feeds []*feed
+}
+
+// feed is one engine's event stream at one replica: published batches
+// wait in inbox until their delivery time, then go through the cursor to
+// the replica's index.
+type feed struct {
+	inbox []delivery
+	head  int
+	cur   *cursor.Cursor
 }
 
 type delivery struct {
@@ -74,11 +110,12 @@ type request struct {
 	tokens  []uint32
 	output  int
 
-	stage  stage
-	engine int // of the current sequence
-	seq    *mocker.Seq
-	decode int // Disagg: the plan's decode engine
-	hit    int // prompt tokens served by a prefix cache
+	stage   stage
+	replica int // the router it arrived at
+	engine  int // of the current sequence
+	seq     *mocker.Seq
+	decode  int // Disagg: the plan's decode engine
+	hit     int // prompt tokens served by a prefix cache
 
 	firstToken, finished time.Time
 	failed               bool
@@ -92,35 +129,38 @@ type router interface {
 }
 
 type sim struct {
-	cfg     Config
-	policy  Policy
-	now     time.Time
-	rng     *rand.Rand
-	engines []*engine
-	byRank  map[indexer.Rank]int
-	reqs    []*request
-	next    int // next arrival
-	bySeq   map[*mocker.Seq]*request
-	router  router
-	svc     *coordinator.Service // the KV-aware policies'
-	nextExp time.Time            // next Service.Expire
+	cfg      Config
+	policy   Policy
+	now      time.Time
+	rng      *rand.Rand
+	engines  []*engine
+	byRank   map[indexer.Rank]int
+	reqs     []*request
+	next     int // next arrival
+	bySeq    map[*mocker.Seq]*request
+	replicas []*replica
+	nextExp  time.Time // next Service.Expire
 
-	// The index the events build (KV-aware policies only).
-	ix      *indexer.Index
-	applier *stream.IndexApplier
-	enc     wire.Encoder
-	dec     wire.Decoder
-	batch   wire.Batch
-	work    IndexWork
-	events  bool // publish events to the index
-	pred    *indexer.Predictions
+	// The events' codec and the work of every replica's index (KV-aware
+	// policies only).
+	enc    wire.Encoder
+	dec    wire.Decoder
+	batch  wire.Batch
+	work   IndexWork
+	events bool // publish events to the indexes
 
 	bypass int
+
+	// stepped, if set, is called after each instant of the replay (tests).
+	stepped func()
 }
 
 func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy) (*sim, error) {
 	s := &sim{cfg: cfg, policy: policy, now: epoch, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)),
 		byRank: map[indexer.Rank]int{}, bySeq: map[*mocker.Seq]*request{}}
+	for i, d := range cfg.replicaDelays() {
+		s.replicas = append(s.replicas, &replica{i: i, delay: d})
+	}
 	prefill := 0
 	if policy == Disagg {
 		prefill = cfg.prefillEngines()
@@ -142,80 +182,102 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 			}
 		}
 		e := &engine{idx: i, rank: indexer.Rank{WorkerID: uint64(i + 1)}, role: role, pool: pool, sched: sched,
-			cur: cursor.New(cursor.Config{})}
-		e.cur.Connected(epoch)
+			inflight: make([]int, len(s.replicas))}
 		s.engines = append(s.engines, e)
 		s.byRank[e.rank] = i
+		for _, rep := range s.replicas {
+			f := &feed{cur: cursor.New(cursor.Config{})}
+			f.cur.Connected(epoch)
+			rep.feeds = append(rep.feeds, f)
+		}
 	}
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
-	for _, i := range order {
+	for k, i := range order {
 		r := reqs[i]
 		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
-			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup))})
+			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup)), replica: k % len(s.replicas)})
 	}
 	return s, s.setPolicy()
 }
 
+// setPolicy gives every replica its router. Random and consistent
+// hashing keep no state, so the replicas share one; round-robin and
+// least-loaded count per replica, as separate routers do.
 func (s *sim) setPolicy() error {
+	var shared router
 	switch s.policy {
 	case Random:
-		s.router = randomRouter{s}
-	case RoundRobin:
-		s.router = &roundRobin{s: s}
-	case LeastLoaded:
-		s.router = leastLoaded{s}
+		shared = randomRouter{s}
 	case ConsistentHash:
-		s.router = newRing(s, 64)
-	case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg:
-		return s.newService()
-	default:
-		return fmt.Errorf("unknown policy %q", s.policy)
+		shared = newRing(s, 64)
+	}
+	for _, rep := range s.replicas {
+		switch s.policy {
+		case Random, ConsistentHash:
+			rep.router = shared
+		case RoundRobin:
+			rep.router = &roundRobin{s: s}
+		case LeastLoaded:
+			rep.router = leastLoaded{s: s, rep: rep.i}
+		case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg:
+			if err := s.newService(rep); err != nil {
+				return err
+			}
+		default:
+			return fmt.Errorf("unknown policy %q", s.policy)
+		}
 	}
 	return nil
 }
 
-// newService sets up prefixd's coordinator service over the source the
-// policy reads.
-func (s *sim) newService() error {
+// newService sets up rep's coordinator service over the source the policy
+// reads: its own index, predictions and bookings.
+func (s *sim) newService(rep *replica) error {
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options = s.cfg.Options
+	// The first replica draws the single router's numbers; the others
+	// their own.
 	scfg := coordinator.ServiceConfig{Pool: pcfg, Now: func() time.Time { return s.now },
-		Rand: rand.New(rand.NewPCG(s.cfg.Seed^1, s.cfg.Seed^2))}
+		Rand: rand.New(rand.NewPCG(s.cfg.Seed^1, s.cfg.Seed^2^uint64(rep.i)))}
 	switch s.policy {
 	case Prefixd, PrefixdPredicted, Disagg:
 		s.events = true
-		s.ix = indexer.New(indexer.Options{})
+		rep.ix = indexer.New(indexer.Options{})
 		k := indexer.PartitionKey{Model: model, Group: group}
-		if err := s.ix.AddPartition(k, s.cfg.BlockSize); err != nil {
+		if err := rep.ix.AddPartition(k, s.cfg.BlockSize); err != nil {
 			return err
 		}
-		s.applier = &stream.IndexApplier{Index: s.ix, Partition: k}
-		scfg.Source = coordinator.IndexOverlaps{Index: s.ix}
+		rep.applier = &stream.IndexApplier{Index: rep.ix, Partition: k}
+		scfg.Source = coordinator.IndexOverlaps{Index: rep.ix}
 		if s.policy == PrefixdPredicted {
-			s.pred = indexer.NewPredictions(s.cfg.PredictedTTL, 0, 0)
+			rep.pred = indexer.NewPredictions(s.cfg.PredictedTTL, 0, 0)
 		}
 	case Approx:
-		s.pred = indexer.NewPredictions(s.cfg.ApproxTTL, s.cfg.ApproxTTL, 1<<30)
+		rep.pred = indexer.NewPredictions(s.cfg.ApproxTTL, s.cfg.ApproxTTL, 1<<30)
 	case Oracle:
 		scfg.Source = oracle{s}
 	}
-	scfg.Predicted = s.pred
-	s.svc = coordinator.NewService(scfg)
+	scfg.Predicted = rep.pred
+	// Booking sync (Config.SyncDelay, not modelled yet) plugs in here:
+	// scfg.OnBooking queues each delta for every other replica, due
+	// SyncDelay later, and sim.run applies the due ones with ApplyPeer
+	// (taking their due times into nextTime) before routing.
+	rep.svc = coordinator.NewService(scfg)
 	for _, e := range s.engines {
 		w := catalog.Worker{WorkerID: e.rank.WorkerID, ModelName: model, RoutingGroup: group,
 			Endpoint: "sim://engine-" + strconv.Itoa(e.idx), BlockSize: uint32(s.cfg.BlockSize)}
 		w.TotalKVBlocks, w.MaxNumBatchedTokens = uint64(s.cfg.TotalBlocks), uint64(e.sched.Timing().MaxNumBatchedTokens)
 		w.Role = catalog.Role(e.role.String())
-		if err := s.svc.SetRecord(w.WithDefaults()); err != nil {
+		if err := rep.svc.SetRecord(w.WithDefaults()); err != nil {
 			return fmt.Errorf("engine %d: %w", e.idx, err)
 		}
 	}
 	if s.policy != Disagg {
-		s.router = svcRouter{s}
+		rep.router = svcRouter{s: s, svc: rep.svc}
 	}
 	return nil
 }
@@ -232,8 +294,17 @@ func (s *sim) run() error {
 		}
 		s.finishSteps()
 		s.deliver()
-		if s.svc != nil && !s.now.Before(s.nextExp) {
-			s.svc.Expire(s.now)
+		// Engine load (Config.ScrapeInterval, not modelled yet) plugs in
+		// here: at each replica's scrape time (its own phase, from the
+		// seed), SetEngineLoad for every engine with its scheduler's
+		// running and waiting sequences and KV usage as of now; the next
+		// scrape joins nextTime.
+		if !s.now.Before(s.nextExp) {
+			for _, rep := range s.replicas {
+				if rep.svc != nil {
+					rep.svc.Expire(s.now)
+				}
+			}
 			s.nextExp = s.now.Add(time.Second)
 		}
 		for s.next < len(s.reqs) && !s.reqs[s.next].arrival.After(s.now) {
@@ -244,6 +315,9 @@ func (s *sim) run() error {
 			if !e.stepping {
 				s.plan(e)
 			}
+		}
+		if s.stepped != nil {
+			s.stepped()
 		}
 	}
 	for _, r := range s.reqs {
@@ -273,8 +347,12 @@ func (s *sim) nextTime() (time.Time, bool) {
 		} else if at, has := e.sched.NextTransfer(); has {
 			take(at)
 		}
-		if e.head < len(e.inbox) {
-			take(e.inbox[e.head].due)
+	}
+	for _, rep := range s.replicas {
+		for _, f := range rep.feeds {
+			if f.head < len(f.inbox) {
+				take(f.inbox[f.head].due)
+			}
 		}
 	}
 	return t, ok
@@ -317,7 +395,9 @@ func (s *sim) finishSteps() {
 	}
 }
 
-// publish sends the engine's pending KV events as one batch.
+// publish sends the engine's pending KV events as one batch to every
+// replica, each receiving it after its own delay (the payload is shared:
+// nothing writes to it).
 func (s *sim) publish(e *engine) {
 	evs := e.pool.Events()
 	if len(evs) == 0 || !s.events {
@@ -329,32 +409,38 @@ func (s *sim) publish(e *engine) {
 		s.work.ApplyErrors++
 		return
 	}
-	e.inbox = append(e.inbox, delivery{due: s.now.Add(s.cfg.EventDelay), seq: e.pubSeq, payload: payload})
+	for _, rep := range s.replicas {
+		f := rep.feeds[e.idx]
+		f.inbox = append(f.inbox, delivery{due: s.now.Add(rep.delay), seq: e.pubSeq, payload: payload})
+	}
 	e.pubSeq++
 }
 
 // deliver applies the batches due now, in order, through each stream's
-// cursor, as a subscriber does.
+// cursor at each replica, as a subscriber does.
 func (s *sim) deliver() {
-	for _, e := range s.engines {
-		for e.head < len(e.inbox) && !e.inbox[e.head].due.After(s.now) {
-			d := e.inbox[e.head]
-			e.inbox[e.head] = delivery{}
-			e.head++
-			for _, a := range e.cur.Live(d.seq, d.payload, s.now) {
-				s.act(e, a)
+	for _, rep := range s.replicas {
+		for _, e := range s.engines {
+			f := rep.feeds[e.idx]
+			for f.head < len(f.inbox) && !f.inbox[f.head].due.After(s.now) {
+				d := f.inbox[f.head]
+				f.inbox[f.head] = delivery{}
+				f.head++
+				for _, a := range f.cur.Live(d.seq, d.payload, s.now) {
+					s.act(rep, e, a)
+				}
+			}
+			if f.head == len(f.inbox) {
+				f.inbox, f.head = f.inbox[:0], 0
 			}
 		}
-		if e.head == len(e.inbox) {
-			e.inbox, e.head = e.inbox[:0], 0
+		if rep.ix != nil {
+			s.work.MaxEntries = max(s.work.MaxEntries, rep.ix.Entries())
 		}
-	}
-	if s.ix != nil {
-		s.work.MaxEntries = max(s.work.MaxEntries, s.ix.Entries())
 	}
 }
 
-func (s *sim) act(e *engine, a cursor.Action) {
+func (s *sim) act(rep *replica, e *engine, a cursor.Action) {
 	switch a.Kind {
 	case cursor.ActApply:
 		if err := s.dec.Decode(a.Payload, &s.batch); err != nil {
@@ -370,7 +456,7 @@ func (s *sim) act(e *engine, a cursor.Action) {
 				s.work.Removed += uint64(len(ev.BlockHashes))
 			}
 		}
-		if err := s.applier.ApplyBatch(e.rank, indexer.Mark{Seq: a.Seq, Digest: a.Digest}, &s.batch); err != nil {
+		if err := rep.applier.ApplyBatch(e.rank, indexer.Mark{Seq: a.Seq, Digest: a.Digest}, &s.batch); err != nil {
 			s.work.ApplyErrors++
 		}
 	default:
@@ -385,7 +471,7 @@ func (s *sim) arrive(r *request) {
 		s.arriveDisagg(r)
 		return
 	}
-	i, err := s.router.route(r)
+	i, err := s.replicas[r.replica].router.route(r)
 	if err != nil {
 		r.failed = true
 		return
@@ -401,7 +487,7 @@ func (s *sim) start(r *request, i int, q *mocker.Seq) {
 		s.fail(r)
 		return
 	}
-	e.inflight++
+	e.inflight[r.replica]++
 	s.bySeq[q] = r
 }
 
@@ -409,7 +495,7 @@ func (s *sim) firstToken(r *request, q *mocker.Seq) {
 	switch r.stage {
 	case stageOne:
 		r.firstToken = s.now
-		s.router.prefilled(r)
+		s.replicas[r.replica].router.prefilled(r)
 	case stageDecode:
 		r.firstToken = s.now
 	}
@@ -422,7 +508,7 @@ func (s *sim) ended(e *engine, q *mocker.Seq) {
 		return
 	}
 	delete(s.bySeq, q)
-	e.inflight--
+	e.inflight[r.replica]--
 	if q.Err != nil {
 		s.fail(r)
 		return
@@ -430,7 +516,7 @@ func (s *sim) ended(e *engine, q *mocker.Seq) {
 	switch r.stage {
 	case stageOne:
 		r.hit, r.finished = q.CachedTokens, s.now
-		s.router.done(r)
+		s.replicas[r.replica].router.done(r)
 	case stagePrefill:
 		r.hit = q.CachedTokens
 		s.prefillDone(r)
@@ -445,14 +531,15 @@ func (s *sim) fail(r *request) {
 	switch {
 	case s.policy == Disagg:
 		s.release(r)
-	case s.router != nil:
-		s.router.done(r)
+	case s.replicas[r.replica].router != nil:
+		s.replicas[r.replica].router.done(r)
 	}
 }
 
 // result summarises the run.
 func (s *sim) result() Result {
-	res := Result{Policy: s.policy, Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit, Requests: len(s.reqs), Bypass: s.bypass}
+	res := Result{Policy: s.policy, Replicas: len(s.replicas), Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit,
+		Requests: len(s.reqs), Bypass: s.bypass}
 	var ttft, e2e []float64
 	var prompt, hit, out int
 	var last time.Time
@@ -511,14 +598,20 @@ func (s *sim) result() Result {
 	if sum > 0 {
 		res.Imbalance = float64(peak) / (float64(sum) / float64(len(busy)))
 	}
-	if s.svc != nil {
-		res.Bookings = s.svc.Reservations()
+	// The indexes' work adds up over the replicas; their entries are the
+	// largest replica's.
+	for _, rep := range s.replicas {
+		if rep.svc != nil {
+			res.Bookings += rep.svc.Reservations()
+		}
 	}
-	if s.ix != nil {
+	if s.events {
 		w := s.work
-		w.Entries = s.ix.Entries()
-		if s.pred != nil {
-			w.Predicted = s.pred.Len()
+		for _, rep := range s.replicas {
+			w.Entries = max(w.Entries, rep.ix.Entries())
+			if rep.pred != nil {
+				w.Predicted = max(w.Predicted, rep.pred.Len())
+			}
 		}
 		res.Index = &w
 	}

@@ -12,28 +12,42 @@ import (
 	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
-// Sweep runs every policy at every speedup (cfg.Speedup ignored), up to
+// Sweep runs every policy at every speedup (cfg.Speedup ignored) and, if
+// replicas is set, at every replica count (cfg.Replicas ignored), up to
 // parallel runs at once (≤ 0: GOMAXPROCS), and returns the results in
 // report order. progress, if set, is called after each run (from the
 // runs' goroutines, one at a time).
+//
+// Random and consistent hashing keep no router state: every replica
+// count routes as one router does, so they run at the smallest count
+// only.
 func Sweep(ctx context.Context, cfg Config, reqs []trace.Request, prompts [][]uint32, policies []Policy, speedups []float64,
-	parallel int, progress func(Result)) ([]Result, error) {
+	replicas []int, parallel int, progress func(Result)) ([]Result, error) {
 	if parallel <= 0 {
 		parallel = runtime.GOMAXPROCS(0)
+	}
+	if len(replicas) == 0 {
+		replicas = []int{cfg.Replicas}
 	}
 	type job struct {
 		p  Policy
 		sp float64
+		n  int
 	}
 	var jobs []job
 	for _, sp := range speedups {
 		for _, p := range policies {
-			jobs = append(jobs, job{p, sp})
+			for _, n := range replicas {
+				if stateless(p) && n != slices.Min(replicas) {
+					continue
+				}
+				jobs = append(jobs, job{p, sp, n})
+			}
 		}
 	}
-	// The slowest runs first (the overloaded end of the sweep), so that
-	// the last to finish are short.
-	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Compare(b.sp, a.sp) })
+	// The slowest runs first (the overloaded end of the sweep, the most
+	// indexes), so that the last to finish are short.
+	slices.SortStableFunc(jobs, func(a, b job) int { return cmp.Or(cmp.Compare(b.sp, a.sp), cmp.Compare(b.n, a.n)) })
 	results := make([]Result, len(jobs))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(parallel)
@@ -53,10 +67,10 @@ func Sweep(ctx context.Context, cfg Config, reqs []trace.Request, prompts [][]ui
 				return err
 			}
 			c := cfg
-			c.Speedup = j.sp
+			c.Speedup, c.Replicas = j.sp, j.n
 			r, err := Run(c, reqs, prompts, j.p)
 			if err != nil {
-				return fmt.Errorf("%s at ×%g: %w", j.p, j.sp, err)
+				return fmt.Errorf("%s/r%d at ×%g: %w", j.p, c.replicas(), j.sp, err)
 			}
 			results[i] = r
 			done <- r
@@ -72,3 +86,7 @@ func Sweep(ctx context.Context, cfg Config, reqs []trace.Request, prompts [][]ui
 	slices.SortStableFunc(results, byPolicyOrder)
 	return results, nil
 }
+
+// stateless reports whether p routes without router state, the same at
+// any replica count.
+func stateless(p Policy) bool { return p == Random || p == ConsistentHash }
