@@ -12,9 +12,13 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -828,4 +832,41 @@ func TestIncompleteKVTransferMetadata(t *testing.T) {
 		t.Fatalf("%d %s", code, body)
 	}
 	wantTrace(t, s, "Idle", "DecodePreviewed", "DecodeCommitted", "Linked", "PrefillReleased", "Released")
+}
+
+// TestRunClosesPrefixdConnections: once a proxy's Run has returned, it
+// holds no connection to prefixd open. A connection left in its pool
+// (idle keep-alive, or dialed for a refresh cancelled meanwhile) would
+// hold up prefixd's graceful shutdown: net/http waits 5 s for a
+// connection that never sent a request.
+func TestRunClosesPrefixdConnections(t *testing.T) {
+	s := startStack(t, proxy.Config{}, coordinator.CoordinatorConfig{}, spec{id: 1})
+	// prefixd behind a hop that counts the connections open to it.
+	target, err := url.Parse(s.prefixd.BaseURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var open atomic.Int64
+	hop := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(target))
+	hop.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		switch st {
+		case http.StateNew:
+			open.Add(1)
+		case http.StateClosed, http.StateHijacked:
+			open.Add(-1)
+		}
+	}
+	hop.Start()
+	defer hop.Close()
+	p, err := proxy.New(proxy.Config{Prefixd: client.New(hop.URL, ""), Refresh: 10 * time.Millisecond, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := testsupport.Go(t, "proxy", p.Run)
+	<-p.Synced()
+	testsupport.Eventually(t, 10*time.Second, "the proxy's connection to prefixd", func() bool { return open.Load() > 0 })
+	if err := stop(); err != nil && !errors.Is(err, context.Canceled) {
+		t.Fatal(err)
+	}
+	testsupport.Eventually(t, 10*time.Second, "the proxy's connections to prefixd closed", func() bool { return open.Load() == 0 })
 }

@@ -266,15 +266,20 @@ func New(cfg Config) (*Proxy, error) {
 }
 
 // Run keeps the fleet view fresh until ctx ends; then it closes the idle
-// connections to the engines (a connection dialed for a request that was
-// cancelled meanwhile is pooled unused, and would hold up an engine's
-// graceful shutdown).
+// connections to the engines and, through Prefixd's own HTTP client, to
+// prefixd (a connection dialed for a request that was cancelled meanwhile
+// is pooled unused, and would hold up an engine's or prefixd's graceful
+// shutdown for 5 s; a nil client.HTTP is the process's shared one, left
+// alone).
 //
 // It also checks, at start and then periodically, that prefixd accepts
 // the proxy's token on its booking routes, and logs when that changes
 // (a refused token as an ERROR: every request is then routed by load).
 func (p *Proxy) Run(ctx context.Context) error {
 	defer p.cfg.Engines.CloseIdleConnections()
+	if hc := p.cfg.Prefixd.HTTP; hc != nil {
+		defer hc.CloseIdleConnections()
+	}
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return p.fleet.run(gctx, p.cfg.Refresh) })
 	g.Go(func() error { return p.access.run(gctx, p.cfg.Refresh) })
