@@ -329,7 +329,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	svc := coordinator.NewService(svcCfg)
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
-		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings."}, func() float64 { return float64(svc.Reservations()) }))
+		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings, made here or by a peer replica (prefixd_replica_peer_bookings of them are peers')."}, func() float64 { return float64(svc.Reservations()) }))
 	maxRanks := cfg.MaxRanks
 	switch {
 	case maxRanks == 0:

@@ -136,6 +136,12 @@ func sharedBookings(t *testing.T, front frontEnd, synced bool) {
 		}
 	}
 	t.Logf("held in flight: requests per engine %v; blocks booked per engine in a's selection %v, in b's %v", s.inflight(), a.booked(t), b.booked(t))
+	// Held, the bookings stand still: /workers lists what selection counts.
+	for _, r := range []*sharedReplica{a, b} {
+		if got, want := r.listed(t), r.booked(t); !maps.Equal(got, want) {
+			t.Fatalf("replica %s: /workers lists %v blocks booked per engine, its selection counts %v", r.name, got, want)
+		}
+	}
 	if synced {
 		for _, r := range s.replicas {
 			peer := s.replicas[0]
@@ -162,7 +168,7 @@ func sharedBookings(t *testing.T, front frontEnd, synced bool) {
 	zero := map[uint64]int{1: 0, 2: 0}
 	for _, r := range s.replicas {
 		testsupport.Eventually(t, 10*time.Second, "no booking left in replica "+r.name, func() bool {
-			return maps.Equal(r.booked(t), zero) && r.metric(t, "prefixd_reservations_live") == 0 &&
+			return maps.Equal(r.booked(t), zero) && maps.Equal(r.listed(t), zero) && r.metric(t, "prefixd_reservations_live") == 0 &&
 				r.metric(t, "prefixd_plans_live") == 0 && r.metric(t, "prefixd_replica_peer_bookings") == 0
 		})
 		if synced {
@@ -339,6 +345,23 @@ func (r *sharedReplica) booked(t *testing.T) map[uint64]int {
 			t.Fatalf("replica %s: select on engine %d: %v", r.name, id, err)
 		}
 		out[id] = sel.PotentialDecodeBlocks
+	}
+	return out
+}
+
+// listed is the blocks booked on each engine as r's /workers lists them
+// (each rank's load, booked).
+func (r *sharedReplica) listed(t *testing.T) map[uint64]int {
+	t.Helper()
+	ws, err := r.cl.Workers(context.Background(), model, "")
+	if err != nil {
+		t.Fatalf("replica %s: /workers: %v", r.name, err)
+	}
+	out := map[uint64]int{}
+	for _, w := range ws {
+		if l, ok := w.Listeners[0]; ok && l.Load != nil {
+			out[w.InstanceID] = l.Load.Booked.Blocks
+		}
 	}
 	return out
 }
