@@ -239,8 +239,11 @@ func TestTokenIDPromptBounded(t *testing.T) {
 	}
 }
 
-// routed is how many bookings prefixd made (prefixd_routed_total, over
-// every worker, rank and kind).
+// routed is how many selections prefixd made (the count of
+// prefixd_selection_overlap_tokens, one per selection or plan booking,
+// over its kinds). Not prefixd_routed_total: its series are per worker
+// rank and go with the rank, so a worker whose lease lapses on a loaded
+// machine and registers again takes its count back to zero.
 func (s *stack) routed() float64 {
 	s.t.Helper()
 	m, err := s.prefixd.Metrics(context.Background())
@@ -249,7 +252,7 @@ func (s *stack) routed() float64 {
 	}
 	var n float64
 	for _, line := range strings.Split(string(m), "\n") {
-		if strings.HasPrefix(line, "prefixd_routed_total{") {
+		if strings.HasPrefix(line, "prefixd_selection_overlap_tokens_count{") {
 			v, _ := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
 			n += v
 		}
