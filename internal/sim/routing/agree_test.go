@@ -1,0 +1,164 @@
+package routing
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/prefixd/prefixd/coordinator"
+)
+
+// TestReplicasShareBookings replays the golden slice with 8 replicas and
+// booking sync on, delivered at once and after the default delay: at
+// every instant with no delta in flight, every replica's Service holds
+// the bookings of every replica's open requests, and each engine's booked
+// load is the same at all of them. Replicas that kept their bookings to
+// themselves (TestReplicasIndependent's), or a delta lost, reordered or
+// applied twice, fail it.
+func TestReplicasShareBookings(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
+	for _, delay := range []time.Duration{0, DefaultSyncDelay} {
+		t.Run(delay.String(), func(t *testing.T) {
+			cfg := DefaultConfig()
+			cfg.Replicas, cfg.Speedup, cfg.Sync, cfg.SyncDelay = 8, 4, true, delay
+			s, err := newSim(cfg, reqs, prompts, Prefixd)
+			if err != nil {
+				t.Fatal(err)
+			}
+			checked, spread := 0, 0
+			s.stepped = func() {
+				if s.syncHead < len(s.syncQ) {
+					return // deltas in flight
+				}
+				checked++
+				open, from := 0, map[int]bool{}
+				for _, r := range s.reqs[:s.next] {
+					if r.finished.IsZero() && !r.failed {
+						open++
+						from[r.replica] = true
+					}
+				}
+				if len(from) > 1 {
+					spread++
+				}
+				for _, rep := range s.replicas {
+					if got := rep.svc.Reservations(); got != open {
+						t.Fatalf("at %v replica %d holds %d bookings, %d requests are open", s.now.Sub(epoch), rep.i, got, open)
+					}
+				}
+				for _, e := range s.engines {
+					k := coordinator.EngineKey{Model: model, Group: group, WorkerID: e.rank.WorkerID}
+					want, _ := s.replicas[0].svc.RankLoad(k, 0)
+					for _, rep := range s.replicas[1:] {
+						if got, _ := rep.svc.RankLoad(k, 0); got.Booked != want.Booked {
+							t.Fatalf("at %v engine %d: replica %d books %+v, replica 0 %+v", s.now.Sub(epoch), e.idx, rep.i, got.Booked, want.Booked)
+						}
+					}
+				}
+			}
+			if err := s.run(); err != nil {
+				t.Fatal(err)
+			}
+			if spread == 0 {
+				t.Errorf("%d instants checked, none with requests open at two replicas: the test checks nothing", checked)
+			}
+			res := s.result()
+			if res.Completed != len(reqs) || res.Bookings != 0 || res.PeerDropped != 0 {
+				t.Errorf("%d of %d completed, %d bookings left, %d deltas dropped", res.Completed, len(reqs), res.Bookings, res.PeerDropped)
+			}
+			for _, rep := range s.replicas {
+				for _, p := range rep.svc.Peers() {
+					if p.Gaps != 0 || p.Dropped != 0 || p.Bookings != 0 || p.Applied == 0 {
+						t.Errorf("replica %d peer %+v: want deltas applied, no gaps or drops, nothing left", rep.i, p)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestScrapeEngineLoad replays the golden slice with 8 replicas scraping
+// every 200ms: at every instant, each replica's figure for each engine is
+// what the engine's scheduler reported at that replica's last scrape (the
+// running requests, the waiting and transferring ones, the KV usage as
+// vLLM counts it), taken at its own phase.
+func TestScrapeEngineLoad(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
+	cfg := DefaultConfig()
+	cfg.Replicas, cfg.Speedup, cfg.ScrapeInterval = 8, 4, 200*time.Millisecond
+	s, err := newSim(cfg, reqs, prompts, Prefixd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// seen[replica][engine] is the engine's state at the replica's last
+	// scrape, read by the test.
+	seen := make([][]coordinator.EngineLoad, len(s.replicas))
+	phases := map[time.Duration]bool{}
+	scrapes, busy := 0, 0
+	s.stepped = func() {
+		for _, rep := range s.replicas {
+			if !rep.lastScrape.IsZero() && rep.lastScrape.Equal(s.now) {
+				scrapes++
+				phases[s.now.Sub(epoch)%cfg.ScrapeInterval] = true
+				seen[rep.i] = seen[rep.i][:0]
+				for _, e := range s.engines {
+					l := e.sched.Load()
+					seen[rep.i] = append(seen[rep.i], coordinator.EngineLoad{At: s.now, Running: l.Running,
+						Waiting: l.Waiting + l.Transferring, KVUsage: l.KVUsage})
+					if l.Running > 0 && l.KVUsage > 0 {
+						busy++
+					}
+				}
+			}
+			if want := rep.nextScrape.Sub(rep.lastScrape); !rep.lastScrape.IsZero() && want != cfg.ScrapeInterval {
+				t.Fatalf("replica %d scrapes %v apart, want %v", rep.i, want, cfg.ScrapeInterval)
+			}
+			for j, e := range s.engines {
+				k := coordinator.EngineKey{Model: model, Group: group, WorkerID: e.rank.WorkerID}
+				rl, ok := rep.svc.RankLoad(k, 0)
+				switch {
+				case !ok:
+					t.Fatalf("replica %d engine %d: no rank", rep.i, j)
+				case seen[rep.i] == nil:
+					if rl.HasEngine {
+						t.Fatalf("at %v replica %d engine %d: figure %+v before any scrape", s.now.Sub(epoch), rep.i, j, rl.Engine)
+					}
+				case !rl.HasEngine || rl.Engine != seen[rep.i][j]:
+					t.Fatalf("at %v replica %d engine %d: figure %+v (%v), the engine reported %+v at the last scrape",
+						s.now.Sub(epoch), rep.i, j, rl.Engine, rl.HasEngine, seen[rep.i][j])
+				}
+			}
+		}
+	}
+	if err := s.run(); err != nil {
+		t.Fatal(err)
+	}
+	if busy == 0 || len(phases) < 4 {
+		t.Errorf("%d scrapes at %d phases, %d of an engine running: want busy engines seen at several phases", scrapes, len(phases), busy)
+	}
+	if res := s.result(); res.Completed != len(reqs) || res.Bookings != 0 || res.ScrapeErrors != 0 {
+		t.Errorf("%d of %d completed, %d bookings left, %d scrape errors", res.Completed, len(reqs), res.Bookings, res.ScrapeErrors)
+	}
+}
+
+// TestAgreeingReplicasRun: Sweep runs prefixd's decode-first plans with 8
+// replicas, both fixes on, to the end of the golden slice: every request
+// completes, every booking (the plans' too) returns at every replica.
+func TestAgreeingReplicasRun(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
+	cfg := DefaultConfig()
+	cfg.Sync, cfg.ScrapeInterval = true, DefaultScrapeInterval
+	got, err := Sweep(context.Background(), cfg, reqs, prompts, []Policy{Disagg}, []float64{4}, []int{8}, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range got {
+		if r.Replicas != 8 || r.Completed != len(reqs) || r.Bookings != 0 || r.ScrapeErrors != 0 || r.PeerDropped != 0 {
+			t.Errorf("%s: %d replicas, %d of %d completed, %d bookings left, %d scrape errors, %d deltas dropped", r.Name(true),
+				r.Replicas, r.Completed, len(reqs), r.Bookings, r.ScrapeErrors, r.PeerDropped)
+		}
+	}
+}
