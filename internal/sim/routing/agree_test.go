@@ -162,3 +162,36 @@ func TestAgreeingReplicasRun(t *testing.T) {
 		}
 	}
 }
+
+// TestArrivalJitter: without jitter requests arrive when the trace says;
+// with it each arrives up to the jitter later, the draws differ, and the
+// replay still completes every request.
+func TestArrivalJitter(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	reqs, prompts = reqs[:goldenRequests], prompts[:goldenRequests]
+	cfg := DefaultConfig()
+	for i, a := range cfg.arrivals(reqs) {
+		if a != reqs[i].Arrival {
+			t.Fatalf("request %d arrives at %v without jitter, the trace says %v", i, a, reqs[i].Arrival)
+		}
+	}
+	cfg.ArrivalJitter = 3 * time.Second
+	seen := map[time.Duration]bool{}
+	for i, a := range cfg.arrivals(reqs) {
+		if d := a - reqs[i].Arrival; d < 0 || d >= cfg.ArrivalJitter {
+			t.Fatalf("request %d arrives %v after the trace says, want [0, %v)", i, d, cfg.ArrivalJitter)
+		}
+		seen[a] = true
+	}
+	if len(seen) < len(reqs)/2 {
+		t.Errorf("%d distinct arrivals of %d requests: the jitter spread nothing", len(seen), len(reqs))
+	}
+	cfg.Speedup = 4
+	res, err := Run(cfg, reqs, prompts, Prefixd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Completed != len(reqs) || res.Bookings != 0 {
+		t.Errorf("%d of %d completed, %d bookings left", res.Completed, len(reqs), res.Bookings)
+	}
+}

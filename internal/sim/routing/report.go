@@ -45,8 +45,10 @@ type FleetInfo struct {
 	// ScrapeIntervalMS is how often replicas read the engines' load
 	// (Config.ScrapeInterval; 0: never); SyncDelayMS, if set, how long
 	// a booking took to reach the other replicas (Config.Sync).
-	ScrapeIntervalMS float64  `json:"scrape_interval_ms,omitempty"`
-	SyncDelayMS      *float64 `json:"sync_delay_ms,omitempty"`
+	ScrapeIntervalMS float64 `json:"scrape_interval_ms,omitempty"`
+	// ArrivalJitterMS delays arrivals (Config.ArrivalJitter).
+	ArrivalJitterMS float64  `json:"arrival_jitter_ms,omitempty"`
+	SyncDelayMS     *float64 `json:"sync_delay_ms,omitempty"`
 }
 
 // Knee is one policy's saturation point in a sweep, at one replica count.
@@ -71,7 +73,8 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 	rep := Report{Trace: traceName, Requests: requests, Results: results, Fleet: FleetInfo{
 		Engines: cfg.Engines, PrefillEngines: prefill, TotalBlocks: cfg.TotalBlocks, BlockSize: cfg.BlockSize,
 		EventDelayMS: ms(cfg.EventDelay), PredictedTTLS: cfg.PredictedTTL.Seconds(), ApproxTTLS: cfg.ApproxTTL.Seconds(),
-		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed, ScrapeIntervalMS: ms(cfg.ScrapeInterval)}}
+		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed, ScrapeIntervalMS: ms(cfg.ScrapeInterval),
+		ArrivalJitterMS: ms(cfg.ArrivalJitter)}}
 	if cfg.Sync {
 		d := ms(cfg.SyncDelay)
 		rep.Fleet.SyncDelayMS = &d
@@ -146,6 +149,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(&b, ", %d KV blocks of %d tokens each; events delayed %s; predictions %s; approximate TTL %s; overlap weight %g; seed %d",
 		f.TotalBlocks, f.BlockSize, dur(f.EventDelayMS/1e3), dur(f.PredictedTTLS), dur(f.ApproxTTLS), f.OverlapWeight, f.Seed)
+	if f.ArrivalJitterMS > 0 {
+		fmt.Fprintf(&b, "; arrivals jittered by up to %s", dur(f.ArrivalJitterMS/1e3))
+	}
 	if f.ScrapeIntervalMS > 0 {
 		fmt.Fprintf(&b, "; engine load scraped every %s", dur(f.ScrapeIntervalMS/1e3))
 	}

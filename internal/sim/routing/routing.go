@@ -145,6 +145,13 @@ type Config struct {
 	ApproxTTL    time.Duration
 	Seed         uint64
 
+	// ArrivalJitter, if set, delays each request's arrival by a uniform
+	// draw in [0, ArrivalJitter) from the seed, before Speedup. The
+	// shipped trace's timestamps are 3 s buckets (about 10 requests at
+	// the same instant); a jitter of 3s spreads each bucket over its
+	// window, as its requests came.
+	ArrivalJitter time.Duration
+
 	// Replicas is how many routers share the traffic (0: one). Requests
 	// go to them round-robin, in arrival order; each routes with its own
 	// state (its own Service and bookings, its own index, predictions and
@@ -217,6 +224,24 @@ func (c Config) scrapePhases() []time.Duration {
 	return out
 }
 
+// arrivals returns each request's arrival before Speedup: the trace's,
+// plus a uniform draw in [0, ArrivalJitter) from the seed (its own
+// stream) if set.
+func (c Config) arrivals(reqs []trace.Request) []time.Duration {
+	out := make([]time.Duration, len(reqs))
+	var rng *rand.Rand
+	if c.ArrivalJitter > 0 {
+		rng = rand.New(rand.NewPCG(c.Seed, c.Seed^0xa441e))
+	}
+	for i, r := range reqs {
+		out[i] = r.Arrival
+		if rng != nil {
+			out[i] += time.Duration(rng.Int64N(int64(c.ArrivalJitter)))
+		}
+	}
+	return out
+}
+
 // prefillEngines is how many engines prefill under Disagg.
 func (c Config) prefillEngines() int { return cmp.Or(c.PrefillEngines, c.Engines/2) }
 
@@ -243,6 +268,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replica spread %v: want 0 to 1m", c.ReplicaSpread)
 	case c.ScrapeInterval < 0 || (c.ScrapeInterval > 0 && c.ScrapeInterval < time.Millisecond) || c.ScrapeInterval > time.Hour:
 		return fmt.Errorf("scrape interval %v: want 0 (never) or 1ms to 1h", c.ScrapeInterval)
+	case c.ArrivalJitter < 0 || c.ArrivalJitter > time.Hour:
+		return fmt.Errorf("arrival jitter %v: want 0 to 1h", c.ArrivalJitter)
 	case c.SyncDelay < 0 || c.SyncDelay > time.Minute:
 		return fmt.Errorf("sync delay %v: want 0 to 1m", c.SyncDelay)
 	}

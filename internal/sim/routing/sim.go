@@ -215,15 +215,16 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 			rep.feeds = append(rep.feeds, f)
 		}
 	}
+	arrival := cfg.arrivals(reqs)
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(arrival[a], arrival[b]) })
 	for k, i := range order {
 		r := reqs[i]
 		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
-			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup)), replica: k % len(s.replicas)})
+			arrival: epoch.Add(time.Duration(float64(arrival[i]) / cfg.Speedup)), replica: k % len(s.replicas)})
 	}
 	return s, s.setPolicy()
 }
