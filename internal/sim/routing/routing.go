@@ -13,7 +13,10 @@
 // Config.Replicas spreads the requests over several routers that share
 // nothing but the engines, as replicas of prefixd behind one gateway do:
 // each has its own coordinator.Service (its own bookings) and its own
-// index, fed by every engine's events after its own delay.
+// index, fed by every engine's events after its own delay. Two ways for
+// them to agree can be turned on: Config.ScrapeInterval gives each the
+// engines' own load (as the daemon scrapes /metrics), Config.Sync each
+// other's bookings (as the replica transport delivers them).
 //
 // A run is deterministic for a trace, configuration, policy and seed, and
 // single-threaded; Sweep runs independent runs in parallel.
