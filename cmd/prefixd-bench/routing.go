@@ -32,6 +32,10 @@ func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64SliceVar(&o.Weights, "weights", o.Weights, "also sweep prefixd's and the oracle's overlap weight over these values, comma-separated")
 	fs.IntSliceVar(&o.Replicas, "replicas", o.Replicas, "sweep these router counts, comma-separated: requests spread round-robin over N replicas, each with its own bookings and index; rows named <policy>/r<N> (unset: one router)")
 	fs.DurationVar(&o.ReplicaSpread, "replica-spread", o.ReplicaSpread, "replicas after the first receive events up to this much later than --event-delay (drawn from the seed)")
+	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "each replica reads every engine's own load (running, waiting, KV usage) this often, at its own phase (0: never; the daemon scrapes every 500ms)")
+	fs.BoolVar(&o.Sync, "sync", o.Sync, "share bookings between replicas: every other replica applies each booking's delta --sync-delay later")
+	fs.DurationVar(&o.SyncDelay, "sync-delay", o.SyncDelay, "with --sync, how long a booking takes to reach the other replicas")
+	fs.DurationVar(&o.ArrivalJitter, "arrival-jitter", o.ArrivalJitter, "delay each request's arrival by up to this much (uniform, from the seed; before --speedups): 3s spreads the shipped trace's 3-second timestamp buckets")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")
 	fs.IntVar(&o.TotalBlocks, "kv-blocks", o.TotalBlocks, "KV blocks per engine")
@@ -69,7 +73,8 @@ func newRoutingCommand() *cobra.Command {
 			"approximate prefix affinity, prefixd (its index fed by the engines' KV events through the\n" +
 			"real decoder and cursor; with booking predictions too), prefixd's decode-first plans\n" +
 			"on a prefill/decode split, and the oracle (the same cost function reading the true caches).\n" +
-			"--replicas spreads the requests over N routers that share nothing but the engines.\n" +
+			"--replicas spreads the requests over N routers that share nothing but the engines;\n" +
+			"--scrape-interval gives them the engines' own load, --sync each other's bookings.\n" +
 			"It prints a table per load level and, with --out, writes report.json, report.md and charts.",
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

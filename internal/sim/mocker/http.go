@@ -112,7 +112,7 @@ func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 		fmt.Fprintf(w, "# HELP sglang:num_running_reqs The number of running requests.\n"+
 			"# TYPE sglang:num_running_reqs gauge\nsglang:num_running_reqs%s %d\n", label, l.Running)
 		fmt.Fprintf(w, "# HELP sglang:num_queue_reqs The number of requests in the waiting queue.\n"+
-			"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs%s %d\n", label, l.Waiting+l.Transferring)
+			"# TYPE sglang:num_queue_reqs gauge\nsglang:num_queue_reqs%s %d\n", label, l.Queued())
 		fmt.Fprintf(w, "# HELP sglang:token_usage The token usage.\n"+
 			"# TYPE sglang:token_usage gauge\nsglang:token_usage%s %s\n", label, usage)
 		return
@@ -121,7 +121,7 @@ func (e *Engine) serveMetrics(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"+
 		"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running%s %d\n", label, l.Running)
 	fmt.Fprintf(w, "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"+
-		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting%s %d\n", label, l.Waiting+l.Transferring)
+		"# TYPE vllm:num_requests_waiting gauge\nvllm:num_requests_waiting%s %d\n", label, l.Queued())
 	fmt.Fprintf(w, "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n"+
 		"# TYPE vllm:kv_cache_usage_perc gauge\nvllm:kv_cache_usage_perc%s %s\n", label, usage)
 	fmt.Fprintf(w, "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in prompt tokens (of requests computing their prompt here).\n"+

@@ -457,6 +457,11 @@ func (s *Scheduler) Close(err error, now time.Time) []*Seq {
 	return all
 }
 
+// Queued is the requests the engine reports as waiting
+// (vllm:num_requests_waiting, sglang:num_queue_reqs): vLLM counts a
+// request whose KV is still arriving among its waiting ones.
+func (l Load) Queued() int { return l.Waiting + l.Transferring }
+
 // Load returns the scheduler's occupancy.
 func (s *Scheduler) Load() Load {
 	return Load{Waiting: len(s.waiting), Transferring: len(s.transferring), Running: len(s.running),

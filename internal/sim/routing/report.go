@@ -42,6 +42,13 @@ type FleetInfo struct {
 	ReplicaSpreadMS float64 `json:"replica_spread_ms,omitempty"`
 	OverlapWeight   float64 `json:"overlap_weight"`
 	Seed            uint64  `json:"seed"`
+	// ScrapeIntervalMS is how often replicas read the engines' load
+	// (Config.ScrapeInterval; 0: never); SyncDelayMS, if set, how long
+	// a booking took to reach the other replicas (Config.Sync).
+	ScrapeIntervalMS float64 `json:"scrape_interval_ms,omitempty"`
+	// ArrivalJitterMS delays arrivals (Config.ArrivalJitter).
+	ArrivalJitterMS float64  `json:"arrival_jitter_ms,omitempty"`
+	SyncDelayMS     *float64 `json:"sync_delay_ms,omitempty"`
 }
 
 // Knee is one policy's saturation point in a sweep, at one replica count.
@@ -66,7 +73,12 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 	rep := Report{Trace: traceName, Requests: requests, Results: results, Fleet: FleetInfo{
 		Engines: cfg.Engines, PrefillEngines: prefill, TotalBlocks: cfg.TotalBlocks, BlockSize: cfg.BlockSize,
 		EventDelayMS: ms(cfg.EventDelay), PredictedTTLS: cfg.PredictedTTL.Seconds(), ApproxTTLS: cfg.ApproxTTL.Seconds(),
-		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed}}
+		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed, ScrapeIntervalMS: ms(cfg.ScrapeInterval),
+		ArrivalJitterMS: ms(cfg.ArrivalJitter)}}
+	if cfg.Sync {
+		d := ms(cfg.SyncDelay)
+		rep.Fleet.SyncDelayMS = &d
+	}
 	if ns := distinct(results, func(r Result) int { return r.Replicas }); len(ns) > 1 || len(ns) == 1 && ns[0] > 1 {
 		slices.Sort(ns)
 		rep.Replicas = ns
@@ -135,8 +147,22 @@ func (rep Report) WriteTable(w io.Writer) error {
 	if f.PrefillEngines > 0 {
 		fmt.Fprintf(&b, " (%s: %d prefill, %d decode)", Disagg, f.PrefillEngines, f.Engines-f.PrefillEngines)
 	}
-	fmt.Fprintf(&b, ", %d KV blocks of %d tokens each; events delayed %s; predictions %s; approximate TTL %s; overlap weight %g; seed %d.\n",
+	fmt.Fprintf(&b, ", %d KV blocks of %d tokens each; events delayed %s; predictions %s; approximate TTL %s; overlap weight %g; seed %d",
 		f.TotalBlocks, f.BlockSize, dur(f.EventDelayMS/1e3), dur(f.PredictedTTLS), dur(f.ApproxTTLS), f.OverlapWeight, f.Seed)
+	if f.ArrivalJitterMS > 0 {
+		fmt.Fprintf(&b, "; arrivals jittered by up to %s", dur(f.ArrivalJitterMS/1e3))
+	}
+	if f.ScrapeIntervalMS > 0 {
+		fmt.Fprintf(&b, "; engine load scraped every %s", dur(f.ScrapeIntervalMS/1e3))
+	}
+	switch {
+	case f.SyncDelayMS == nil:
+	case *f.SyncDelayMS == 0:
+		b.WriteString("; bookings shared between replicas at once")
+	default:
+		fmt.Fprintf(&b, "; bookings shared between replicas after %s", dur(*f.SyncDelayMS/1e3))
+	}
+	b.WriteString(".\n")
 	for _, sp := range speedupsOf(rep.Results) {
 		var rows []Result
 		for _, r := range rep.Results {

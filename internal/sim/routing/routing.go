@@ -13,7 +13,10 @@
 // Config.Replicas spreads the requests over several routers that share
 // nothing but the engines, as replicas of prefixd behind one gateway do:
 // each has its own coordinator.Service (its own bookings) and its own
-// index, fed by every engine's events after its own delay.
+// index, fed by every engine's events after its own delay. Two ways for
+// them to agree can be turned on: Config.ScrapeInterval gives each the
+// engines' own load (as the daemon scrapes /metrics), Config.Sync each
+// other's bookings (as the replica transport delivers them).
 //
 // A run is deterministic for a trace, configuration, policy and seed, and
 // single-threaded; Sweep runs independent runs in parallel.
@@ -104,6 +107,16 @@ const (
 	// depend on it (event lag of 1 s still makes the oracle's decisions on
 	// this trace, docs/benchmarks.md).
 	DefaultReplicaSpread = 10 * time.Millisecond
+	// DefaultScrapeInterval is the daemon's engine scrape interval
+	// (internal/engineload.DefaultInterval), the bench's when scraping
+	// is turned on.
+	DefaultScrapeInterval = 500 * time.Millisecond
+	// DefaultSyncDelay is how long a booking takes to reach the other
+	// replicas: the measured transport delivers a delta over loopback in
+	// 14–31 µs at the median and 60–230 µs at p99
+	// (internal/replica); 1 ms, several times that p99, leaves room for
+	// a hop across the nodes of one cluster.
+	DefaultSyncDelay = time.Millisecond
 	// MaxReplicas bounds Config.Replicas.
 	MaxReplicas = 64
 	// DefaultVocab is Llama 3's vocabulary size: trace hash ids expand to
@@ -135,6 +148,13 @@ type Config struct {
 	ApproxTTL    time.Duration
 	Seed         uint64
 
+	// ArrivalJitter, if set, delays each request's arrival by a uniform
+	// draw in [0, ArrivalJitter) from the seed, before Speedup. The
+	// shipped trace's timestamps are 3 s buckets (about 10 requests at
+	// the same instant); a jitter of 3s spreads each bucket over its
+	// window, as its requests came.
+	ArrivalJitter time.Duration
+
 	// Replicas is how many routers share the traffic (0: one). Requests
 	// go to them round-robin, in arrival order; each routes with its own
 	// state (its own Service and bookings, its own index, predictions and
@@ -147,13 +167,19 @@ type Config struct {
 	// plus a draw in [0, ReplicaSpread] from the seed.
 	ReplicaSpread time.Duration
 	// ScrapeInterval is how often each replica reads every engine's own
-	// load (0: never, as today). Not modelled yet: any other value is
-	// refused until coordinator.Service takes an engine's load.
+	// load (its /metrics: running and waiting requests, KV usage) and
+	// hands it to its Service (SetEngineLoad): each replica at its own
+	// phase in the interval, drawn from the seed, with the engine's state
+	// at the end of that instant. 0: never (selection counts bookings
+	// alone, as before engine load).
 	ScrapeInterval time.Duration
-	// SyncDelay is how long a booking made at one replica takes to count
-	// at the others (0: bookings are not shared, as today). Not modelled
-	// yet: any other value is refused until coordinator.Service applies
-	// peers' bookings.
+	// Sync shares bookings between replicas: each replica's Service
+	// reports its bookings' deltas (ServiceConfig.OnBooking) and every
+	// other replica applies them (Service.ApplyPeer) SyncDelay later, in
+	// order, on the virtual clock. Off: each replica counts only its own
+	// bookings (as before booking sync). With one replica it changes
+	// nothing.
+	Sync      bool
 	SyncDelay time.Duration
 }
 
@@ -163,7 +189,8 @@ type Config struct {
 func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
 		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
-		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread}
+		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread,
+		SyncDelay: DefaultSyncDelay}
 }
 
 // replicas is how many routers the replay has.
@@ -180,6 +207,39 @@ func (c Config) replicaDelays() []time.Duration {
 		out[i] = c.EventDelay
 		if i > 0 && c.ReplicaSpread > 0 {
 			out[i] += time.Duration(rng.Int64N(int64(c.ReplicaSpread) + 1))
+		}
+	}
+	return out
+}
+
+// scrapePhases returns when, in the first ScrapeInterval, each replica
+// scrapes first: a uniform draw per replica from the seed (its own
+// stream), as replicas started at different times do.
+func (c Config) scrapePhases() []time.Duration {
+	out := make([]time.Duration, c.replicas())
+	if c.ScrapeInterval <= 0 {
+		return out
+	}
+	rng := rand.New(rand.NewPCG(c.Seed, c.Seed^0x5c4a9e))
+	for i := range out {
+		out[i] = time.Duration(rng.Int64N(int64(c.ScrapeInterval)))
+	}
+	return out
+}
+
+// arrivals returns each request's arrival before Speedup: the trace's,
+// plus a uniform draw in [0, ArrivalJitter) from the seed (its own
+// stream) if set.
+func (c Config) arrivals(reqs []trace.Request) []time.Duration {
+	out := make([]time.Duration, len(reqs))
+	var rng *rand.Rand
+	if c.ArrivalJitter > 0 {
+		rng = rand.New(rand.NewPCG(c.Seed, c.Seed^0xa441e))
+	}
+	for i, r := range reqs {
+		out[i] = r.Arrival
+		if rng != nil {
+			out[i] += time.Duration(rng.Int64N(int64(c.ArrivalJitter)))
 		}
 	}
 	return out
@@ -209,10 +269,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("replicas %d: want 0 (one) to %d", c.Replicas, MaxReplicas)
 	case c.ReplicaSpread < 0 || c.ReplicaSpread > time.Minute:
 		return fmt.Errorf("replica spread %v: want 0 to 1m", c.ReplicaSpread)
-	case c.ScrapeInterval != 0:
-		return fmt.Errorf("scrape interval %v: engine load is not modelled yet (want 0)", c.ScrapeInterval)
-	case c.SyncDelay != 0:
-		return fmt.Errorf("sync delay %v: shared bookings are not modelled yet (want 0)", c.SyncDelay)
+	case c.ScrapeInterval < 0 || (c.ScrapeInterval > 0 && c.ScrapeInterval < time.Millisecond) || c.ScrapeInterval > time.Hour:
+		return fmt.Errorf("scrape interval %v: want 0 (never) or 1ms to 1h", c.ScrapeInterval)
+	case c.ArrivalJitter < 0 || c.ArrivalJitter > time.Hour:
+		return fmt.Errorf("arrival jitter %v: want 0 to 1h", c.ArrivalJitter)
+	case c.SyncDelay < 0 || c.SyncDelay > time.Minute:
+		return fmt.Errorf("sync delay %v: want 0 to 1m", c.SyncDelay)
 	}
 	return c.Timing.WithDefaults().Validate()
 }
@@ -276,6 +338,11 @@ type Result struct {
 	// Bookings is the reservations and plans prefixd still held at the end,
 	// over every replica (0: none leaked).
 	Bookings int `json:"bookings"`
+	// PeerDropped counts booking deltas a replica refused (Config.Sync: a
+	// free for a peer booking its own expiry already took);
+	// ScrapeErrors engine loads a replica refused (0 on a healthy run).
+	PeerDropped  int `json:"peer_dropped,omitempty"`
+	ScrapeErrors int `json:"scrape_errors,omitempty"`
 	// Fallbacks counts Disagg plans that ran in bypass (prefill on the
 	// decode engine).
 	Bypass int `json:"bypass,omitempty"`

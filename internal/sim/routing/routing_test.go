@@ -179,8 +179,12 @@ func TestConfigValidate(t *testing.T) {
 		{func(c *Config) { c.Replicas = -1 }, "replicas"},
 		{func(c *Config) { c.Replicas = MaxReplicas + 1 }, "replicas"},
 		{func(c *Config) { c.ReplicaSpread = -time.Millisecond }, "replica spread"},
-		{func(c *Config) { c.ScrapeInterval = time.Second }, "scrape interval"},
-		{func(c *Config) { c.SyncDelay = time.Millisecond }, "sync delay"},
+		{func(c *Config) { c.ScrapeInterval = -time.Second }, "scrape interval"},
+		{func(c *Config) { c.ScrapeInterval = time.Microsecond }, "scrape interval"},
+		{func(c *Config) { c.ScrapeInterval = 2 * time.Hour }, "scrape interval"},
+		{func(c *Config) { c.SyncDelay = -time.Millisecond }, "sync delay"},
+		{func(c *Config) { c.ArrivalJitter = -time.Millisecond }, "arrival jitter"},
+		{func(c *Config) { c.SyncDelay = 2 * time.Minute }, "sync delay"},
 	} {
 		c := DefaultConfig()
 		tc.edit(&c)

@@ -56,13 +56,12 @@ type engine struct {
 // predictions, its own router. Nothing is shared between replicas but the
 // engines; with one replica the simulation is the single router's.
 //
-// Two ways for replicas to agree plug in here when their coordinator
-// APIs land:
+// Two ways for replicas to agree, each optional:
 //   - Config.ScrapeInterval: every engine's own load reported to each
-//     replica (Service.SetEngineLoad) at its scrapes; see sim.run.
-//   - Config.SyncDelay: each booking's delta (ServiceConfig.OnBooking)
-//     applied on every other replica (Service.ApplyPeer) after the delay;
-//     see newService.
+//     replica (Service.SetEngineLoad) at its scrapes (sim.scrape).
+//   - Config.Sync: each booking's delta (ServiceConfig.OnBooking)
+//     applied on every other replica (Service.ApplyPeer) SyncDelay
+//     later (sim.sync).
 type replica struct {
 	i int
 	// delay is how long engines' events take to reach this replica's
@@ -77,6 +76,17 @@ type replica struct {
 	// feeds is each engine's event stream as this replica receives it,
 	// by engine.
 	feeds []*feed
+	// nextScrape is the replica's next reading of the engines' load
+	// (zero: it does not scrape); lastScrape its latest.
+	nextScrape, lastScrape time.Time
+	// origin names the replica in its booking deltas (Config.Sync).
+	origin string
+}
+
+// peerDelta is a booking delta on its way to the other replicas.
+type peerDelta struct {
+	due time.Time
+	d   coordinator.BookingDelta
 }
 
 // feed is one engine's event stream at one replica: published batches
@@ -151,6 +161,16 @@ type sim struct {
 
 	bypass int
 
+	// Booking sync (Config.Sync): deltas in the order the replicas
+	// reported them, which is their due order (one delay for all);
+	// syncHead is the first not yet delivered.
+	syncQ    []peerDelta
+	syncHead int
+	syncBuf  []coordinator.BookingDelta
+	// peerDropped counts deltas a replica refused; scrapeErrors engine
+	// loads a replica refused.
+	peerDropped, scrapeErrors int
+
 	// stepped, if set, is called after each instant of the replay (tests).
 	stepped func()
 }
@@ -158,8 +178,12 @@ type sim struct {
 func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy) (*sim, error) {
 	s := &sim{cfg: cfg, policy: policy, now: epoch, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x5eed)),
 		byRank: map[indexer.Rank]int{}, bySeq: map[*mocker.Seq]*request{}}
+	phases := cfg.scrapePhases()
 	for i, d := range cfg.replicaDelays() {
-		s.replicas = append(s.replicas, &replica{i: i, delay: d})
+		s.replicas = append(s.replicas, &replica{i: i, delay: d, origin: "replica-" + strconv.Itoa(i)})
+		if cfg.ScrapeInterval > 0 {
+			s.replicas[i].nextScrape = epoch.Add(phases[i])
+		}
 	}
 	prefill := 0
 	if policy == Disagg {
@@ -191,15 +215,16 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 			rep.feeds = append(rep.feeds, f)
 		}
 	}
+	arrival := cfg.arrivals(reqs)
 	order := make([]int, len(reqs))
 	for i := range order {
 		order[i] = i
 	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(arrival[a], arrival[b]) })
 	for k, i := range order {
 		r := reqs[i]
 		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
-			arrival: epoch.Add(time.Duration(float64(r.Arrival) / cfg.Speedup)), replica: k % len(s.replicas)})
+			arrival: epoch.Add(time.Duration(float64(arrival[i]) / cfg.Speedup)), replica: k % len(s.replicas)})
 	}
 	return s, s.setPolicy()
 }
@@ -262,10 +287,14 @@ func (s *sim) newService(rep *replica) error {
 		scfg.Source = oracle{s}
 	}
 	scfg.Predicted = rep.pred
-	// Booking sync (Config.SyncDelay, not modelled yet) plugs in here:
-	// scfg.OnBooking queues each delta for every other replica, due
-	// SyncDelay later, and sim.run applies the due ones with ApplyPeer
-	// (taking their due times into nextTime) before routing.
+	if s.cfg.Sync && len(s.replicas) > 1 {
+		// OnBooking runs under the Service's lock: it only queues the
+		// delta, and sim.sync applies it at the others once due.
+		scfg.Origin = rep.origin
+		scfg.OnBooking = func(d coordinator.BookingDelta) {
+			s.syncQ = append(s.syncQ, peerDelta{due: s.now.Add(s.cfg.SyncDelay), d: d})
+		}
+	}
 	rep.svc = coordinator.NewService(scfg)
 	for _, e := range s.engines {
 		w := catalog.Worker{WorkerID: e.rank.WorkerID, ModelName: model, RoutingGroup: group,
@@ -294,11 +323,7 @@ func (s *sim) run() error {
 		}
 		s.finishSteps()
 		s.deliver()
-		// Engine load (Config.ScrapeInterval, not modelled yet) plugs in
-		// here: at each replica's scrape time (its own phase, from the
-		// seed), SetEngineLoad for every engine with its scheduler's
-		// running and waiting sequences and KV usage as of now; the next
-		// scrape joins nextTime.
+		s.sync()
 		if !s.now.Before(s.nextExp) {
 			for _, rep := range s.replicas {
 				if rep.svc != nil {
@@ -308,12 +333,22 @@ func (s *sim) run() error {
 			s.nextExp = s.now.Add(time.Second)
 		}
 		for s.next < len(s.reqs) && !s.reqs[s.next].arrival.After(s.now) {
+			s.sync() // bookings of requests arrived at this instant
 			s.arrive(s.reqs[s.next])
 			s.next++
 		}
 		for _, e := range s.engines {
 			if !e.stepping {
 				s.plan(e)
+			}
+		}
+		s.sync()
+		// Scrapes read the engines as this instant leaves them: every
+		// request booked until now is in the engine's figure, as the
+		// rule assumes of a booking made at or before the figure's time.
+		for _, rep := range s.replicas {
+			if !rep.nextScrape.IsZero() && !rep.nextScrape.After(s.now) {
+				s.scrape(rep)
 			}
 		}
 		if s.stepped != nil {
@@ -355,7 +390,69 @@ func (s *sim) nextTime() (time.Time, bool) {
 			}
 		}
 	}
+	if s.syncHead < len(s.syncQ) {
+		take(s.syncQ[s.syncHead].due)
+	}
+	if !ok {
+		return t, false // scrapes alone do not keep the replay going
+	}
+	for _, rep := range s.replicas {
+		if !rep.nextScrape.IsZero() {
+			take(rep.nextScrape)
+		}
+	}
 	return t, ok
+}
+
+// scrape reads every engine's load as its /metrics reports it (the
+// mocker's Scheduler.Load, Load.Queued waiting) into rep's Service, as of
+// now, and schedules rep's next scrape.
+func (s *sim) scrape(rep *replica) {
+	for !rep.nextScrape.After(s.now) {
+		rep.nextScrape = rep.nextScrape.Add(s.cfg.ScrapeInterval)
+	}
+	rep.lastScrape = s.now
+	if rep.svc == nil {
+		return
+	}
+	for _, e := range s.engines {
+		l := e.sched.Load()
+		k := coordinator.EngineKey{Model: model, Group: group, WorkerID: e.rank.WorkerID}
+		if err := rep.svc.SetEngineLoad(k, e.rank.DPRank, coordinator.EngineLoad{At: s.now, Running: l.Running,
+			Waiting: l.Queued(), KVUsage: l.KVUsage}); err != nil {
+			s.scrapeErrors++
+		}
+	}
+}
+
+// sync delivers the booking deltas due now to every replica but their
+// origin, in the order they were reported.
+func (s *sim) sync() {
+	end := s.syncHead
+	for end < len(s.syncQ) && !s.syncQ[end].due.After(s.now) {
+		end++
+	}
+	if end == s.syncHead {
+		return
+	}
+	due := s.syncQ[s.syncHead:end]
+	for _, rep := range s.replicas {
+		s.syncBuf = s.syncBuf[:0]
+		for _, p := range due {
+			if p.d.Origin != rep.origin {
+				s.syncBuf = append(s.syncBuf, p.d)
+			}
+		}
+		if len(s.syncBuf) > 0 {
+			_, dropped := rep.svc.ApplyPeer(s.syncBuf)
+			s.peerDropped += dropped
+		}
+	}
+	clear(due)
+	s.syncHead = end
+	if s.syncHead == len(s.syncQ) {
+		s.syncQ, s.syncHead = s.syncQ[:0], 0
+	}
 }
 
 // plan starts the next step of an idle engine, if it has work.
@@ -539,7 +636,7 @@ func (s *sim) fail(r *request) {
 // result summarises the run.
 func (s *sim) result() Result {
 	res := Result{Policy: s.policy, Replicas: len(s.replicas), Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit,
-		Requests: len(s.reqs), Bypass: s.bypass}
+		Requests: len(s.reqs), Bypass: s.bypass, PeerDropped: s.peerDropped, ScrapeErrors: s.scrapeErrors}
 	var ttft, e2e []float64
 	var prompt, hit, out int
 	var last time.Time
