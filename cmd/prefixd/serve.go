@@ -101,7 +101,7 @@ func newServeOptions() *serveOptions {
 		dumpProgress: apiserver.DefaultDumpProgressTimeout,
 		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second},
 		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL},
-		engineLoad: engineLoadFlags{interval: engineload.DefaultInterval, timeout: engineload.DefaultTimeout, concurrency: engineload.DefaultConcurrency,
+		engineLoad: engineLoadFlags{interval: 0, timeout: engineload.DefaultTimeout, concurrency: engineload.DefaultConcurrency,
 			maxBody: engineload.DefaultMaxBodyBytes}}
 }
 
@@ -120,7 +120,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.temperature, "temperature", o.temperature, "selection temperature: 0 picks the cheapest worker, > 0 samples a softmax")
 	fs.Float64Var(&o.overlap, "overlap-weight", o.overlap, "the cost function's credit per cached block (Dynamo's overlap_score_weight, whose default is 1; a request's router_config_override still wins)")
 	fs.DurationVar(&o.predictedTTL, "predicted-ttl", o.predictedTTL, "count a booking's prompt as cached on its worker for this long, until its KV events arrive (0 = off; docs/benchmarks.md measures it)")
-	fs.DurationVar(&o.engineLoad.interval, "engine-load-interval", o.engineLoad.interval, fmt.Sprintf("read every engine's running and waiting requests and KV usage from its /metrics this often; selection counts that figure plus the bookings made since, and bookings alone for a rank whose figure is %d intervals old (0 = off: bookings alone; docs/operations.md)", engineload.DefaultStaleIntervals))
+	fs.DurationVar(&o.engineLoad.interval, "engine-load-interval", o.engineLoad.interval, fmt.Sprintf("read every engine's running and waiting requests and KV usage from its /metrics this often; selection counts that figure plus the bookings made since, and bookings alone for a rank whose figure is %d intervals old (0, the default = off: bookings alone; %v is a good start when other routers or clients reach the engines; docs/operations.md)", engineload.DefaultStaleIntervals, engineload.DefaultInterval))
 	fs.DurationVar(&o.engineLoad.timeout, "engine-load-timeout", o.engineLoad.timeout, "the longest one engine /metrics scrape may take, the body read included")
 	fs.IntVar(&o.engineLoad.concurrency, "engine-load-concurrency", o.engineLoad.concurrency, "engine /metrics scrapes running at once")
 	fs.Int64Var(&o.engineLoad.maxBody, "engine-load-max-bytes", o.engineLoad.maxBody, "the largest engine /metrics body read; a bigger one is refused and counted")

@@ -119,7 +119,8 @@ type Config struct {
 	// own load (package engineload), which selection counts with the
 	// bookings made since (coordinator.EngineLoad). An Interval of 0
 	// scrapes nothing: selection counts bookings alone (prefixd serve's
-	// --engine-load-interval defaults to engineload.DefaultInterval).
+	// --engine-load-interval default: on the routing bench, engine
+	// figures do not help replicas agree and cost one router's TTFT).
 	// Logger and Registry are the daemon's.
 	EngineLoad engineload.Config
 }

@@ -39,7 +39,8 @@ import (
 
 // Defaults of Config.
 const (
-	// DefaultInterval is how often each engine is scraped. The bookings
+	// DefaultInterval is how often each engine is scraped when a
+	// Config leaves it 0 (prefixd serve scrapes only when asked). The bookings
 	// made since a figure cover the time between scrapes, so the
 	// interval only bounds how long selection's picture can drift from
 	// the engine's (requests that ended early, bookings other replicas
