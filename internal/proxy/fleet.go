@@ -103,11 +103,13 @@ func (f *fleet) set(ws []api.WorkerInfo) {
 	f.mu.Lock()
 	old := f.engines
 	f.engines = es
+	// Listed as the view appears, in one step: a request that finds the
+	// engines (or /v1/models that names them) never meets "not listed yet".
+	f.once.Do(func() { close(f.synced) })
 	f.mu.Unlock()
 	if len(old) != len(es) {
 		f.log.Info("proxy: fleet view changed", "engines", len(es), "before", len(old))
 	}
-	f.once.Do(func() { close(f.synced) })
 }
 
 // pick returns the engines of model, group and role ("" matches any
