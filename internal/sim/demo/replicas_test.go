@@ -369,30 +369,7 @@ func (r *sharedReplica) listed(t *testing.T) map[uint64]int {
 // metric sums the series of a metric of r whose labels include labels.
 func (r *sharedReplica) metric(t *testing.T, name string, labels ...string) float64 {
 	t.Helper()
-	mf, err := r.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range mf {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return testsupport.MetricSum(t, r.reg, name, labels...)
 }
 
 // inflight is the requests each engine holds: queued, transferring or

@@ -234,30 +234,7 @@ func startE2E(t *testing.T, disagg, paced bool, specs ...e2eSpec) *e2eStack {
 // metric sums the series of a metric whose labels include labels.
 func (s *e2eStack) metric(name string, labels ...string) float64 {
 	s.t.Helper()
-	mf, err := s.reg.Gather()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	var sum float64
-	for _, f := range mf {
-		if f.GetName() != name {
-			continue
-		}
-	series:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for i := 0; i+1 < len(labels); i += 2 {
-				if have[labels[i]] != labels[i+1] {
-					continue series
-				}
-			}
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return testsupport.MetricSum(s.t, s.reg, name, labels...)
 }
 
 // bookings is what the picker and prefixd hold: the picker's bookings and
