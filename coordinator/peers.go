@@ -97,6 +97,7 @@ type peerSync struct {
 	emit   func(BookingDelta) // nil: nothing reported
 	seq    uint64             // the last Seq reported
 	peers  map[string]*peerState
+	spread float64 // PoolConfig.PeerSpread, in force while peers is not empty
 }
 
 type peerState struct {
@@ -104,8 +105,8 @@ type peerState struct {
 	ids map[string]PoolKey // origin's reservation id → its pool here
 }
 
-func newPeerSync(origin string, emit func(BookingDelta)) peerSync {
-	return peerSync{origin: origin, emit: emit, peers: map[string]*peerState{}}
+func newPeerSync(origin string, emit func(BookingDelta), spread float64) peerSync {
+	return peerSync{origin: origin, emit: emit, peers: map[string]*peerState{}, spread: spread}
 }
 
 // peerKey is the key of a peer's booking in a Pool: NUL-separated, so no
@@ -239,6 +240,7 @@ func (s *Service) peer(origin string) *peerState {
 	if !ok {
 		st = &peerState{PeerStatus: PeerStatus{Origin: origin}, ids: map[string]PoolKey{}}
 		s.sync.peers[origin] = st
+		s.pools.spread = s.sync.spread
 	}
 	return st
 }
@@ -318,6 +320,9 @@ func (s *Service) dropPeer(origin string) int {
 		}
 	}
 	delete(s.sync.peers, origin)
+	if len(s.sync.peers) == 0 {
+		s.pools.spread = 0
+	}
 	return n
 }
 

@@ -113,9 +113,28 @@ type PoolConfig struct {
 	ReservationTTL time.Duration
 	// MaxReservations bounds live reservations. Zero means DefaultMaxReservations.
 	MaxReservations int
+	// PeerSpread spreads the choices of a replica that shares its
+	// bookings with peers (Service.ApplyPeer): while a Service holds any
+	// peer, a selection at temperature 0 samples
+	// p_i ∝ exp(−(c_i − c_min) / (PeerSpread · blocks)), blocks being the
+	// prompt's complete blocks (at least 1). Replicas that route requests
+	// arriving together see the same fleet, and at temperature 0 each
+	// would send its request to the same cheapest engine before any
+	// peer's booking reaches it; spread in units of the request's own
+	// size, they share out engines that cost about the same while an
+	// engine ahead by a cached prefix keeps its request. 0 disables it; a
+	// Pool outside a Service never spreads.
+	PeerSpread float64
 }
 
-// DefaultPoolConfig returns DefaultOptions, no thresholds and the default TTL and cap.
+// DefaultPeerSpread is the PeerSpread prefixd serves with (serve
+// --peer-spread): on the routing benchmark's second trace eight replicas
+// sharing bookings 1 ms late then keep one router's hit rate and TTFT at
+// every load, which they do not at 0 (docs/benchmarks.md, make
+// bench-replicas).
+const DefaultPeerSpread = 0.1
+
+// DefaultPoolConfig returns DefaultOptions, no thresholds, no peer spread and the default TTL and cap.
 func DefaultPoolConfig() PoolConfig {
 	return PoolConfig{Options: DefaultOptions(), ReservationTTL: DefaultReservationTTL, MaxReservations: DefaultMaxReservations}
 }
@@ -245,6 +264,9 @@ type Pool struct {
 	// onBook, if set, is told of every change to a local reservation
 	// (peers.go); Pools sets it on the pools it creates.
 	onBook func(PoolKey, BookingOp, *reservation)
+	// spread, if set, is the PeerSpread in force (Pools.spread): nonzero
+	// only while the Service holds peers.
+	spread *float64
 }
 
 // NewPool returns an empty pool. rng must not be nil.
@@ -465,7 +487,12 @@ func (p *Pool) sel(q *Query) (Selection, []Selection, []uint64, error) {
 	for i, ws := range cands {
 		sc[i] = p.score(ws, q, &opt, seq, minPrefill)
 	}
-	i := sample(sc, opt.Temperature, p.rng)
+	var i int
+	if p.spread != nil && *p.spread > 0 && opt.Temperature <= 0 {
+		i = spreadSample(sc, *p.spread*float64(max(1, len(seq))), p.rng)
+	} else {
+		i = sample(sc, opt.Temperature, p.rng)
+	}
 	var fb []Selection
 	if q.Fallbacks > 0 && len(sc) > 1 {
 		fb = nextBest(sc, i, q.Fallbacks)
@@ -589,6 +616,28 @@ func sample(sc []scored, temp float64, rng Rand) int {
 			return i
 		}
 		r -= x
+	}
+	return len(sc) - 1
+}
+
+// spreadSample picks an index of sc (non-empty) with
+// p_i ∝ exp(−(c_i − c_min) / scale), scale > 0: a softmax on an absolute
+// scale, unlike sample's range-normalised one, so an engine's chance does
+// not depend on how far the worst candidate is.
+func spreadSample(sc []scored, scale float64, rng Rand) int {
+	lo := math.Inf(1)
+	for _, s := range sc {
+		lo = min(lo, s.cost)
+	}
+	var sum float64
+	for _, s := range sc {
+		sum += math.Exp(-(s.cost - lo) / scale)
+	}
+	r := rng.Float64() * sum
+	for i, s := range sc {
+		if r -= math.Exp(-(s.cost - lo) / scale); r < 0 {
+			return i
+		}
 	}
 	return len(sc) - 1
 }

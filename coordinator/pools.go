@@ -18,6 +18,9 @@ type Pools struct {
 	owner map[indexer.Rank]PoolKey
 	// onBook is every pool's Pool.onBook (Service.booked).
 	onBook func(PoolKey, BookingOp, *reservation)
+	// spread is every pool's PeerSpread in force: the Service sets it
+	// while it holds peers (peers.go).
+	spread float64
 }
 
 // NewPools returns an empty set of pools. rng must not be nil.
@@ -68,6 +71,7 @@ func (ps *Pools) SetWorker(w Worker) ([]Freed, error) {
 	if p == nil {
 		p = NewPool(w.Key(), ps.cfg, ps.rng)
 		p.onBook = ps.onBook
+		p.spread = &ps.spread
 	}
 	if err := p.SetWorker(w); err != nil {
 		return freed, fmt.Errorf("pools: %w", err)

@@ -160,7 +160,7 @@ func NewService(cfg ServiceConfig) *Service {
 		blockSizes: map[indexer.PartitionKey]int{}, engines: map[EngineKey][]indexer.Rank{},
 		noEndpoint: map[EngineKey]PoolKey{}, byID: map[string]PoolKey{}, finished: finished}
 	s.c = NewCoordinator(s.pools, serviceSource{s}, cfg.Coordinator)
-	s.sync = newPeerSync(cfg.Origin, cfg.OnBooking)
+	s.sync = newPeerSync(cfg.Origin, cfg.OnBooking, cfg.Pool.PeerSpread)
 	if cfg.OnBooking != nil {
 		s.pools.onBook = s.booked
 	}

@@ -35,6 +35,7 @@ func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.DurationVar(&o.ScrapeInterval, "scrape-interval", o.ScrapeInterval, "each replica reads every engine's own load (running, waiting, KV usage) this often, at its own phase (0: never; the daemon scrapes every 500ms)")
 	fs.BoolVar(&o.Sync, "sync", o.Sync, "share bookings between replicas: every other replica applies each booking's delta --sync-delay later")
 	fs.DurationVar(&o.SyncDelay, "sync-delay", o.SyncDelay, "with --sync, how long a booking takes to reach the other replicas")
+	fs.Float64Var(&o.PeerSpread, "peer-spread", o.PeerSpread, "with --sync, each replica's spread among engines that cost about the same, in units of the request's blocks (serve --peer-spread)")
 	fs.DurationVar(&o.ArrivalJitter, "arrival-jitter", o.ArrivalJitter, "delay each request's arrival by up to this much (uniform, from the seed; before --speedups): 3s spreads the shipped trace's 3-second timestamp buckets")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")

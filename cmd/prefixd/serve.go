@@ -62,6 +62,7 @@ type serveOptions struct {
 type replicaFlags struct {
 	listen, advertise, id string
 	leaseTTL              time.Duration
+	spread                float64
 }
 
 // engineLoadFlags are the flags of the scrape of every engine's load.
@@ -100,7 +101,7 @@ func newServeOptions() *serveOptions {
 		maxRanks: daemon.DefaultMaxRanks, writeTimeout: daemon.DefaultCatalogWriteTimeout,
 		dumpProgress: apiserver.DefaultDumpProgressTimeout,
 		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second},
-		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL},
+		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL, spread: coordinator.DefaultPeerSpread},
 		engineLoad: engineLoadFlags{interval: 0, timeout: engineload.DefaultTimeout, concurrency: engineload.DefaultConcurrency,
 			maxBody: engineload.DefaultMaxBodyBytes}}
 }
@@ -149,6 +150,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.replica.listen, "replica-sync-listen", o.replica.listen, "share bookings with the other replicas on the same etcd over a gRPC stream on this address (port 0 picks one; \"off\" = no sharing); for replicas on other hosts listen on a reachable address and set --replica-advertise")
 	fs.StringVar(&o.replica.advertise, "replica-advertise", o.replica.advertise, "the host:port other replicas dial for this one's bookings (default: the sync listener's address; required when it listens on all interfaces, e.g. $(POD_IP):8092)")
 	fs.StringVar(&o.replica.id, "replica-id", o.replica.id, "this replica's name in etcd and in peers' metrics (default: host name and process id)")
+	fs.Float64Var(&o.replica.spread, "peer-spread", o.replica.spread, "while other replicas share their bookings, pick among engines that cost about the same at random, weighted by exp(−Δcost / (spread × the prompt's blocks)): replicas routing requests that arrive together then do not all pick the same engine (0 = always the cheapest; docs/operations.md)")
 	fs.DurationVar(&o.replica.leaseTTL, "replica-lease-ttl", o.replica.leaseTTL, "the replica record's lease: a replica killed without a word leaves the others (with its bookings) within it")
 	enum(fs, "log-level", "debug", "info", "warn", "error")
 	enum(fs, "epp-body-mode", "full-duplex", "buffered")
@@ -277,7 +279,7 @@ func newServeCommand() *cobra.Command {
 					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
 				Replica:     o.replica.config(),
 				EngineLoad:  engineload.Config{Interval: o.engineLoad.interval, Timeout: o.engineLoad.timeout, Concurrency: o.engineLoad.concurrency, MaxBodyBytes: o.engineLoad.maxBody},
-				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, ReadyTimeout: o.readyTimeout, Logger: log,
+				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, PeerSpread: &o.replica.spread, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
 		},
 	}
@@ -287,6 +289,9 @@ func newServeCommand() *cobra.Command {
 
 // Validate checks the booking-sync flags.
 func (r replicaFlags) Validate() error {
+	if !(r.spread >= 0) || r.spread > 100 {
+		return fmt.Errorf("--peer-spread %v: want 0 to 100", r.spread)
+	}
 	if r.listen == "off" || r.listen == "" {
 		return nil
 	}

@@ -88,6 +88,10 @@ type Config struct {
 	// OverlapWeight is the cost function's default credit per cached
 	// block; nil is coordinator.DefaultOverlapWeight.
 	OverlapWeight *float64
+	// PeerSpread is the pools' coordinator.PoolConfig.PeerSpread, in force
+	// while peer replicas share bookings; nil is
+	// coordinator.DefaultPeerSpread.
+	PeerSpread *float64
 	// CatalogWriteTimeout bounds each catalog write of POST /register and
 	// POST /unregister, compare-and-swap retries included (default
 	// DefaultCatalogWriteTimeout): while etcd does not answer, they answer
@@ -317,6 +321,10 @@ func Run(ctx context.Context, cfg Config) error {
 		pcfg.Options.OverlapCredit = *cfg.OverlapWeight
 	}
 	pcfg.Options.Temperature = cfg.Temperature
+	pcfg.PeerSpread = coordinator.DefaultPeerSpread
+	if cfg.PeerSpread != nil {
+		pcfg.PeerSpread = *cfg.PeerSpread
+	}
 	var pred *indexer.Predictions
 	if cfg.PredictedTTL > 0 {
 		pred = indexer.NewPredictions(cfg.PredictedTTL, 0, 0)

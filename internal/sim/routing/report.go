@@ -49,6 +49,9 @@ type FleetInfo struct {
 	// ArrivalJitterMS delays arrivals (Config.ArrivalJitter).
 	ArrivalJitterMS float64  `json:"arrival_jitter_ms,omitempty"`
 	SyncDelayMS     *float64 `json:"sync_delay_ms,omitempty"`
+	// PeerSpread is the replicas' spread while they share bookings
+	// (Config.PeerSpread; with Sync only).
+	PeerSpread float64 `json:"peer_spread,omitempty"`
 }
 
 // Knee is one policy's saturation point in a sweep, at one replica count.
@@ -78,6 +81,7 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 	if cfg.Sync {
 		d := ms(cfg.SyncDelay)
 		rep.Fleet.SyncDelayMS = &d
+		rep.Fleet.PeerSpread = cfg.PeerSpread
 	}
 	if ns := distinct(results, func(r Result) int { return r.Replicas }); len(ns) > 1 || len(ns) == 1 && ns[0] > 1 {
 		slices.Sort(ns)
@@ -161,6 +165,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 		b.WriteString("; bookings shared between replicas at once")
 	default:
 		fmt.Fprintf(&b, "; bookings shared between replicas after %s", dur(*f.SyncDelayMS/1e3))
+	}
+	if f.SyncDelayMS != nil && f.PeerSpread > 0 {
+		fmt.Fprintf(&b, ", each spreading its picks by %g", f.PeerSpread)
 	}
 	b.WriteString(".\n")
 	for _, sp := range speedupsOf(rep.Results) {

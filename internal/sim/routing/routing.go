@@ -181,6 +181,9 @@ type Config struct {
 	// nothing.
 	Sync      bool
 	SyncDelay time.Duration
+	// PeerSpread is every replica's coordinator.PoolConfig.PeerSpread: in
+	// force once a replica has applied a peer's booking (Sync).
+	PeerSpread float64
 }
 
 // DefaultConfig returns the benchmark's fleet: 16 engines of 16,384
@@ -190,7 +193,7 @@ func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
 		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
 		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread,
-		SyncDelay: DefaultSyncDelay}
+		SyncDelay: DefaultSyncDelay, PeerSpread: coordinator.DefaultPeerSpread}
 }
 
 // replicas is how many routers the replay has.
@@ -275,6 +278,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("arrival jitter %v: want 0 to 1h", c.ArrivalJitter)
 	case c.SyncDelay < 0 || c.SyncDelay > time.Minute:
 		return fmt.Errorf("sync delay %v: want 0 to 1m", c.SyncDelay)
+	case !(c.PeerSpread >= 0) || c.PeerSpread > 100:
+		return fmt.Errorf("peer spread %v: want 0 to 100", c.PeerSpread)
 	}
 	return c.Timing.WithDefaults().Validate()
 }

@@ -264,6 +264,7 @@ func (s *sim) setPolicy() error {
 func (s *sim) newService(rep *replica) error {
 	pcfg := coordinator.DefaultPoolConfig()
 	pcfg.Options = s.cfg.Options
+	pcfg.PeerSpread = s.cfg.PeerSpread
 	// The first replica draws the single router's numbers; the others
 	// their own.
 	scfg := coordinator.ServiceConfig{Pool: pcfg, Now: func() time.Time { return s.now },
