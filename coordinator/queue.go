@@ -132,9 +132,11 @@ type Waiter struct {
 //
 // Costs, for n waiting in a priority: Push and Remove are O(log n) (plus
 // the distance from the newest arrival, when a waiter arrives out of
-// order); All is O(1) per waiter yielded in FCFS order and O(log k) for
-// the k-th in shortest-work order; Expire is O(log n) per waiter expired.
-// Priorities are kept sorted; there are few.
+// order); All is O(1) per waiter passed in FCFS order and O(log k) for
+// the k-th passed in shortest-work order (which passes the aged twice),
+// and after a Remove during a shortest-work walk its next step costs
+// O(the waiters passed that still wait); Expire is O(log n) per waiter
+// expired. Priorities are kept sorted: O(log p) to find one of p.
 type Queue struct {
 	order   QueueOrder
 	aging   time.Duration
@@ -270,11 +272,15 @@ func (q *Queue) bandIndex(p int) (int, bool) {
 //
 // A live ID is ErrDuplicateWaiter. A w already past its deadline at now
 // (the earlier of w.Deadline and Arrived plus its MaxWait is <= now) is
-// refused with an error wrapping ErrWaitExpired. An empty ID or a Work
-// that is negative, NaN or infinite is an error naming the field.
+// refused with an error wrapping ErrWaitExpired. An empty ID, a zero
+// Arrived or a Work that is negative, NaN or infinite is an error naming
+// the field. The shed slice is the caller's.
 func (q *Queue) Push(w Waiter, now time.Time) (shed []Waiter, err error) {
 	if w.ID == "" {
 		return nil, errors.New("queue push: empty waiter ID")
+	}
+	if w.Arrived.IsZero() {
+		return nil, fmt.Errorf("queue push %q: Arrived is zero", clip.String(w.ID))
 	}
 	if w.Work < 0 || math.IsNaN(w.Work) || math.IsInf(w.Work, 0) {
 		return nil, fmt.Errorf("queue push %q: Work %v is not a finite non-negative number", clip.String(w.ID), w.Work)
@@ -500,6 +506,7 @@ func (q *Queue) walkShortest(p int, cutoff time.Time, yield func(Waiter) bool) b
 	// form a subtree at the heap's root, the rest start at its edge.
 	var last *qnode
 	var buf [16]*qnode
+	var stack []int
 	for {
 		b := q.band(p)
 		if b == nil {
@@ -509,10 +516,7 @@ func (q *Queue) walkShortest(p int, cutoff time.Time, yield func(Waiter) bool) b
 		if last == nil {
 			frontier.push(b.work.s[0])
 		} else {
-			var stack []int
-			if len(b.work.s) > 0 {
-				stack = append(stack, 0)
-			}
+			stack = append(stack[:0], 0)
 			for len(stack) > 0 {
 				i := stack[len(stack)-1]
 				stack = stack[:len(stack)-1]

@@ -488,6 +488,7 @@ func TestQueuePushErrors(t *testing.T) {
 		{name: "full, none lower", waiting: []Waiter{w("a", 1), w("b", 1), w("c", 2)}, push: w("d", 1), now: t0, want: ErrQueueFull},
 		{name: "full, sheds lowest newest", waiting: []Waiter{w("a", 0), w("b", -1), w("c", -1)}, push: w("d", 1), now: t0, shed: "c"},
 		{name: "empty id", push: w("", 0), now: t0, errText: "empty waiter ID"},
+		{name: "zero arrival", push: Waiter{ID: "a"}, now: t0, errText: "Arrived is zero"},
 		{name: "NaN work", push: Waiter{ID: "a", Work: math.NaN(), Arrived: t0}, now: t0, errText: "Work NaN"},
 		{name: "negative work", push: Waiter{ID: "a", Work: -1, Arrived: t0}, now: t0, errText: "Work -1"},
 	} {
