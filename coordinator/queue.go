@@ -512,16 +512,16 @@ func (q *Queue) walkShortest(p int, cutoff time.Time, yield func(Waiter) bool) b
 		if b == nil {
 			return true
 		}
-		frontier := nodeHeap{s: buf[:0], scratch: true}
+		frontier := buf[:0]
 		if last == nil {
-			frontier.push(b.work.s[0])
+			frontier = framePush(frontier, b.work.s[0])
 		} else {
 			stack = append(stack[:0], 0)
 			for len(stack) > 0 {
 				i := stack[len(stack)-1]
 				stack = stack[:len(stack)-1]
 				if n := b.work.s[i]; workLess(last, n) {
-					frontier.push(n)
+					frontier = framePush(frontier, n)
 					continue
 				}
 				for _, c := range [2]int{2*i + 1, 2*i + 2} {
@@ -532,14 +532,15 @@ func (q *Queue) walkShortest(p int, cutoff time.Time, yield func(Waiter) bool) b
 			}
 		}
 		for version := q.version; q.version == version; {
-			if len(frontier.s) == 0 {
+			if len(frontier) == 0 {
 				return true
 			}
-			n := frontier.pop()
+			var n *qnode
+			n, frontier = framePop(frontier)
 			last = n
 			for _, c := range [2]int{2*n.wi + 1, 2*n.wi + 2} {
 				if c < len(b.work.s) {
-					frontier.push(b.work.s[c])
+					frontier = framePush(frontier, b.work.s[c])
 				}
 			}
 			if !n.arr.After(cutoff) {
@@ -655,11 +656,9 @@ func dlLess(a, b *qnode) bool {
 
 // nodeHeap is a binary min-heap of waiters by work (workLess) or by
 // deadline (dlLess) that keeps each node's index (wi or di) for removal.
-// A scratch heap (All's frontier) orders by work and keeps no index.
 type nodeHeap struct {
 	s          []*qnode
 	byDeadline bool
-	scratch    bool
 }
 
 func (h *nodeHeap) less(i, j int) bool {
@@ -672,7 +671,6 @@ func (h *nodeHeap) less(i, j int) bool {
 func (h *nodeHeap) set(i int, n *qnode) {
 	h.s[i] = n
 	switch {
-	case h.scratch:
 	case h.byDeadline:
 		n.di = i
 	default:
@@ -684,12 +682,6 @@ func (h *nodeHeap) push(n *qnode) {
 	h.s = append(h.s, n)
 	h.set(len(h.s)-1, n)
 	h.up(len(h.s) - 1)
-}
-
-func (h *nodeHeap) pop() *qnode {
-	n := h.s[0]
-	h.remove(0)
-	return n
 }
 
 func (h *nodeHeap) remove(i int) {
@@ -739,4 +731,41 @@ func (h *nodeHeap) down(i0 int) bool {
 		i = c
 	}
 	return i > i0
+}
+
+// framePush and framePop are a min-heap by workLess on a plain slice,
+// for a walk's frontier: kept apart from nodeHeap (no indices to keep),
+// and on slices so that the frontier stays on the walk's stack.
+func framePush(h []*qnode, n *qnode) []*qnode {
+	h = append(h, n)
+	for i := len(h) - 1; i > 0; {
+		parent := (i - 1) / 2
+		if !workLess(h[i], h[parent]) {
+			break
+		}
+		h[i], h[parent] = h[parent], h[i]
+		i = parent
+	}
+	return h
+}
+
+func framePop(h []*qnode) (*qnode, []*qnode) {
+	top, end := h[0], len(h)-1
+	h[0], h[end] = h[end], nil
+	h = h[:end]
+	for i := 0; ; {
+		c := 2*i + 1
+		if c >= end {
+			break
+		}
+		if r := c + 1; r < end && workLess(h[r], h[c]) {
+			c = r
+		}
+		if !workLess(h[c], h[i]) {
+			break
+		}
+		h[i], h[c] = h[c], h[i]
+		i = c
+	}
+	return top, h
 }

@@ -745,6 +745,44 @@ func TestQueueAllRemoveDuringWalk(t *testing.T) {
 	}
 }
 
+// TestQueueDeepOrder: a deep queue (deeper than the property test's)
+// walked whole in both orders equals the reference, with some aged.
+func TestQueueDeepOrder(t *testing.T) {
+	for _, order := range []QueueOrder{QueueFCFS, QueueShortestWork} {
+		t.Run(order.String(), func(t *testing.T) {
+			cfg := QueueConfig{Order: order, Aging: time.Second, MaxLen: 2000, MaxWait: time.Minute}
+			q, err := NewQueue(cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref := &refQueue{cfg: cfg}
+			rng := seeded(7)
+			for i := range 1500 {
+				w := Waiter{ID: fmt.Sprint("w", i), Priority: rng.IntN(3), Work: float64(rng.IntN(1000)),
+					Arrived: t0.Add(time.Duration(rng.IntN(4000)) * time.Millisecond)}
+				if _, err := q.Push(w, t0); err != nil {
+					t.Fatal(err)
+				}
+				ref.push(w, t0)
+			}
+			for i := range 500 {
+				id := fmt.Sprint("w", rng.IntN(1500))
+				if _, ok := q.Remove(id); ok != (ref.find(id) >= 0) {
+					t.Fatalf("Remove %d %s: %v", i, id, ok)
+				}
+				ref.remove(id)
+			}
+			now := t0.Add(3 * time.Second)
+			if got, want := slices.Collect(q.All(now)), ref.order(now); !slices.Equal(got, want) {
+				t.Fatalf("All:\n got %v\nwant %v", ids(got), ids(want))
+			}
+			if err := q.invariants(); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
 // BenchmarkQueue is the Service's step at a given number waiting: a
 // request arrives (Push), a worker frees and takes the first in order
 // (All, stopped after one) and it leaves (Remove).
