@@ -401,8 +401,8 @@ func (q *Queue) remove(n *qnode) {
 // the one just yielded or any other): the walk goes on with the waiters
 // still waiting that come after the last one yielded, and never yields
 // one twice. A waiter pushed during the walk may or may not be yielded.
-// A walk's cost is what it yields: stopping after a few waiters is cheap
-// at any length.
+// A walk costs what it passes (see Queue): stopping after a few waiters
+// is cheap at any length.
 func (q *Queue) All(now time.Time) iter.Seq[Waiter] {
 	return func(yield func(Waiter) bool) {
 		cutoff := now.Round(0).Add(-q.aging)
