@@ -239,6 +239,7 @@ func (ws *workerState) effLoad() Load {
 func (s *Service) SetEngineLoad(k EngineKey, dpRank uint32, l EngineLoad) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	p, rank, err := s.rankPool(k, dpRank)
 	if err != nil {
 		return err

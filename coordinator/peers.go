@@ -178,6 +178,7 @@ func (s *Service) SnapshotBookings(fn func(seq uint64, live []BookingDelta)) {
 func (s *Service) ApplyPeer(ds []BookingDelta) (applied, dropped int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	now := s.now()
 	for i := range ds {
 		d := &ds[i]
@@ -215,6 +216,7 @@ func (s *Service) ApplyPeer(ds []BookingDelta) (applied, dropped int) {
 func (s *Service) ResetPeer(origin string, seq uint64, live []BookingDelta) (applied, dropped int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	if origin == "" || origin == s.sync.origin {
 		return 0, len(live)
 	}
@@ -305,6 +307,7 @@ func (s *Service) admitPeer(st *peerState, d *BookingDelta, key string, now time
 func (s *Service) DropPeer(origin string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	return s.dropPeer(origin)
 }
 

@@ -174,6 +174,9 @@ type Query struct {
 	// Allowed restricts candidates to these worker ids; empty allows all.
 	Allowed     []uint64
 	Constraints Constraints
+	// busy, if set, are further busy thresholds for this query (the
+	// Service's router queue, for a request that may wait).
+	busy *Thresholds
 	// Fallbacks asks for up to this many next-best ranks after the
 	// chosen one (SelectFallbacks, SelectAndReserveFallbacks): the
 	// candidates that passed every filter, cheapest first, the chosen
@@ -378,8 +381,15 @@ func (p *Pool) Overloaded(rank indexer.Rank) bool {
 	return ok && p.overloaded(ws)
 }
 
-func (p *Pool) overloaded(ws *workerState) bool {
-	t := p.cfg.Thresholds
+func (p *Pool) overloaded(ws *workerState) bool { return over(ws, &p.cfg.Thresholds) }
+
+// overloadedFor is overloaded with q's further thresholds.
+func (p *Pool) overloadedFor(ws *workerState, q *Query) bool {
+	return p.overloaded(ws) || q.busy != nil && over(ws, q.busy)
+}
+
+// over reports whether ws is over a threshold of t.
+func over(ws *workerState, t *Thresholds) bool {
 	if t.DecodeBlocksFrac > 0 && ws.w.TotalKVBlocks > 0 && float64(ws.effBlocks()) > t.DecodeBlocksFrac*float64(ws.w.TotalKVBlocks) {
 		return true
 	}
@@ -415,7 +425,7 @@ func (p *Pool) candidates(q *Query) ([]*workerState, error) {
 			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrBadPinnedRank)
 		case !p.eligible(ws, q):
 			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrPinnedNotAllowed)
-		case p.overloaded(ws):
+		case p.overloadedFor(ws, q):
 			return nil, fmt.Errorf("pool %v pin %v: %w", p.key, *q.Pin, ErrPinnedOverloaded)
 		}
 		return []*workerState{ws}, nil
@@ -428,7 +438,7 @@ func (p *Pool) candidates(q *Query) ([]*workerState, error) {
 			filtered++
 			continue
 		}
-		if !p.overloaded(ws) {
+		if !p.overloadedFor(ws, q) {
 			out = append(out, ws)
 		}
 	}

@@ -586,6 +586,16 @@ func (q *Queue) Expire(now time.Time) []Waiter {
 	return ws
 }
 
+// Deadline is when waiter id must leave: the earlier of its Deadline and
+// its Arrived plus its priority's MaxWait. False when id does not wait.
+func (q *Queue) Deadline(id string) (time.Time, bool) {
+	n, ok := q.byID[id]
+	if !ok {
+		return time.Time{}, false
+	}
+	return n.dl, true
+}
+
 // NextDeadline is the earliest deadline of a waiter, for the caller's
 // timer (its wall-clock reading); false when none waits.
 func (q *Queue) NextDeadline() (time.Time, bool) {

@@ -100,6 +100,17 @@ type ServiceConfig struct {
 	// order (peers.go). It runs under the Service's lock and must not
 	// block or call the Service.
 	OnBooking func(BookingDelta)
+	// Queue, if set, gives every pool a router queue (waiting.go): a
+	// request with a Wait that finds every eligible worker over
+	// QueueBusy (or the pool's own Thresholds) waits there instead of
+	// failing. Nil: no request waits, and QueueBusy is ignored.
+	Queue *QueueConfig
+	// QueueBusy are the busy thresholds of the router queue: they filter
+	// the workers of a request with a Wait only, so requests without
+	// one are selected as before.
+	QueueBusy Thresholds
+	// QueueObserver, if set, is told what the queues do.
+	QueueObserver QueueObserver
 }
 
 // A Service is the coordinator for concurrent callers: one mutex over the
@@ -136,6 +147,7 @@ type Service struct {
 	byID       map[string]PoolKey           // the pool of each reservation booked here
 	finished   *simplelru.LRU[string, Plan]
 	sync       peerSync // bookings shared with other replicas (peers.go)
+	wait       waiting  // the router queues (waiting.go)
 }
 
 // NewService returns a Service with no engines.
@@ -161,6 +173,7 @@ func NewService(cfg ServiceConfig) *Service {
 		noEndpoint: map[EngineKey]PoolKey{}, byID: map[string]PoolKey{}, finished: finished}
 	s.c = NewCoordinator(s.pools, serviceSource{s}, cfg.Coordinator)
 	s.sync = newPeerSync(cfg.Origin, cfg.OnBooking, cfg.Pool.PeerSpread)
+	s.wait = newWaiting(cfg.Queue, cfg.QueueBusy, cfg.QueueObserver)
 	if cfg.OnBooking != nil {
 		s.pools.onBook = s.booked
 	}
@@ -232,6 +245,7 @@ func (s *Service) registered(model, group string, ov []indexer.Overlap, bs int) 
 func (s *Service) SetEngine(e Engine) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	now := s.now()
 	key := e.Key()
 	delete(s.noEndpoint, key)
@@ -272,6 +286,7 @@ func (s *Service) SetEngine(e Engine) error {
 func (s *Service) RemoveEngine(k EngineKey) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	now := s.now()
 	for _, r := range s.engines[k] {
 		s.removeRank(k.Model, k.Group, r, now)
@@ -325,6 +340,8 @@ func (s *Service) Expire(now time.Time) {
 		}
 	}
 	s.forgetExpiredPeers()
+	s.expireWaiters(now)
+	s.drainLocked()
 }
 
 // Run calls Expire every interval, with the tick's time, until ctx ends;
@@ -363,6 +380,9 @@ type SelectRequest struct {
 	// Fallbacks asks for up to this many next-best ranks after the
 	// chosen one, in Choice.Fallbacks (Query.Fallbacks).
 	Fallbacks int
+	// Wait, if set, lets Enqueue and SelectAndReserveWait queue the
+	// request while every eligible worker is busy (waiting.go).
+	Wait *Wait
 }
 
 // A Choice is a selection made through the Service: the pool's Selection
@@ -419,6 +439,11 @@ func (s *Service) reserve(r *SelectRequest, op SelectOp) (Choice, error) {
 	if err := s.checkNewID(r.ID); err != nil {
 		return Choice{}, err
 	}
+	return s.reserveLocked(r, op)
+}
+
+// reserveLocked books r (its id checked) under s.mu.
+func (s *Service) reserveLocked(r *SelectRequest, op SelectOp) (Choice, error) {
 	p, q, err := s.query(r)
 	if err != nil {
 		return Choice{}, err
@@ -466,6 +491,9 @@ func (s *Service) query(r *SelectRequest) (*Pool, Query, error) {
 		return nil, Query{}, err
 	}
 	q := Query{Prompt: prompt, Pin: ptrClone(r.Pin), Allowed: r.Allowed, Constraints: r.Constraints, Fallbacks: r.Fallbacks}
+	if r.Wait != nil && s.wait.cfg != nil {
+		q.busy = &s.wait.busy
+	}
 	if r.Temperature != nil {
 		o := p.Config().Options
 		o.Temperature = *r.Temperature
@@ -523,6 +551,9 @@ func (s *Service) checkNewID(id string) error {
 	if _, err := s.reservation(id); err == nil {
 		return &textError{fmt.Sprintf("reservation %s already exists", id), ErrDuplicateReservation}
 	}
+	if _, ok := s.wait.tickets[id]; ok {
+		return &textError{fmt.Sprintf("reservation %s already waits", id), ErrDuplicateReservation}
+	}
 	return nil
 }
 
@@ -545,6 +576,7 @@ func (s *Service) reservation(id string) (*Pool, error) {
 func (s *Service) ReservePrefillComplete(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	p, err := s.reservation(id)
 	if err != nil {
 		return err
@@ -564,6 +596,7 @@ func (s *Service) ReservePrefillComplete(id string) error {
 func (s *Service) Move(id string, to indexer.Rank) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	p, err := s.reservation(id)
 	if err != nil {
 		return err
@@ -583,6 +616,7 @@ func (s *Service) Move(id string, to indexer.Rank) error {
 func (s *Service) Free(id string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	p, err := s.reservation(id)
 	if err != nil {
 		return err
@@ -689,6 +723,7 @@ func (s *Service) Release(id string) (Plan, error) { return s.planOp(id, s.c.Rel
 func (s *Service) planOp(id string, op func(string, time.Time) (Plan, error)) (Plan, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.drainLocked()
 	now := s.now()
 	p, err := op(id, now)
 	s.settle(now, id+"/decode", id+"/prefill")
