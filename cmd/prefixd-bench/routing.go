@@ -7,6 +7,7 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/sim/routing"
 )
 
@@ -36,6 +37,9 @@ func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.BoolVar(&o.Sync, "sync", o.Sync, "share bookings between replicas: every other replica applies each booking's delta --sync-delay later")
 	fs.DurationVar(&o.SyncDelay, "sync-delay", o.SyncDelay, "with --sync, how long a booking takes to reach the other replicas")
 	fs.Float64Var(&o.PeerSpread, "peer-spread", o.PeerSpread, "with --sync, each replica's spread among engines that cost about the same, in units of the request's blocks (serve --peer-spread)")
+	fs.Float64Var(&o.QueueThreshold, "queue-threshold", o.QueueThreshold, "prefixd-queued: requests wait in the router while every engine holds more prefill than this fraction of its max_num_batched_tokens (serve --queue-threshold)")
+	fs.DurationVar(&o.Queue.Aging, "queue-aging", o.Queue.Aging, "prefixd-queued: a request that has waited this long goes ahead of every later one of its priority (serve --queue-aging)")
+	fs.Var(queueOrderFlag{&o.Queue.Order}, "queue-order", "prefixd-queued: the queue's order, fcfs or shortest-work (serve --queue-order)")
 	fs.DurationVar(&o.ArrivalJitter, "arrival-jitter", o.ArrivalJitter, "delay each request's arrival by up to this much (uniform, from the seed; before --speedups): 3s spreads the shipped trace's 3-second timestamp buckets")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")
@@ -91,3 +95,17 @@ func newRoutingCommand() *cobra.Command {
 	o.AddFlags(cmd.Flags())
 	return cmd
 }
+
+// queueOrderFlag is a coordinator.QueueOrder as a flag.
+type queueOrderFlag struct{ o *coordinator.QueueOrder }
+
+func (f queueOrderFlag) String() string { return f.o.String() }
+func (f queueOrderFlag) Set(s string) error {
+	o, err := coordinator.ParseQueueOrder(s)
+	if err != nil {
+		return err
+	}
+	*f.o = o
+	return nil
+}
+func (queueOrderFlag) Type() string { return "order" }

@@ -3,6 +3,7 @@ package routing
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"slices"
 
 	"github.com/zeebo/xxh3"
@@ -137,4 +138,31 @@ func (o oracle) Overlaps(_, _ string, tokens []uint32, _, _ string) ([]indexer.O
 		}
 	}
 	return ov, o.s.cfg.BlockSize, nil
+}
+
+// errQueued is a queuedRouter's answer for a request that waits in its
+// replica's router queue: the sim starts it when placed (placeWaiting).
+var errQueued = errors.New("queued")
+
+// queued is a request waiting in a replica's router queue.
+type queued struct {
+	r *request
+	t *coordinator.Ticket
+}
+
+// queuedRouter routes as svcRouter does, through the router queue: a
+// request that finds every engine busy waits.
+type queuedRouter struct{ svcRouter }
+
+func (p queuedRouter) route(r *request) (int, error) {
+	c, t, err := p.svc.Enqueue(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens, Wait: &coordinator.Wait{}})
+	switch {
+	case err != nil:
+		return 0, err
+	case t != nil:
+		p.s.queued++
+		p.s.waiting = append(p.s.waiting, queued{r: r, t: t})
+		return 0, errQueued
+	}
+	return p.s.byRank[c.Rank], nil
 }

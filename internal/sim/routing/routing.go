@@ -74,10 +74,16 @@ const (
 	// with one output token on the plan's prefill engine, its KV moves to
 	// the plan's decode engine, which decodes.
 	Disagg Policy = "prefixd-disagg"
+	// PrefixdQueued is Prefixd with the router queue (serve
+	// --queue-threshold): while every engine holds more prefill than
+	// Config.QueueThreshold × its max_num_batched_tokens, a request waits
+	// in the router, in the queue's order, and is placed when an engine
+	// frees, on the caches of that moment.
+	PrefixdQueued Policy = "prefixd-queued"
 )
 
 // Policies lists every policy, in report order.
-var Policies = []Policy{Random, RoundRobin, LeastLoaded, ConsistentHash, Approx, Prefixd, PrefixdPredicted, Oracle, Disagg}
+var Policies = []Policy{Random, RoundRobin, LeastLoaded, ConsistentHash, Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued}
 
 // ParsePolicy returns the policy named s.
 func ParsePolicy(s string) (Policy, error) {
@@ -117,6 +123,9 @@ const (
 	// (internal/replica); 1 ms, several times that p99, leaves room for
 	// a hop across the nodes of one cluster.
 	DefaultSyncDelay = time.Millisecond
+	// DefaultQueueThreshold is PrefixdQueued's busy threshold (serve
+	// --queue-threshold's default).
+	DefaultQueueThreshold = 0.5
 	// MaxReplicas bounds Config.Replicas.
 	MaxReplicas = 64
 	// DefaultVocab is Llama 3's vocabulary size: trace hash ids expand to
@@ -184,6 +193,12 @@ type Config struct {
 	// PeerSpread is every replica's coordinator.PoolConfig.PeerSpread: in
 	// force once a replica has applied a peer's booking (Sync).
 	PeerSpread float64
+	// QueueThreshold is PrefixdQueued's busy threshold, a fraction of an
+	// engine's max_num_batched_tokens of prefill booked
+	// (coordinator.Thresholds.PrefillTokensFrac); Queue its queue. The
+	// replay never sheds: Queue's MaxLen and MaxWait hold the whole trace.
+	QueueThreshold float64
+	Queue          coordinator.QueueConfig
 }
 
 // DefaultConfig returns the benchmark's fleet: 16 engines of 16,384
@@ -193,7 +208,7 @@ func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
 		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
 		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread,
-		SyncDelay: DefaultSyncDelay, PeerSpread: coordinator.DefaultPeerSpread}
+		SyncDelay: DefaultSyncDelay, PeerSpread: coordinator.DefaultPeerSpread, QueueThreshold: DefaultQueueThreshold, Queue: coordinator.DefaultQueueConfig()}
 }
 
 // replicas is how many routers the replay has.
@@ -280,6 +295,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("sync delay %v: want 0 to 1m", c.SyncDelay)
 	case !(c.PeerSpread >= 0) || c.PeerSpread > 100:
 		return fmt.Errorf("peer spread %v: want 0 to 100", c.PeerSpread)
+	case !(c.QueueThreshold > 0) || c.QueueThreshold > 1000:
+		return fmt.Errorf("queue threshold %v: want more than 0, at most 1000", c.QueueThreshold)
 	}
 	return c.Timing.WithDefaults().Validate()
 }
@@ -346,7 +363,10 @@ type Result struct {
 	// PeerDropped counts booking deltas a replica refused (Config.Sync: a
 	// free for a peer booking its own expiry already took);
 	// ScrapeErrors engine loads a replica refused (0 on a healthy run).
-	PeerDropped  int `json:"peer_dropped,omitempty"`
+	PeerDropped int `json:"peer_dropped,omitempty"`
+	// Queued counts requests that waited in a router queue
+	// (PrefixdQueued).
+	Queued       int `json:"queued,omitempty"`
 	ScrapeErrors int `json:"scrape_errors,omitempty"`
 	// Fallbacks counts Disagg plans that ran in bypass (prefill on the
 	// decode engine).

@@ -2,6 +2,7 @@ package routing
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"slices"
@@ -171,6 +172,11 @@ type sim struct {
 	// loads a replica refused.
 	peerDropped, scrapeErrors int
 
+	// waiting are the requests a replica's router queue holds
+	// (PrefixdQueued), in arrival order.
+	waiting []queued
+	queued  int // requests that waited
+
 	// stepped, if set, is called after each instant of the replay (tests).
 	stepped func()
 }
@@ -248,7 +254,7 @@ func (s *sim) setPolicy() error {
 			rep.router = &roundRobin{s: s}
 		case LeastLoaded:
 			rep.router = leastLoaded{s: s, rep: rep.i}
-		case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg:
+		case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued:
 			if err := s.newService(rep); err != nil {
 				return err
 			}
@@ -270,7 +276,7 @@ func (s *sim) newService(rep *replica) error {
 	scfg := coordinator.ServiceConfig{Pool: pcfg, Now: func() time.Time { return s.now },
 		Rand: rand.New(rand.NewPCG(s.cfg.Seed^1, s.cfg.Seed^2^uint64(rep.i)))}
 	switch s.policy {
-	case Prefixd, PrefixdPredicted, Disagg:
+	case Prefixd, PrefixdPredicted, Disagg, PrefixdQueued:
 		s.events = true
 		rep.ix = indexer.New(indexer.Options{})
 		k := indexer.PartitionKey{Model: model, Group: group}
@@ -288,6 +294,12 @@ func (s *sim) newService(rep *replica) error {
 		scfg.Source = oracle{s}
 	}
 	scfg.Predicted = rep.pred
+	if s.policy == PrefixdQueued {
+		q := s.cfg.Queue
+		q.MaxLen, q.MaxWait = max(q.MaxLen, len(s.reqs)), max(q.MaxWait, time.Hour*24*365)
+		scfg.Queue = &q
+		scfg.QueueBusy.PrefillTokensFrac = s.cfg.QueueThreshold
+	}
 	if s.cfg.Sync && len(s.replicas) > 1 {
 		// OnBooking runs under the Service's lock: it only queues the
 		// delta, and sim.sync applies it at the others once due.
@@ -306,7 +318,11 @@ func (s *sim) newService(rep *replica) error {
 			return fmt.Errorf("engine %d: %w", e.idx, err)
 		}
 	}
-	if s.policy != Disagg {
+	switch s.policy {
+	case Disagg:
+	case PrefixdQueued:
+		rep.router = queuedRouter{svcRouter{s: s, svc: rep.svc}}
+	default:
 		rep.router = svcRouter{s: s, svc: rep.svc}
 	}
 	return nil
@@ -338,12 +354,20 @@ func (s *sim) run() error {
 			s.arrive(s.reqs[s.next])
 			s.next++
 		}
+		s.placeWaiting()
 		for _, e := range s.engines {
 			if !e.stepping {
 				s.plan(e)
 			}
 		}
 		s.sync()
+		if s.placeWaiting() { // placed by the bookings just synced
+			for _, e := range s.engines {
+				if !e.stepping {
+					s.plan(e)
+				}
+			}
+		}
 		// Scrapes read the engines as this instant leaves them: every
 		// request booked until now is in the engine's figure, as the
 		// rule assumes of a booking made at or before the figure's time.
@@ -570,11 +594,41 @@ func (s *sim) arrive(r *request) {
 		return
 	}
 	i, err := s.replicas[r.replica].router.route(r)
-	if err != nil {
+	switch {
+	case errors.Is(err, errQueued):
+		return
+	case err != nil:
 		r.failed = true
 		return
 	}
 	s.start(r, i, &mocker.Seq{Tokens: r.tokens, MaxTokens: r.output})
+}
+
+// placeWaiting starts the queued requests their replica placed since the
+// last call (PrefixdQueued), now, and fails those it shed.
+func (s *sim) placeWaiting() bool {
+	if len(s.waiting) == 0 {
+		return false
+	}
+	n := len(s.waiting)
+	kept := s.waiting[:0]
+	for _, w := range s.waiting {
+		select {
+		case <-w.t.Done():
+		default:
+			kept = append(kept, w)
+			continue
+		}
+		c, err := w.t.Result()
+		if err != nil {
+			w.r.failed = true
+			continue
+		}
+		s.start(w.r, s.byRank[c.Rank], &mocker.Seq{Tokens: w.r.tokens, MaxTokens: w.r.output})
+	}
+	clear(s.waiting[len(kept):])
+	s.waiting = kept
+	return len(kept) < n
 }
 
 // start adds r's sequence q to engine i.
@@ -637,7 +691,7 @@ func (s *sim) fail(r *request) {
 // result summarises the run.
 func (s *sim) result() Result {
 	res := Result{Policy: s.policy, Replicas: len(s.replicas), Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit,
-		Requests: len(s.reqs), Bypass: s.bypass, PeerDropped: s.peerDropped, ScrapeErrors: s.scrapeErrors}
+		Requests: len(s.reqs), Bypass: s.bypass, PeerDropped: s.peerDropped, ScrapeErrors: s.scrapeErrors, Queued: s.queued}
 	var ttft, e2e []float64
 	var prompt, hit, out int
 	var last time.Time
