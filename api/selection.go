@@ -92,7 +92,29 @@ type SelectRequest struct {
 	RoutingConstraints *RoutingConstraints `json:"routing_constraints,omitempty"`
 	// Temperature overrides the configured selection temperature when set.
 	Temperature *float64 `json:"router_temperature,omitempty"`
+	// Wait, on /select_and_reserve, lets the request wait in the pool's
+	// router queue while every worker is busy (serve --queue-threshold);
+	// without it, or without a queue, the request never waits.
+	Wait *Wait `json:"wait,omitempty"`
 }
+
+// Wait is how long, and at what priority, a /select_and_reserve may wait
+// in the router queue. The answer comes when the request is placed (200),
+// or with 429 and Retry-After when it is shed (queue full) or its wait
+// runs out; a client that disconnects leaves the queue.
+type Wait struct {
+	// TimeoutMS bounds the wait in milliseconds (0: the queue's own
+	// --queue-max-wait alone; that bound applies too).
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// Priority orders the queue, higher first; a negative priority is
+	// sheddable first. The x-prefixd-priority header sets it when the
+	// body does not.
+	Priority *int `json:"priority,omitempty"`
+}
+
+// PriorityHeader carries a request's queue priority (an integer, higher
+// first) to /select_and_reserve, prefixd proxy and the endpoint picker.
+const PriorityHeader = "x-prefixd-priority"
 
 // OverlapInfo is the chosen rank's cached prefix, in tokens, tiers cumulative.
 type OverlapInfo struct {

@@ -22,6 +22,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,6 +87,8 @@ type Error struct {
 	// Plan is the failed plan a /disagg/plans route returned with its
 	// error (what happened to its bookings), or nil.
 	Plan *api.PlanInfo
+	// RetryAfter is the answer's Retry-After (a 429 or 503), or 0.
+	RetryAfter time.Duration
 }
 
 func (e *Error) Error() string {
@@ -128,7 +131,11 @@ func (c *Client) do(ctx context.Context, method, path string, body, out any) err
 		return fmt.Errorf("%s %s: answer longer than %d bytes", method, path, MaxAnswerBytes)
 	}
 	if resp.StatusCode/100 != 2 {
-		return answerError(method, path, resp.StatusCode, raw)
+		e := answerError(method, path, resp.StatusCode, raw)
+		if s, err := strconv.Atoi(resp.Header.Get("Retry-After")); err == nil && s > 0 && s <= 86400 {
+			e.RetryAfter = time.Duration(s) * time.Second
+		}
+		return e
 	}
 	if out == nil {
 		return nil
