@@ -23,6 +23,7 @@ type proxyOptions struct {
 	group        string
 	prefillGroup string
 	timeout      time.Duration
+	queueWait    time.Duration
 	readTimeout  time.Duration
 	maxBody      int64
 	bodyBudget   int64
@@ -38,6 +39,8 @@ func (o *proxyOptions) Validate() error {
 	switch {
 	case o.timeout <= 0:
 		return fmt.Errorf("--request-timeout %v: want > 0", o.timeout)
+	case o.queueWait < 0 || o.queueWait > time.Hour:
+		return fmt.Errorf("--queue-wait %v: want 0 to 1h", o.queueWait)
 	case o.readTimeout <= 0:
 		return fmt.Errorf("--read-timeout %v: want > 0", o.readTimeout)
 	case o.maxBody <= 0:
@@ -94,7 +97,7 @@ func newProxyCommand() *cobra.Command {
 			}
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
 			p, err := proxy.New(proxy.Config{Prefixd: c, Policy: o.policy, Disagg: o.disagg, Order: o.plans.order, PlanPolicy: pol, PrefillFailure: failure,
-				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, ReadTimeout: o.readTimeout, MaxBodyBytes: o.maxBody, BodyBudget: o.bodyBudget,
+				RoutingGroup: o.group, PrefillRoutingGroup: o.prefillGroup, RequestTimeout: o.timeout, QueueWait: o.queueWait, ReadTimeout: o.readTimeout, MaxBodyBytes: o.maxBody, BodyBudget: o.bodyBudget,
 				TokenizeCache: o.cache, TokenizeCacheBytes: o.cacheBytes, PassThrough: o.passThrough, Refresh: o.refresh, Logger: log})
 			if err != nil {
 				return err
@@ -121,6 +124,7 @@ func newProxyCommand() *cobra.Command {
 	fs.StringVar(&o.group, "routing-group", o.group, "routing group of the (decode) engines (default: default)")
 	fs.StringVar(&o.prefillGroup, "prefill-routing-group", o.prefillGroup, "routing group of the prefill engines (default: --routing-group)")
 	fs.DurationVar(&o.timeout, "request-timeout", o.timeout, "deadline of each request, from its arrival to its last byte")
+	fs.DurationVar(&o.queueWait, "queue-wait", o.queueWait, "the longest a request waits in prefixd serve's router queue while every engine is busy (serve --queue-threshold; 0 = serve's --queue-max-wait and the request's deadline alone); the client then gets 429 with Retry-After")
 	fs.DurationVar(&o.readTimeout, "read-timeout", o.readTimeout, "time to receive a request, headers and body, from its first byte (408 beyond)")
 	fs.Int64Var(&o.maxBody, "max-body-bytes", o.maxBody, "largest request body accepted (413 beyond)")
 	fs.Int64Var(&o.bodyBudget, "body-budget-bytes", o.bodyBudget,

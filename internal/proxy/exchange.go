@@ -38,6 +38,9 @@ type exchange struct {
 	seen     int      // plan transitions logged
 	answered bool     // bytes went to the client
 	served   []uint64 // the engines that answered, in order (prefill, then decode)
+
+	retryAfter time.Duration // a 429's Retry-After from prefixd serve
+	priority   *int          // the x-prefixd-priority header's, if any
 }
 
 // background is a context for giving bookings back: it outlives the
@@ -55,6 +58,9 @@ func (x *exchange) fail(status int, format string, args ...any) string {
 // unless bytes went out already.
 func (x *exchange) failParam(status int, param, msg string) string {
 	if !x.answered {
+		if status == http.StatusTooManyRequests && x.retryAfter > 0 {
+			x.w.Header().Set("Retry-After", strconv.Itoa(int((x.retryAfter+time.Second-1)/time.Second)))
+		}
 		openAIError(x.w, status, param, msg)
 	}
 	return "error_" + statusClass(status)
@@ -240,6 +246,13 @@ func (x *exchange) outcome(err error) string {
 // next-best engine when the first fails before its first byte.
 func (x *exchange) aggregated() string {
 	p := x.p
+	if v := x.r.Header.Get(api.PriorityHeader); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < -1000 || n > 1000 {
+			return x.failParam(http.StatusBadRequest, api.PriorityHeader, fmt.Sprintf("header %s %q: want an integer from -1000 to 1000", api.PriorityHeader, clip.String(v)))
+		}
+		x.priority = &n
+	}
 	es := p.fleet.pick(x.req.Model, p.cfg.RoutingGroup, catalog.RoleAggregated)
 	if len(es) == 0 { // served, but not in this group or role
 		return x.fail(http.StatusServiceUnavailable, "no aggregated engine of model %s in routing group %s", x.req.Model, p.cfg.RoutingGroup)
@@ -327,7 +340,8 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		if attempt > 0 {
 			sid = fmt.Sprintf("%s-%d", x.id, attempt)
 		}
-		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.Model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid}
+		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.Model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid,
+			Wait: &api.Wait{TimeoutMS: p.cfg.QueueWait.Milliseconds(), Priority: x.priority}}
 		if len(tried) > 0 {
 			for _, o := range left {
 				sr.AllowedWorkerIDs = append(sr.AllowedWorkerIDs, o.id)
@@ -345,6 +359,9 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 		switch {
 		case err == nil:
 		case errors.Is(err, client.ErrOverloaded):
+			if ce := (*client.Error)(nil); errors.As(err, &ce) {
+				x.retryAfter = ce.RetryAfter
+			}
 			return e, "", http.StatusTooManyRequests, "every engine of model " + x.req.Model + " is busy: " + errMsg(err)
 		case errors.Is(err, client.ErrNotFound):
 			return e, "", http.StatusNotFound, errMsg(err)

@@ -83,6 +83,12 @@ type Config struct {
 	// RequestTimeout bounds each request from its arrival to its last
 	// byte (default 10 minutes).
 	RequestTimeout time.Duration
+	// QueueWait bounds how long an aggregated request waits in prefixd
+	// serve's router queue while every engine is busy (0: serve's
+	// --queue-max-wait and the request's deadline alone). Every
+	// aggregated request asks to wait, at the priority of its
+	// x-prefixd-priority header; a serve without a queue never holds it.
+	QueueWait time.Duration
 	// ReadTimeout bounds reading a request, headers and body, from its
 	// first byte (default DefaultReadTimeout): a body still arriving then
 	// is cut off with a 408 and its connection closed.
