@@ -17,6 +17,7 @@ import (
 const (
 	ChartTTFT    = "ttft-cdf.svg"
 	ChartHitRate = "hit-rate-vs-load.svg"
+	ChartP50     = "ttft-p50-vs-load.svg"
 	ChartP99     = "ttft-p99-vs-load.svg"
 	ChartThrough = "throughput-vs-load.svg"
 	ChartWeights = "ttft-vs-overlap-weight.svg"
@@ -34,6 +35,7 @@ var palette = []color.RGBA{
 	{0x17, 0xbe, 0xcf, 0xff}, // prefixd-predicted: cyan
 	{0x00, 0x00, 0x00, 0xff}, // oracle: black
 	{0x2c, 0xa0, 0x2c, 0xff}, // prefixd-disagg: green
+	{0xe3, 0x77, 0xc2, 0xff}, // prefixd-queued: pink
 }
 
 // style gives each policy one colour and dash, the same in every chart;
@@ -110,6 +112,7 @@ func (rep Report) WriteCharts(dir string, cdfAt float64) ([]string, error) {
 		logY           bool
 	}{
 		{ChartHitRate, "Prefix-cache hit rate against offered load", "hit rate (% of prompt tokens)", func(r Result) float64 { return 100 * r.HitRate }, false},
+		{ChartP50, "Median TTFT against offered load", "p50 TTFT (s, log)", func(r Result) float64 { return r.TTFT.P50 / 1000 }, true},
 		{ChartP99, "p99 TTFT against offered load", "p99 TTFT (s, log)", func(r Result) float64 { return r.TTFT.P99 / 1000 }, true},
 		{ChartThrough, "Throughput against offered load", "completed requests/s", func(r Result) float64 { return r.ThroughputRPS }, false},
 	} {

@@ -260,7 +260,7 @@ func TestBenchWritesReport(t *testing.T) {
 	if rep.Requests != 60 || len(rep.Results) != 6 || len(rep.Knees) != 3 || rep.Fleet.Engines != DefaultEngines {
 		t.Errorf("report %+v", rep)
 	}
-	for _, f := range []string{"report.md", ChartTTFT, ChartHitRate, ChartP99, ChartThrough} {
+	for _, f := range []string{"report.md", ChartTTFT, ChartHitRate, ChartP50, ChartP99, ChartThrough} {
 		b, err := os.ReadFile(filepath.Join(dir, f))
 		if err != nil || len(b) < 100 {
 			t.Errorf("%s: %d bytes, %v", f, len(b), err)
