@@ -3,6 +3,8 @@ package coordinator
 import (
 	"fmt"
 	"testing"
+
+	"github.com/prefixd/prefixd/indexer"
 )
 
 // BenchmarkServiceSelectAndReserve: a selection booked and freed through
@@ -57,12 +59,35 @@ func setFallbacks(r *SelectRequest, n int) { r.Fallbacks = n }
 
 // BenchmarkQueuedPlacement: a booking freed on a saturated pool of 64
 // engines with 512 requests waiting (shortest-work): the Free places one
-// waiter (comparing the first bestFit), and a new request joins the
-// queue. The same 2,048-token prompts and overlaps as above.
+// waiter (comparing the first bestFit, each looked up in a real index
+// where one engine caches the first half of its 2,048-token prompt), and
+// a new request joins the queue.
 func BenchmarkQueuedPlacement(b *testing.B) {
+	ix := indexer.New(indexer.Options{})
+	part := indexer.PartitionKey{Model: "m", Group: "default"}
+	if err := ix.AddPartition(part, bs); err != nil {
+		b.Fatal(err)
+	}
+	prompt := func(i int) []uint32 {
+		t := make([]uint32, 128*bs)
+		for j := range t {
+			t[j] = uint32(j) + uint32(i%4096)<<20
+		}
+		return t
+	}
+	for i := range 4096 {
+		ext := make([]uint64, 64)
+		for j := range ext {
+			ext[j] = uint64(i)<<20 | uint64(j) + 1
+		}
+		op := indexer.Op{Kind: indexer.OpStore, Store: indexer.Stored{Hashes: ext, Tokens: prompt(i)[:64*bs], BlockSize: bs, Seed: indexer.BaseSeed}}
+		if res, err := ix.Apply(part, indexer.Rank{WorkerID: 1000 + uint64(i%64)}, uint64(i/64+1), []indexer.Op{op}); err != nil || len(res.Errs) > 0 {
+			b.Fatal(err, res.Errs)
+		}
+	}
 	qc := DefaultQueueConfig()
 	qc.MaxLen = 4096
-	cfg := ServiceConfig{Pool: DefaultPoolConfig(), Source: benchOverlaps{}, Rand: seeded(1), Queue: &qc}
+	cfg := ServiceConfig{Pool: DefaultPoolConfig(), Source: IndexOverlaps{Index: ix}, Rand: seeded(1), Queue: &qc}
 	cfg.QueueBusy.PrefillTokensFrac = 0.5
 	s := NewService(cfg)
 	for i := uint64(0); i < 64; i++ {
@@ -74,11 +99,7 @@ func BenchmarkQueuedPlacement(b *testing.B) {
 	}
 	k := PoolKey{Model: "m", Group: "default", Role: RoleAggregated}
 	req := func(i int) SelectRequest {
-		t := make([]uint32, 128*bs)
-		for j := range t {
-			t[j] = uint32(j) + uint32(i%4096)<<20
-		}
-		return SelectRequest{ID: fmt.Sprint("r", i), Pool: k, Tokens: t, Wait: &Wait{}}
+		return SelectRequest{ID: fmt.Sprint("r", i), Pool: k, Tokens: prompt(i), Wait: &Wait{}}
 	}
 	var live []string     // booked, in order
 	var waiting []*Ticket // in order

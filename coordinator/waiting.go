@@ -193,11 +193,18 @@ func (s *Service) push(r *SelectRequest) (*Ticket, error) {
 		s.wait.queues[k] = q
 	}
 	now := s.now()
-	work, err := s.uncachedWork(r)
+	work, prompt, err := s.uncachedWork(r)
 	if err != nil {
 		return nil, err
 	}
 	t := &Ticket{id: r.ID, pool: k, priority: r.Wait.Priority, r: *r, arrived: now, done: make(chan struct{})}
+	// The waiter is scored again at every placement: keep its block
+	// hashes, not its tokens, so that it is looked up, not hashed,
+	// each time.
+	if _, byHash := s.src.(HashOverlapSource); (s.src == nil || byHash) && len(prompt.Hashes) > 0 && t.r.Tokens != nil {
+		t.r.Tokens, t.r.Lora, t.r.Salt = nil, "", ""
+		t.r.Hashes, t.r.PromptTokens = prompt.Hashes, prompt.Tokens
+	}
 	shed, err := q.Push(Waiter{ID: r.ID, Priority: r.Wait.Priority, Work: work, Arrived: now, Deadline: r.Wait.Deadline}, now)
 	if err != nil {
 		if s.wait.obs != nil {
@@ -224,16 +231,16 @@ func (s *Service) push(r *SelectRequest) (*Ticket, error) {
 
 // uncachedWork is r's prompt tokens less the longest device-tier prefix
 // any rank caches: the shortest-work order's key.
-func (s *Service) uncachedWork(r *SelectRequest) (float64, error) {
+func (s *Service) uncachedWork(r *SelectRequest) (float64, Prompt, error) {
 	_, q, err := s.query(r)
 	if err != nil {
-		return 0, err
+		return 0, Prompt{}, err
 	}
 	best := 0
 	for _, o := range q.Prompt.Overlaps {
 		best = max(best, int(o.Device))
 	}
-	return float64(max(0, q.Prompt.Tokens-best*q.Prompt.BlockSize)), nil
+	return float64(max(0, q.Prompt.Tokens-best*q.Prompt.BlockSize)), q.Prompt, nil
 }
 
 // finish ends t's wait with (c, err); t is out of its queue already.
