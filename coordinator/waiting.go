@@ -128,12 +128,13 @@ type waiting struct {
 	queues  map[PoolKey]*Queue
 	tickets map[string]*Ticket // by reservation id
 	window  []*Ticket          // placeNext's compared waiters (reused)
+	bestFit int                // bestFit (tests lower it)
 }
 
 // newWaiting keeps a copy of cfg; NewQueue checks it when a pool's
 // queue is first made, and Enqueue returns its error.
 func newWaiting(cfg *QueueConfig, busy Thresholds, obs QueueObserver) waiting {
-	w := waiting{busy: busy, obs: obs, queues: map[PoolKey]*Queue{}, tickets: map[string]*Ticket{}}
+	w := waiting{busy: busy, obs: obs, queues: map[PoolKey]*Queue{}, tickets: map[string]*Ticket{}, bestFit: bestFit}
 	if cfg != nil {
 		c := *cfg
 		w.cfg = &c
@@ -320,13 +321,13 @@ func (s *Service) placeNext(k PoolKey, q *Queue, now time.Time) bool {
 			return true
 		}
 		s.wait.window = append(s.wait.window, t)
-		if t.passed >= bestFit && (due == nil || t.arrived.Before(due.arrived)) {
+		if t.passed >= s.wait.bestFit && (due == nil || t.arrived.Before(due.arrived)) {
 			due = t
 		}
 		if sel, err := p.Select(qq); err == nil && (best == nil || sel.EffectivePrefillTokens < bestWork) {
 			best, bestWork = t, sel.EffectivePrefillTokens
 		}
-		if len(s.wait.window) >= bestFit {
+		if len(s.wait.window) >= s.wait.bestFit {
 			break
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -210,6 +211,59 @@ func TestQueuePlacementOrder(t *testing.T) {
 	}
 }
 
+// TestQueueOvertakingBound: under shortest-work a long waiter that has
+// waited Aging is among the waiters compared, and is overtaken by
+// shorter, younger ones at most bestFit times, then placed first.
+func TestQueueOvertakingBound(t *testing.T) {
+	s, clk := queuedService(t, DefaultQueueConfig(), nil)
+	s.wait.bestFit = 2
+	for i := range 2 {
+		if _, _, err := s.Enqueue(waitReq(fmt.Sprint("b", i), 0)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ids := []string{"long", "s1", "s2", "s3", "s4"}
+	tickets := map[string]*Ticket{}
+	for i, id := range ids {
+		n := 2
+		if id == "long" {
+			n = 40
+		}
+		_, tk, err := s.Enqueue(SelectRequest{ID: id, Pool: qPool, Hashes: hashes(uint64(i+1)<<10, n), Wait: &Wait{}})
+		if err != nil || tk == nil {
+			t.Fatalf("enqueue %s: %v, %v", id, tk, err)
+		}
+		tickets[id] = tk
+		clk.t = clk.t.Add(time.Millisecond)
+	}
+	clk.t = clk.t.Add(DefaultQueueAging) // all aged: compared in arrival order
+	var order []string
+	free := "b0"
+	for len(order) < len(ids) {
+		if err := s.Free(free); err != nil {
+			t.Fatal(err)
+		}
+		placed := ""
+		for _, id := range ids {
+			select {
+			case <-tickets[id].Done():
+				if !slices.Contains(order, id) {
+					placed = id
+				}
+			default:
+			}
+		}
+		if placed == "" {
+			t.Fatalf("nothing placed after freeing %s (order so far %v)", free, order)
+		}
+		order = append(order, placed)
+		free = placed
+	}
+	if want := []string{"s1", "s2", "long", "s3", "s4"}; !slices.Equal(order, want) {
+		t.Errorf("placed %v, want %v (long overtaken twice, then first)", order, want)
+	}
+}
+
 // TestQueueWaitDeadline: SelectAndReserveWait gives up at the request's
 // deadline on its own timer, with a *ShedError wrapping ErrWaitExpired,
 // and leaves nothing waiting or booked.
@@ -259,6 +313,7 @@ func TestPropertyQueueEndsEveryRequestOnce(t *testing.T) {
 		qc.MaxLen = rapid.IntRange(1, 6).Draw(rt, "maxLen")
 		qc.MaxWait = time.Duration(rapid.IntRange(1, 5).Draw(rt, "maxWait")) * time.Second
 		s, clk := queuedService(rt, qc, nil)
+		s.wait.bestFit = rapid.IntRange(1, 3).Draw(rt, "bestFit")
 		type req struct {
 			t      *Ticket
 			booked bool // placed and not freed
@@ -285,7 +340,9 @@ func TestPropertyQueueEndsEveryRequestOnce(t *testing.T) {
 			switch rapid.IntRange(0, 4).Draw(rt, "op") {
 			case 0:
 				id := fmt.Sprint("r", i)
-				_, tk, err := s.Enqueue(waitReq(id, rapid.IntRange(-1, 1).Draw(rt, "prio")))
+				r := waitReq(id, rapid.IntRange(-1, 1).Draw(rt, "prio"))
+				r.Hashes = hashes(uint64(i)<<8, rapid.IntRange(1, 6).Draw(rt, "blocks"))
+				_, tk, err := s.Enqueue(r)
 				switch {
 				case err != nil:
 					reqs = append(reqs, &req{ended: true})
@@ -333,6 +390,13 @@ func TestPropertyQueueEndsEveryRequestOnce(t *testing.T) {
 			settle()
 			if n := s.Waiting(qPool); n > qc.MaxLen {
 				rt.Fatalf("%d waiting, over MaxLen %d", n, qc.MaxLen)
+			}
+			// The shortest-work bound: a waiter is overtaken at most
+			// bestFit times once compared.
+			for id, tk := range s.wait.tickets {
+				if tk.passed > s.wait.bestFit {
+					rt.Fatalf("%s overtaken %d times, over %d", id, tk.passed, s.wait.bestFit)
+				}
 			}
 		}
 		// Free everything booked: the queue drains behind it.
