@@ -1,6 +1,7 @@
 package apiserver
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
@@ -52,6 +53,10 @@ func (f *fakeSelector) SelectAndReserve(r coordinator.SelectRequest) (coordinato
 		f.mu.Unlock()
 	}
 	return c, err
+}
+
+func (f *fakeSelector) SelectAndReserveWait(_ context.Context, r coordinator.SelectRequest) (coordinator.Choice, error) {
+	return f.SelectAndReserve(r)
 }
 
 func (f *fakeSelector) Reserve(r coordinator.SelectRequest) (coordinator.Choice, error) {
