@@ -21,6 +21,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
+	"github.com/prefixd/prefixd/internal/testsupport/testlog"
 )
 
 // queueFixture is a daemon with the router queue on (threshold 0.5) and
@@ -39,8 +40,9 @@ func startQueueFixture(t *testing.T, maxLen int) *queueFixture {
 	t.Helper()
 	etcd := storetest.StartEtcd(t)
 	reg := prometheus.NewRegistry()
+	logs, log := testlog.New(t)
 	d := startDaemonWith(t, etcd.Endpoints(), func(c *Config) {
-		c.Registry = reg
+		c.Registry, c.Logger = reg, log
 		c.Queue = QueueConfig{Threshold: 0.5, Queue: coordinator.QueueConfig{Order: coordinator.QueueFCFS, Aging: time.Second,
 			MaxLen: maxLen, MaxWait: time.Minute}}
 	})
@@ -64,6 +66,8 @@ func startQueueFixture(t *testing.T, maxLen int) *queueFixture {
 			t.Fatal(err)
 		}
 	}
+	logs.Wait(t, 20*time.Second, "router queue on: requests that may wait wait while every engine of their pool is busy",
+		"threshold=0.5", "order=fcfs", "aging=1s", "max_len="+strconv.Itoa(maxLen), "max_wait=1m0s", "bands=0")
 	f := &queueFixture{t: t, url: d.url, reg: reg}
 	testsupport.Eventually(t, 20*time.Second, "both engines schedulable", func() bool {
 		for w := 1; w <= 2; w++ {
