@@ -2,8 +2,10 @@ package daemon
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -31,7 +33,10 @@ type QueueConfig struct {
 // checked (coordinator.NewQueue) so that a bad one fails the start, not
 // the first request that waits.
 func (c QueueConfig) queueConfig() (*coordinator.QueueConfig, error) {
-	if c.Threshold <= 0 {
+	if math.IsNaN(c.Threshold) || math.IsInf(c.Threshold, 0) || c.Threshold < 0 {
+		return nil, fmt.Errorf("threshold %v: want a finite fraction ≥ 0 (0: no queue)", c.Threshold)
+	}
+	if c.Threshold == 0 {
 		return nil, nil
 	}
 	qc := c.Queue

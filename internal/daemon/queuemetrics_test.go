@@ -3,6 +3,8 @@ package daemon
 import (
 	"bytes"
 	"log/slog"
+	"math"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -52,5 +54,26 @@ func TestQueueMetricsShedLog(t *testing.T) {
 	m.logShed(log, 10*time.Second)
 	if buf.Len() != 0 {
 		t.Fatalf("logged again with nothing shed since:\n%s", buf.String())
+	}
+}
+
+// TestQueueConfig: threshold 0 is no queue, a zero Queue the defaults, and
+// a bad threshold or bound fails the start.
+func TestQueueConfig(t *testing.T) {
+	if qc, err := (QueueConfig{}).queueConfig(); qc != nil || err != nil {
+		t.Fatalf("threshold 0: %+v, %v; want no queue", qc, err)
+	}
+	if qc, err := (QueueConfig{Threshold: 0.5}).queueConfig(); err != nil || qc == nil || !reflect.DeepEqual(*qc, coordinator.DefaultQueueConfig()) {
+		t.Fatalf("zero queue: %+v, %v; want the defaults", qc, err)
+	}
+	fcfs := coordinator.QueueConfig{Order: coordinator.QueueFCFS, MaxLen: 3}
+	if qc, err := (QueueConfig{Threshold: 1, Queue: fcfs}).queueConfig(); err != nil || qc == nil || !reflect.DeepEqual(*qc, fcfs) {
+		t.Fatalf("fcfs: %+v, %v; want it as given", qc, err)
+	}
+	for _, c := range []QueueConfig{{Threshold: -1}, {Threshold: math.NaN()}, {Threshold: math.Inf(1)},
+		{Threshold: 0.5, Queue: coordinator.QueueConfig{MaxLen: -1}}} {
+		if _, err := c.queueConfig(); err == nil {
+			t.Errorf("%+v: no error", c)
+		}
 	}
 }
