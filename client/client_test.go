@@ -56,7 +56,8 @@ var prompt = func() []uint32 {
 }()
 
 // fixture serves the real API handler with engines 1 (aggregated, holding
-// prompt), 2 (prefill) and 3 (decode) of model "m", an in-memory worker
+// prompt), 2 (prefill) and 3 (decode) of model "m" (max_num_batched_tokens
+// 64, the router queue on at threshold 0.5), an in-memory worker
 // list, the API token "w" and readToken, and a /metrics page "up 1".
 func fixture(t *testing.T, readToken string) *httptest.Server {
 	t.Helper()
@@ -69,10 +70,14 @@ func fixture(t *testing.T, readToken string) *httptest.Server {
 		Store: indexer.Stored{Hashes: []uint64{11, 12, 13, 14}, Tokens: prompt, BlockSize: 16, Seed: indexer.BaseSeed}}}); err != nil {
 		t.Fatal(err)
 	}
-	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix}})
+	// The router queue is on: engine 1 is busy past 32 booked prefill
+	// tokens, and a request with a wait then waits.
+	queue := coordinator.DefaultQueueConfig()
+	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: coordinator.DefaultPoolConfig(), Source: coordinator.IndexOverlaps{Index: ix},
+		Queue: &queue, QueueBusy: coordinator.Thresholds{PrefillTokensFrac: 0.5}})
 	for id, role := range map[uint64]catalog.Role{1: catalog.RoleAggregated, 2: catalog.RolePrefill, 3: catalog.RoleDecode} {
 		if err := svc.SetRecord(catalog.Worker{WorkerID: id, ModelName: "m", BlockSize: 16, Endpoint: "http://e",
-			EventsEndpoint: "tcp://e:1", Attributes: catalog.Attributes{Role: role}}.WithDefaults()); err != nil {
+			EventsEndpoint: "tcp://e:1", Attributes: catalog.Attributes{Role: role, MaxNumBatchedTokens: 64}}.WithDefaults()); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -199,7 +199,10 @@ func TestMetricsExported(t *testing.T) {
 	})
 	engines := map[uint64]*mocker.Engine{}
 	for id, role := range map[uint64]catalog.Role{1: catalog.RoleAggregated, 2: catalog.RoleDecode, 3: catalog.RolePrefill} {
-		w := catalog.Worker{WorkerID: id, ModelName: "mock-model", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18000+id), Attributes: catalog.Attributes{Role: role}}
+		// max_num_batched_tokens 64: the router queue (threshold 0.5)
+		// holds requests that may wait while 32 prefill tokens are booked.
+		w := catalog.Worker{WorkerID: id, ModelName: "mock-model", Endpoint: fmt.Sprintf("http://127.0.0.1:%d", 18000+id),
+			Attributes: catalog.Attributes{Role: role, MaxNumBatchedTokens: 64}}
 		if role != catalog.RoleAggregated {
 			w.TopologyDomains = map[string]string{"zone": "a"}
 			w.KVTransferDomain, w.KVTransferEnforcement = "zone", catalog.EnforcementRequired
@@ -238,7 +241,8 @@ func TestMetricsExported(t *testing.T) {
 	ready, ddone := make(chan string, 1), make(chan error, 1)
 	go func() {
 		ddone <- daemon.Run(dctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints()}, Listen: "127.0.0.1:0",
-			APIToken: "tok", MaxEntries: 1 << 20, Logger: slog.New(slog.DiscardHandler), OnReady: func(a string) { ready <- a }})
+			APIToken: "tok", MaxEntries: 1 << 20, Logger: slog.New(slog.DiscardHandler), OnReady: func(a string) { ready <- a },
+			Queue: daemon.QueueConfig{Threshold: 0.5}})
 	}()
 	t.Cleanup(func() {
 		stopDaemon()
@@ -311,6 +315,16 @@ func TestMetricsExported(t *testing.T) {
 		api.must(http.StatusCreated, http.MethodPost, "/disagg/plans", map[string]any{"request_id": id, "model_name": "mock-model", "token_ids": smoke})
 	}
 	api.must(http.StatusOK, http.MethodDelete, "/disagg/plans/p1", nil)
+	// The router queue: with engine 1 busy (64 uncached tokens booked), a
+	// request that may wait 50 ms waits, then is answered 429.
+	busy := make([]uint32, 64)
+	for i := range busy {
+		busy[i] = uint32(90_000 + i)
+	}
+	api.must(http.StatusCreated, http.MethodPost, "/reservations", map[string]any{"selection_id": "busy", "model_name": "mock-model", "worker_id": 1, "token_ids": busy})
+	api.must(http.StatusTooManyRequests, http.MethodPost, "/select_and_reserve", map[string]any{"selection_id": "queued", "model_name": "mock-model",
+		"token_ids": smoke, "wait": map[string]any{"timeout_ms": 50}})
+	api.must(http.StatusOK, http.MethodDelete, "/reservations/busy", nil)
 	api.must(http.StatusOK, http.MethodPost, "/disagg/plans/p2/prefill_failed", nil) // compensated
 
 	var missing []string

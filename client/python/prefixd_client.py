@@ -32,14 +32,21 @@ __all__ = [
 ]
 
 MAX_ANSWER_BYTES = 64 << 20
+# MAX_WAIT_SECONDS is how long a waiting select_and_reserve without
+# wait_timeout_ms may take to answer: the API's longest wait.
+MAX_WAIT_SECONDS = 3600
 
 
 class PrefixdError(Exception):
     """An answer other than 2xx: its method, path, status and message."""
 
-    def __init__(self, method, path, status, message, plan=None):
+    def __init__(self, method, path, status, message, plan=None, retry_after=None, reason=None):
         self.method, self.path, self.status = method, path, status
         self.message, self.plan = message, plan
+        # retry_after: the answer's Retry-After in seconds (an int), or None;
+        # reason: the body's reason (a 429 of the router queue: "queue_full"
+        # or "wait_expired"), or None.
+        self.retry_after, self.reason = retry_after, reason
         super().__init__("%s %s: %s (%d)" % (method, path, message or "HTTP error", status))
 
 
@@ -60,7 +67,9 @@ class Conflict(PrefixdError):
 
 
 class Overloaded(PrefixdError):
-    """429: every eligible worker is busy."""
+    """429: every eligible worker is busy, or the router queue turned the
+    request away (e.reason "queue_full" or "wait_expired"; e.retry_after
+    says how many seconds to wait before trying again)."""
 
 
 class Unavailable(PrefixdError):
@@ -111,8 +120,8 @@ class Client:
     def __exit__(self, *exc):
         self.close()
 
-    def _do(self, method, path, body=None, raw=False):
-        headers = {"Accept": "application/json"}
+    def _do(self, method, path, body=None, raw=False, headers=None, wait=None):
+        headers = dict(headers or {}, Accept="application/json")
         data = None
         if body is not None:
             data = json.dumps(body).encode()
@@ -123,8 +132,15 @@ class Client:
             conn = self._conn()
             try:
                 conn.request(method, self._prefix + path, body=data, headers=headers)
-                resp = conn.getresponse()
-                payload = resp.read(MAX_ANSWER_BYTES + 1)
+                if wait is not None and conn.sock is not None:
+                    # The answer may come after the request's wait in the router queue.
+                    conn.sock.settimeout(self.timeout + wait)
+                try:
+                    resp = conn.getresponse()
+                    payload = resp.read(MAX_ANSWER_BYTES + 1)
+                finally:
+                    if wait is not None and conn.sock is not None:
+                        conn.sock.settimeout(self.timeout)
                 break
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError):
                 # A keep-alive connection the server closed: once more on a new one.
@@ -138,13 +154,14 @@ class Client:
         if len(payload) > MAX_ANSWER_BYTES:
             raise PrefixdError(method, path, resp.status, "answer longer than %d bytes" % MAX_ANSWER_BYTES)
         if resp.status // 100 != 2:
-            message, plan = "", None
+            message, plan, reason = "", None, None
             try:
                 doc = json.loads(payload)
-                message, plan = doc.get("error", ""), doc.get("plan")
+                message, plan, reason = doc.get("error", ""), doc.get("plan"), doc.get("reason")
             except (ValueError, AttributeError):
                 pass
-            raise _BY_STATUS.get(resp.status, PrefixdError)(method, path, resp.status, message, plan)
+            raise _BY_STATUS.get(resp.status, PrefixdError)(method, path, resp.status, message, plan,
+                                                             _retry_after(resp.getheader("Retry-After")), reason)
         if raw:
             return payload
         return json.loads(payload) if payload else None
@@ -183,10 +200,22 @@ class Client:
         """POST /select: choose a worker, book nothing."""
         return self._do("POST", "/select", _drop_none(dict(model_name=model_name, token_ids=_list(token_ids), **kw)))
 
-    def select_and_reserve(self, model_name, *, token_ids=None, selection_id=None, **kw):
-        """POST /select_and_reserve: choose a worker and book selection_id on it."""
+    def select_and_reserve(self, model_name, *, token_ids=None, selection_id=None, wait_timeout_ms=None, priority=None, **kw):
+        """POST /select_and_reserve: choose a worker and book selection_id on it.
+
+        With wait_timeout_ms or priority the request may wait in prefixd's
+        router queue while every worker is busy (serve --queue-threshold):
+        at most wait_timeout_ms (None: the server's --queue-max-wait), at
+        priority (higher first; a negative one is shed first). A request
+        turned away raises Overloaded with e.retry_after and e.reason.
+        """
+        wait, read = None, None
+        if wait_timeout_ms is not None or priority is not None:
+            wait = _drop_none(dict(timeout_ms=wait_timeout_ms, priority=priority))
+            read = wait_timeout_ms / 1000 if wait_timeout_ms is not None else MAX_WAIT_SECONDS
         return self._do("POST", "/select_and_reserve", _drop_none(dict(model_name=model_name, token_ids=_list(token_ids),
-                                                                       selection_id=selection_id, **kw)))
+                                                                       selection_id=selection_id, wait=wait, **kw)),
+                        wait=read)
 
     def reserve(self, model_name, *, selection_id, worker_id, dp_rank=0, token_ids=None, **kw):
         """POST /reservations: book selection_id on a worker the caller chose."""
@@ -238,6 +267,14 @@ class Client:
     def metrics(self):
         """GET /metrics, as text."""
         return self._do("GET", "/metrics", raw=True).decode()
+
+
+def _retry_after(v):
+    """A Retry-After of whole seconds as an int; None when absent or a date."""
+    try:
+        return int(v) if v is not None else None
+    except ValueError:
+        return None
 
 
 def _list(ids):

@@ -59,6 +59,34 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(r["worker_id"], 1)
         self.c.free_reservation("py-b")
 
+    def test_wait_in_the_router_queue(self):
+        # 64 uncached tokens make engine 1 busy (the fixture's queue:
+        # threshold 0.5 of its max_num_batched_tokens 64).
+        busy = list(range(1000, 1064))
+        self.c.select_and_reserve("m", token_ids=busy, selection_id="py-busy")
+        self.addCleanup(self.c.free_reservation, "py-busy")
+        with self.assertRaises(pc.Overloaded) as e:
+            self.c.select_and_reserve("m", token_ids=PROMPT, selection_id="py-late", wait_timeout_ms=50, priority=3)
+        self.assertEqual(e.exception.reason, "wait_expired")
+        self.assertGreaterEqual(e.exception.retry_after, 1)
+        self.assertIn("priority 3", e.exception.message)
+        with self.assertRaises(pc.Invalid) as e:
+            self.c.select_and_reserve("m", token_ids=PROMPT, selection_id="py-bad", priority=5000)
+        self.assertTrue(e.exception.message.startswith("wait.priority:"), e.exception.message)
+        self.assertIsNone(e.exception.retry_after)
+        # Placed as soon as the booking is freed.
+        got = {}
+        t = threading.Thread(target=lambda: got.update(self.c.select_and_reserve(
+            "m", token_ids=PROMPT, selection_id="py-queued", wait_timeout_ms=30000)))
+        t.start()
+        self.c.free_reservation("py-busy")
+        t.join(30)
+        self.assertEqual(got.get("worker_id"), 1)
+        self.c.free_reservation("py-queued")
+        # Without a wait nothing waits.
+        sel = self.c.select_and_reserve("m", token_ids=busy, selection_id="py-busy")
+        self.assertEqual(sel["worker_id"], 1)
+
     def test_plan_lifecycle(self):
         p = self.c.create_plan("m", request_id="py-p", token_ids=[0] * 4096)
         self.assertEqual((p["state"], p["decode"]["worker_id"], p["prefill"]["worker_id"]), ("Linked", 3, 2))

@@ -56,7 +56,23 @@ type serveOptions struct {
 	epp          eppFlags
 	replica      replicaFlags
 	engineLoad   engineLoadFlags
+	queue        queueFlags
 }
+
+// queueFlags are the router queue's flags.
+type queueFlags struct {
+	threshold      float64
+	order          string
+	aging, maxWait time.Duration
+	maxLen         int
+}
+
+// Bounds of the router queue's flags.
+const (
+	maxQueueThreshold = 100
+	maxQueueLen       = 1 << 20
+	maxQueueWait      = time.Hour
+)
 
 // replicaFlags are booking sync's flags.
 type replicaFlags struct {
@@ -103,7 +119,9 @@ func newServeOptions() *serveOptions {
 		epp:          eppFlags{bodyMode: "full-duplex", fallbacks: 2, maxBody: 8 << 20, bodyTimeout: 30 * time.Second},
 		replica:      replicaFlags{listen: "127.0.0.1:0", leaseTTL: replica.DefaultLeaseTTL, spread: coordinator.DefaultPeerSpread},
 		engineLoad: engineLoadFlags{interval: 0, timeout: engineload.DefaultTimeout, concurrency: engineload.DefaultConcurrency,
-			maxBody: engineload.DefaultMaxBodyBytes}}
+			maxBody: engineload.DefaultMaxBodyBytes},
+		queue: queueFlags{order: coordinator.QueueShortestWork.String(), aging: coordinator.DefaultQueueAging, maxLen: coordinator.DefaultQueueMaxLen,
+			maxWait: coordinator.DefaultQueueMaxWait}}
 }
 
 func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
@@ -152,8 +170,14 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&o.replica.id, "replica-id", o.replica.id, "this replica's name in etcd and in peers' metrics (default: host name and process id)")
 	fs.Float64Var(&o.replica.spread, "peer-spread", o.replica.spread, "while other replicas share their bookings, pick among engines that cost about the same at random, weighted by exp(−Δcost / (spread × the prompt's blocks)): replicas routing requests that arrive together then do not all pick the same engine (0 = always the cheapest; docs/operations.md)")
 	fs.DurationVar(&o.replica.leaseTTL, "replica-lease-ttl", o.replica.leaseTTL, "the replica record's lease: a replica killed without a word leaves the others (with its bookings) within it")
+	fs.Float64Var(&o.queue.threshold, "queue-threshold", o.queue.threshold, "router queue: a request that may wait (an API call with \"wait\", prefixd proxy's and the endpoint picker's) waits in prefixd while every engine of its pool holds more booked prefill than this × its max_num_batched_tokens, and is placed when one frees (0, the default = no queue; 0.5 is what the routing bench measured; docs/operations.md)")
+	fs.StringVar(&o.queue.order, "queue-order", o.queue.order, "the router queue's order within a priority: fcfs (arrival) or shortest-work (least uncached prefill first, with --queue-aging)")
+	fs.DurationVar(&o.queue.aging, "queue-aging", o.queue.aging, "shortest-work: a request that has waited this long is no longer overtaken by younger requests of its priority")
+	fs.IntVar(&o.queue.maxLen, "queue-max-len", o.queue.maxLen, "requests a pool's router queue holds; past it the lowest priority is answered 429 with Retry-After")
+	fs.DurationVar(&o.queue.maxWait, "queue-max-wait", o.queue.maxWait, "the longest a request waits in the router queue (a request's wait.timeout_ms may be shorter); past it a 429 with Retry-After")
 	enum(fs, "log-level", "debug", "info", "warn", "error")
 	enum(fs, "epp-body-mode", "full-duplex", "buffered")
+	enum(fs, "queue-order", "fcfs", "shortest-work")
 }
 
 func (o *serveOptions) Validate() error {
@@ -245,6 +269,9 @@ func (o *serveOptions) Validate() error {
 	if err := o.replica.Validate(); err != nil {
 		return err
 	}
+	if err := o.queue.Validate(); err != nil {
+		return err
+	}
 	for _, p := range o.peers {
 		u, err := url.Parse(strings.TrimPrefix(p, "dns+"))
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -278,6 +305,7 @@ func newServeCommand() *cobra.Command {
 					Group: o.epp.group, Disagg: o.epp.disagg, BodyMode: eppBodyModes[o.epp.bodyMode], Fallbacks: cmp.Or(o.epp.fallbacks, -1),
 					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
 				Replica:     o.replica.config(),
+				Queue:       o.queue.config(),
 				EngineLoad:  engineload.Config{Interval: o.engineLoad.interval, Timeout: o.engineLoad.timeout, Concurrency: o.engineLoad.concurrency, MaxBodyBytes: o.engineLoad.maxBody},
 				Coordinator: coord, Temperature: o.temperature, PredictedTTL: o.predictedTTL, OverlapWeight: &o.overlap, PeerSpread: &o.replica.spread, ReadyTimeout: o.readyTimeout, Logger: log,
 				Subscriber: stream.SubscriberConfig{ProbeInterval: o.probe, Limits: zmtp.Limits{MaxMessageBytes: o.maxMessage, HandshakeTimeout: o.handshake}}})
@@ -327,4 +355,31 @@ func concurrency(n int) int {
 		return -1
 	}
 	return n
+}
+
+// Validate checks the router queue's flags.
+func (q queueFlags) Validate() error {
+	if !(q.threshold >= 0) || q.threshold > maxQueueThreshold {
+		return fmt.Errorf("--queue-threshold %v: want 0 (no queue) to %d", q.threshold, maxQueueThreshold)
+	}
+	if _, err := coordinator.ParseQueueOrder(q.order); err != nil {
+		return fmt.Errorf("--queue-order %q: want fcfs or shortest-work", clip.String(q.order))
+	}
+	if q.aging <= 0 || q.aging > maxQueueWait {
+		return fmt.Errorf("--queue-aging %v: want more than 0 to %v", q.aging, maxQueueWait)
+	}
+	if q.maxLen < 1 || q.maxLen > maxQueueLen {
+		return fmt.Errorf("--queue-max-len %d: want 1 to %d", q.maxLen, maxQueueLen)
+	}
+	if q.maxWait <= 0 || q.maxWait > maxQueueWait {
+		return fmt.Errorf("--queue-max-wait %v: want more than 0 to %v", q.maxWait, maxQueueWait)
+	}
+	return nil
+}
+
+// config is the daemon's queue configuration (validated flags).
+func (q queueFlags) config() daemon.QueueConfig {
+	order, _ := coordinator.ParseQueueOrder(q.order)
+	return daemon.QueueConfig{Threshold: q.threshold,
+		Queue: coordinator.QueueConfig{Order: order, Aging: q.aging, MaxLen: q.maxLen, MaxWait: q.maxWait}}
 }

@@ -52,6 +52,13 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		{[]string{"serve", "--peers", "dns+prefixd-peers"}, nil, "--peers"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_DISAGG_POLICY": "never"}, "--disagg-policy"},
 		{[]string{"serve"}, map[string]string{"PREFIXD_ETCD_ENDPOINTS": "localhost:2379"}, "not an http(s) or unix URL"},
+		{[]string{"serve", "--queue-threshold", "-0.5"}, nil, "--queue-threshold -0.5: want 0 (no queue) to 100"},
+		{[]string{"serve", "--queue-threshold", "NaN"}, nil, "--queue-threshold"},
+		{[]string{"serve", "--queue-order", "lifo"}, nil, "--queue-order"},
+		{[]string{"serve", "--queue-aging", "0s"}, nil, "--queue-aging 0s"},
+		{[]string{"serve", "--queue-max-len", "0"}, nil, "--queue-max-len 0: want 1 to 1048576"},
+		{[]string{"serve", "--queue-max-wait", "2h"}, nil, "--queue-max-wait 2h0m0s"},
+		{[]string{"serve"}, map[string]string{"PREFIXD_QUEUE_MAX_WAIT": "-1s"}, "--queue-max-wait"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) { checkServeError(t, tc.args, tc.env, tc.want) })
 	}

@@ -1,10 +1,14 @@
 package apiserver
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/coordinator"
@@ -26,6 +30,11 @@ type Selector interface {
 	Select(r coordinator.SelectRequest) (coordinator.Choice, error)
 	// SelectAndReserve chooses a worker and books r.ID on it.
 	SelectAndReserve(r coordinator.SelectRequest) (coordinator.Choice, error)
+	// SelectAndReserveWait is SelectAndReserve for a request with a Wait:
+	// it may wait in its pool's router queue until placed, shed or
+	// expired (a *coordinator.ShedError, answered 429 with Retry-After),
+	// or until ctx ends (the client left: nothing stays booked).
+	SelectAndReserveWait(ctx context.Context, r coordinator.SelectRequest) (coordinator.Choice, error)
 	// Reserve books r.ID on r.Pin.
 	Reserve(r coordinator.SelectRequest) (coordinator.Choice, error)
 	// ReservePrefillComplete clears the reservation's prefill load.
@@ -172,11 +181,55 @@ func (h *handler) decodeSelect(w http.ResponseWriter, r *http.Request, reserve b
 	if herr == nil && req.Temperature != nil && *req.Temperature < 0 {
 		herr = badRequest("router_temperature", "must not be negative")
 	}
+	if herr == nil && reserve && req.Wait != nil {
+		herr = checkWait(req.Wait, r.Header)
+	}
 	if herr != nil {
 		writeError(w, herr)
 		return req, 0, false
 	}
 	return req, role, true
+}
+
+// Bounds of a /select_and_reserve's wait.
+const (
+	maxWaitTimeoutMS = 3_600_000 // an hour
+	maxWaitPriority  = 1000
+)
+
+// checkWait validates a /select_and_reserve's wait, taking its priority
+// from api.PriorityHeader when the body gives none. The header counts
+// only with a wait: without one, nothing waits.
+func checkWait(wt *api.Wait, h http.Header) *httpError {
+	if wt.TimeoutMS < 0 || wt.TimeoutMS > maxWaitTimeoutMS {
+		return badRequest("wait.timeout_ms", "%d is out of range [0, %d]", wt.TimeoutMS, maxWaitTimeoutMS)
+	}
+	if wt.Priority == nil {
+		if v := h.Get(api.PriorityHeader); v != "" {
+			p, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				return &httpError{http.StatusBadRequest, fmt.Sprintf("%s: %q is not an integer", api.PriorityHeader, clip.N(v, maxEcho))}
+			}
+			wt.Priority = &p
+		}
+	}
+	if wt.Priority != nil && (*wt.Priority < -maxWaitPriority || *wt.Priority > maxWaitPriority) {
+		return badRequest("wait.priority", "%d is out of range [%d, %d] (from the body, or the %s header)", *wt.Priority, -maxWaitPriority, maxWaitPriority, api.PriorityHeader)
+	}
+	return nil
+}
+
+// coordinatorWait is a validated wait's coordinator.Wait: its deadline is
+// timeout_ms from now.
+func coordinatorWait(wt *api.Wait, now time.Time) *coordinator.Wait {
+	cw := &coordinator.Wait{}
+	if wt.Priority != nil {
+		cw.Priority = *wt.Priority
+	}
+	if wt.TimeoutMS > 0 {
+		cw.Deadline = now.Add(time.Duration(wt.TimeoutMS) * time.Millisecond)
+	}
+	return cw
 }
 
 func (h *handler) selectWorker(w http.ResponseWriter, r *http.Request) {
@@ -200,8 +253,24 @@ func (h *handler) doSelect(w http.ResponseWriter, r *http.Request, reserve bool)
 	if reserve {
 		op = sel.SelectAndReserve
 	}
-	c, err := op(selectRequest(&req, role))
+	cr := selectRequest(&req, role)
+	var c coordinator.Choice
+	var err error
+	if reserve && req.Wait != nil {
+		cr.Wait = coordinatorWait(req.Wait, time.Now())
+		c, err = sel.SelectAndReserveWait(r.Context(), cr)
+	} else {
+		c, err = op(cr)
+	}
 	if err != nil {
+		if r.Context().Err() != nil && errors.Is(err, r.Context().Err()) {
+			return // the client left while waiting: no one to answer
+		}
+		var se *coordinator.ShedError
+		if errors.As(err, &se) {
+			writeShed(w, se)
+			return
+		}
 		h.fail(w, r, selectionError(err))
 		return
 	}
@@ -369,4 +438,20 @@ func (h *handler) planOp(w http.ResponseWriter, r *http.Request, op func(Selecto
 		return
 	}
 	writeJSON(w, http.StatusOK, planInfo(plan, -1))
+}
+
+// writeShed answers a request the router queue turned away: 429 with
+// Retry-After (whole seconds, at least 1), and a body naming the pool,
+// the priority and the reason (queue_full or wait_expired).
+func writeShed(w http.ResponseWriter, se *coordinator.ShedError) {
+	reason, why := "queue_full", "the queue is full and this request has the lowest priority"
+	if errors.Is(se, coordinator.ErrWaitExpired) {
+		reason, why = "wait_expired", "its wait ran out (wait.timeout_ms or --queue-max-wait) before a worker freed"
+	}
+	secs := max(1, int64(math.Ceil(se.RetryAfter.Seconds())))
+	w.Header().Set("Retry-After", strconv.FormatInt(secs, 10))
+	writeJSON(w, http.StatusTooManyRequests, struct {
+		Error  string `json:"error"`
+		Reason string `json:"reason"`
+	}{clip.N(fmt.Sprintf("%v: router queue of pool %s: priority %d turned away: %s; retry after %ds", ErrOverloaded, poolName(se.Pool), se.Priority, why, secs), maxErrorBytes), reason})
 }

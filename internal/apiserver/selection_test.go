@@ -1,12 +1,15 @@
 package apiserver
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
 )
@@ -19,6 +22,10 @@ type fakeSelector struct {
 	plans   map[string]coordinator.Plan
 	selErr  error
 	lastSel coordinator.SelectRequest
+	// SelectAndReserveWait's calls, last wait, and the error it returns.
+	waits    int
+	lastWait *coordinator.Wait
+	waitErr  error
 }
 
 var _ Selector = (*fakeSelector)(nil)
@@ -52,6 +59,17 @@ func (f *fakeSelector) SelectAndReserve(r coordinator.SelectRequest) (coordinato
 		f.mu.Unlock()
 	}
 	return c, err
+}
+
+func (f *fakeSelector) SelectAndReserveWait(_ context.Context, r coordinator.SelectRequest) (coordinator.Choice, error) {
+	f.mu.Lock()
+	f.lastWait, f.waits = r.Wait, f.waits+1
+	err := f.waitErr
+	f.mu.Unlock()
+	if err != nil {
+		return coordinator.Choice{}, err
+	}
+	return f.SelectAndReserve(r)
 }
 
 func (f *fakeSelector) Reserve(r coordinator.SelectRequest) (coordinator.Choice, error) {
@@ -189,6 +207,67 @@ func TestSelectRoutes(t *testing.T) {
 		t.Fatalf("select_and_reserve: %d %s", r.status, r.body)
 	}
 	s.post("/select_and_reserve", body, auth).expect(t, 409, `{"error":"conflict: selection_id: reservation r1 already exists"}`)
+}
+
+// TestSelectAndReserveWait: a /select_and_reserve with wait goes to
+// SelectAndReserveWait with its priority (the body's, else the header's)
+// and deadline; a shed is a 429 with Retry-After in whole seconds; a bad
+// wait is a 400 naming the field; without wait, and on /select, nothing
+// waits.
+func TestSelectAndReserveWait(t *testing.T) {
+	s, f := newSelServer(t, "")
+	before := time.Now()
+	ok := func(r response) {
+		t.Helper()
+		if r.status != 200 || !strings.Contains(r.body, `"worker_id":7`) {
+			t.Fatalf("got %d %s, want the selection", r.status, r.body)
+		}
+	}
+	ok(s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1],"selection_id":"w1","wait":{"timeout_ms":5000}}`, api.PriorityHeader+": -7"))
+	if w := f.lastWait; f.waits != 1 || w == nil || w.Priority != -7 || w.Deadline.Before(before.Add(5*time.Second)) || w.Deadline.After(time.Now().Add(5*time.Second)) {
+		t.Fatalf("wait %+v after %d calls, want priority -7 (the header) and a deadline 5 s on", w, f.waits)
+	}
+	ok(s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1],"selection_id":"w2","wait":{"priority":3}}`, api.PriorityHeader+": 9"))
+	if w := f.lastWait; w == nil || w.Priority != 3 || !w.Deadline.IsZero() {
+		t.Fatalf("wait %+v, want the body's priority 3 and no deadline of its own", w)
+	}
+	// Without wait, and on /select, the header is not read and nothing waits.
+	ok(s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1],"selection_id":"w3"}`, api.PriorityHeader+": x"))
+	ok(s.post("/select", `{"model_name":"m","token_ids":[1],"wait":{"timeout_ms":1}}`, api.PriorityHeader+": x"))
+	if f.waits != 2 {
+		t.Fatalf("%d waits, want 2", f.waits)
+	}
+	for _, c := range []struct{ body, header, want string }{
+		{`{"timeout_ms":-1}`, "", `{"error":"wait.timeout_ms: -1 is out of range [0, 3600000]"}`},
+		{`{"timeout_ms":3600001}`, "", `{"error":"wait.timeout_ms: 3600001 is out of range [0, 3600000]"}`},
+		{`{"priority":1001}`, "", `{"error":"wait.priority: 1001 is out of range [-1000, 1000] (from the body, or the x-prefixd-priority header)"}`},
+		{`{}`, "-1001", `{"error":"wait.priority: -1001 is out of range [-1000, 1000] (from the body, or the x-prefixd-priority header)"}`},
+		{`{}`, "1.5", `{"error":"x-prefixd-priority: \"1.5\" is not an integer"}`},
+		{`{"timeout_ms":"soon"}`, "", `{"error":"wait.timeout_ms: must be an integer, got a string"}`},
+	} {
+		var h []string
+		if c.header != "" {
+			h = append(h, api.PriorityHeader+": "+c.header)
+		}
+		s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1],"selection_id":"bad","wait":`+c.body+`}`, h...).expect(t, 400, c.want)
+	}
+	for _, c := range []struct {
+		err        error
+		retryAfter string
+		want       string
+	}{
+		{&coordinator.ShedError{Pool: coordinator.PoolKey{Model: "m", Group: "default"}, Priority: -2, RetryAfter: 1500 * time.Millisecond, Err: coordinator.ErrQueueFull}, "2",
+			`{"error":"overloaded: router queue of pool m/default/aggregated: priority -2 turned away: the queue is full and this request has the lowest priority; retry after 2s","reason":"queue_full"}`},
+		{&coordinator.ShedError{Pool: coordinator.PoolKey{Model: "m", Group: "default"}, Priority: 4, Err: fmt.Errorf("queue push: %w", coordinator.ErrWaitExpired)}, "1",
+			`{"error":"overloaded: router queue of pool m/default/aggregated: priority 4 turned away: its wait ran out (wait.timeout_ms or --queue-max-wait) before a worker freed; retry after 1s","reason":"wait_expired"}`},
+	} {
+		f.waitErr = c.err
+		r := s.post("/select_and_reserve", `{"model_name":"m","token_ids":[1],"selection_id":"shed","wait":{}}`)
+		r.expect(t, 429, c.want)
+		if got := r.header.Get("Retry-After"); got != c.retryAfter {
+			t.Errorf("Retry-After %q, want %q", got, c.retryAfter)
+		}
+	}
 }
 
 func TestReservationRoutes(t *testing.T) {

@@ -127,6 +127,8 @@ type Config struct {
 	// figures do not help replicas agree and cost one router's TTFT).
 	// Logger and Registry are the daemon's.
 	EngineLoad engineload.Config
+	// Queue configures the router queue; Threshold 0 = no queue (the default).
+	Queue QueueConfig
 }
 
 // EPPConfig configures the endpoint picker.
@@ -331,8 +333,17 @@ func Run(ctx context.Context, cfg Config) error {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_predicted_entries",
 			Help: "Booking predictions held: (block, rank) entries a booked worker is about to hold."}, func() float64 { return float64(pred.Len()) }))
 	}
+	queue, err := cfg.Queue.queueConfig()
+	if err != nil {
+		return fmt.Errorf("router queue: %w", err)
+	}
+	qm := newQueueMetrics(reg)
 	svcCfg := coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix},
 		Predicted: pred, Observer: newPlanMetrics(reg)}
+	if queue != nil {
+		svcCfg.Queue, svcCfg.QueueObserver = queue, qm
+		svcCfg.QueueBusy = coordinator.Thresholds{PrefillTokensFrac: cfg.Queue.Threshold}
+	}
 	if hub != nil {
 		svcCfg.Origin, svcCfg.OnBooking = replicaID, hub.Booked
 	}
@@ -394,6 +405,12 @@ func Run(ctx context.Context, cfg Config) error {
 		return nil
 	})
 	g.Go(func() error { return svc.Run(gctx, ExpireInterval) })
+	if queue != nil {
+		log.Info("router queue on: requests that may wait wait while every engine of their pool is busy",
+			"threshold", cfg.Queue.Threshold, "order", queue.Order.String(), "aging", queue.Aging,
+			"max_len", queue.MaxLen, "max_wait", queue.MaxWait, "bands", len(queue.Bands))
+		g.Go(func() error { return qm.runLog(gctx, log, shedLogInterval) })
+	}
 	if peers != nil {
 		// It stops with the others: its record is revoked, so the peers
 		// drop this replica's bookings at once.
