@@ -1,7 +1,9 @@
 package epp_test
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
@@ -12,7 +14,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/prefixd/prefixd/catalog"
+	"github.com/prefixd/prefixd/catalog/etcdstore"
+	"github.com/prefixd/prefixd/catalog/storetest"
 	"github.com/prefixd/prefixd/coordinator"
+	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/epp"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
@@ -312,5 +317,21 @@ func TestPickerQueuePriorities(t *testing.T) {
 		if _, err := epp.New(cfg); err == nil || !strings.Contains(err.Error(), "Config.Priorities") {
 			t.Errorf("New(Priorities %v): %v, want an error naming the field", c, err)
 		}
+	}
+}
+
+// TestDaemonPassesObjectivePriorities: prefixd serve's
+// --epp-objective-priority reaches the picker (daemon.EPPConfig.Priorities):
+// a priority the picker refuses stops the daemon, naming the field.
+func TestDaemonPassesObjectivePriorities(t *testing.T) {
+	t.Parallel()
+	etcd := storetest.StartEtcd(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err := daemon.Run(ctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
+		ReadyTimeout: 30 * time.Second, Logger: slog.New(slog.DiscardHandler),
+		EPP: daemon.EPPConfig{Listen: "127.0.0.1:0", Priorities: map[string]int{"premium": epp.MaxPriority + 1}}})
+	if err == nil || !strings.Contains(err.Error(), `Config.Priorities["premium"]`) {
+		t.Fatalf("daemon.Run: %v, want the picker's error naming the priority", err)
 	}
 }
