@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	filterv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ext_proc/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
@@ -130,28 +131,34 @@ func waitingIs(t *testing.T, p *picker, n int) {
 }
 
 // TestPickerQueueHoldsUntilFreed: with every engine busy, a request's
-// stream gets no answer while it waits; when one engine's booking is
-// freed the request is placed there, and the destination names it.
+// stream gets no answer while it waits (in both body modes); when one
+// engine's booking is freed the request is placed there, and the
+// destination names it.
 func TestPickerQueueHoldsUntilFreed(t *testing.T) {
 	t.Parallel()
-	p := startQueued(t, epp.Config{}, coordinator.DefaultQueueConfig(), map[uint64]string{1: "http://" + queueEngine1, 2: "http://" + queueEngine2})
-	a := hold(t, p, 1, queueEngine1)
-	b := hold(t, p, 2, queueEngine2)
+	for _, mode := range []filterv3.ProcessingMode_BodySendMode{filterv3.ProcessingMode_FULL_DUPLEX_STREAMED, filterv3.ProcessingMode_BUFFERED} {
+		t.Run(mode.String(), func(t *testing.T) {
+			p := startQueued(t, epp.Config{}, coordinator.DefaultQueueConfig(), map[uint64]string{1: "http://" + queueEngine1, 2: "http://" + queueEngine2})
+			a := hold(t, p, 1, queueEngine1)
+			b := hold(t, p, 2, queueEngine2)
 
-	c := p.envoy.start(req{body: idsBody(3)})
-	waitingIs(t, p, 1)
-	c.unanswered(t, "every engine busy")
-	if got := p.svc.Reservations(); got != 2 {
-		t.Fatalf("%d reservations while one request waits, want 2", got)
-	}
+			c := p.envoy.start(req{body: idsBody(3), mode: mode})
+			waitingIs(t, p, 1)
+			c.unanswered(t, "every engine busy")
+			if got := p.svc.Reservations(); got != 2 {
+				t.Fatalf("%d reservations while one request waits, want 2", got)
+			}
 
-	finish(t, b, queueEngine2)
-	if ans := c.wait(t); ans.status != 0 || ans.header != queueEngine2 || ans.header != ans.meta || ans.body != idsBody(3) {
-		t.Fatalf("placed: %+v, want the freed engine %s", ans, queueEngine2)
+			finish(t, b, queueEngine2)
+			ans := c.wait(t)
+			if ans.status != 0 || ans.header != queueEngine2 || ans.header != ans.meta || (mode == filterv3.ProcessingMode_FULL_DUPLEX_STREAMED && ans.body != idsBody(3)) {
+				t.Fatalf("placed: %+v, want the freed engine %s", ans, queueEngine2)
+			}
+			waitingIs(t, p, 0)
+			finish(t, c.x, queueEngine2)
+			finish(t, a, queueEngine1)
+		})
 	}
-	waitingIs(t, p, 0)
-	finish(t, c.x, queueEngine2)
-	finish(t, a, queueEngine1)
 }
 
 // TestPickerQueueSheds: a full queue (MaxLen 1) sheds the lower
