@@ -7,6 +7,7 @@ import (
 	"math"
 	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -99,6 +100,36 @@ type eppFlags struct {
 	fallbacks         int
 	maxBody           int64
 	bodyTimeout       time.Duration
+	priorities        []string // name=N entries of --epp-objective-priority
+}
+
+// maxObjectives bounds --epp-objective-priority's entries.
+const maxObjectives = 1024
+
+// objectivePriorities parses --epp-objective-priority: name=N entries, N
+// from -epp.MaxPriority to epp.MaxPriority, each name once. An error
+// names the entry (clipped).
+func (f *eppFlags) objectivePriorities() (map[string]int, error) {
+	if len(f.priorities) > maxObjectives {
+		return nil, fmt.Errorf("--epp-objective-priority: %d entries, at most %d", len(f.priorities), maxObjectives)
+	}
+	m := make(map[string]int, len(f.priorities))
+	for _, e := range f.priorities {
+		name, v, ok := strings.Cut(e, "=")
+		name = strings.TrimSpace(name)
+		p, err := strconv.Atoi(strings.TrimSpace(v))
+		switch {
+		case !ok || name == "" || err != nil:
+			return nil, fmt.Errorf("--epp-objective-priority %q: want name=N, N an integer", clip.String(e))
+		case p < -epp.MaxPriority || p > epp.MaxPriority:
+			return nil, fmt.Errorf("--epp-objective-priority %q: priority %d, want %d to %d", clip.String(e), p, -epp.MaxPriority, epp.MaxPriority)
+		}
+		if _, dup := m[name]; dup {
+			return nil, fmt.Errorf("--epp-objective-priority %q: objective %q given twice", clip.String(e), clip.String(name))
+		}
+		m[name] = p
+	}
+	return m, nil
 }
 
 // eppBodyModes are --epp-body-mode's values.
@@ -164,6 +195,7 @@ func (o *serveOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.IntVar(&o.epp.fallbacks, "epp-fallbacks", o.epp.fallbacks, fmt.Sprintf("next-best endpoints the endpoint picker lists after the primary (0 to %d)", epp.MaxFallbacks))
 	fs.Int64Var(&o.epp.maxBody, "epp-max-body-bytes", o.epp.maxBody, "the largest request body the endpoint picker reads (413 beyond)")
 	fs.DurationVar(&o.epp.bodyTimeout, "epp-body-timeout", o.epp.bodyTimeout, "how long the endpoint picker waits from a request's headers to its body's end (408 beyond)")
+	fs.StringSliceVar(&o.epp.priorities, "epp-objective-priority", o.epp.priorities, fmt.Sprintf("router-queue priorities of the gateway's InferenceObjectives (x-gateway-inference-objective), name=N,… with N from %d to %d, higher first (an objective not listed: 0; x-prefixd-priority wins)", -epp.MaxPriority, epp.MaxPriority))
 	fs.BoolVar(&o.epp.disagg, "epp-disagg", o.epp.disagg, "the endpoint picker books decode-first plans (--disagg-order, --disagg-policy, …): the decode engine is the destination, the prefill engine goes in x-prefiller-host-port")
 	fs.StringVar(&o.replica.listen, "replica-sync-listen", o.replica.listen, "share bookings with the other replicas on the same etcd over a gRPC stream on this address (port 0 picks one; \"off\" = no sharing); for replicas on other hosts listen on a reachable address and set --replica-advertise")
 	fs.StringVar(&o.replica.advertise, "replica-advertise", o.replica.advertise, "the host:port other replicas dial for this one's bookings (default: the sync listener's address; required when it listens on all interfaces, e.g. $(POD_IP):8092)")
@@ -238,6 +270,9 @@ func (o *serveOptions) Validate() error {
 	if o.epp.bodyTimeout <= 0 {
 		return fmt.Errorf("--epp-body-timeout %v: must be positive", o.epp.bodyTimeout)
 	}
+	if _, err := o.epp.objectivePriorities(); err != nil {
+		return err
+	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(o.logLevel)); err != nil {
 		return fmt.Errorf("--log-level %q: %w", o.logLevel, err)
@@ -299,11 +334,12 @@ func newServeCommand() *cobra.Command {
 			_ = lvl.UnmarshalText([]byte(o.logLevel))
 			coord, _ := o.disagg.coordinator() // validated
 			log := slog.New(slog.NewTextHandler(cmd.ErrOrStderr(), &slog.HandlerOptions{Level: lvl}))
+			priorities, _ := o.epp.objectivePriorities() // validated
 			return daemon.Run(cmd.Context(), daemon.Config{Etcd: o.etcd.Config(), DataDir: o.dataDir, EmbeddedURL: o.embeddedURL, Listen: o.listen,
 				APIToken: o.apiToken, ReadToken: o.readToken, MaxEntries: o.maxEntries, IndexShards: o.indexShards, Peers: o.peers, MaxConcurrentReplays: concurrency(o.replays), MaxRanks: concurrency(o.maxRanks), CatalogWriteTimeout: o.writeTimeout, DumpProgressTimeout: o.dumpProgress,
 				EPP: daemon.EPPConfig{Listen: o.epp.listen, TLS: epp.TLS{CertFile: o.epp.certFile, KeyFile: o.epp.keyFile, SelfSigned: o.epp.selfSigned},
 					Group: o.epp.group, Disagg: o.epp.disagg, BodyMode: eppBodyModes[o.epp.bodyMode], Fallbacks: cmp.Or(o.epp.fallbacks, -1),
-					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout},
+					MaxBodyBytes: o.epp.maxBody, BodyTimeout: o.epp.bodyTimeout, Priorities: priorities},
 				Replica:     o.replica.config(),
 				Queue:       o.queue.config(),
 				EngineLoad:  engineload.Config{Interval: o.engineLoad.interval, Timeout: o.engineLoad.timeout, Concurrency: o.engineLoad.concurrency, MaxBodyBytes: o.engineLoad.maxBody},

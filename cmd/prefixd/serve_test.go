@@ -42,6 +42,11 @@ func TestServeRejectsBadFlagsAndEnv(t *testing.T) {
 		{[]string{"serve", "--epp-max-body-bytes", "0"}, nil, "--epp-max-body-bytes"},
 		{[]string{"serve", "--epp-max-body-bytes", "1073741824"}, nil, "--epp-max-body-bytes"},
 		{[]string{"serve", "--epp-body-timeout", "0s"}, nil, "--epp-body-timeout"},
+		{[]string{"serve", "--epp-objective-priority", "premium=1,batch"}, nil, `--epp-objective-priority "batch": want name=N`},
+		{[]string{"serve", "--epp-objective-priority", "=1"}, nil, `--epp-objective-priority "=1": want name=N`},
+		{[]string{"serve", "--epp-objective-priority", "a=x"}, nil, `--epp-objective-priority "a=x": want name=N`},
+		{[]string{"serve", "--epp-objective-priority", "a=1001"}, nil, `--epp-objective-priority "a=1001": priority 1001, want -1000 to 1000`},
+		{[]string{"serve", "--epp-objective-priority", "a=1,a=2"}, nil, `--epp-objective-priority "a=2": objective "a" given twice`},
 		{[]string{"serve", "--replica-sync-listen", "8092"}, nil, "--replica-sync-listen \"8092\": want host:port or off"},
 		{[]string{"serve", "--replica-sync-listen", ":8092"}, nil, "listens on every interface: set --replica-advertise"},
 		{[]string{"serve", "--replica-sync-listen", "0.0.0.0:8092"}, nil, "set --replica-advertise"},
@@ -76,5 +81,18 @@ func checkServeError(t *testing.T, args []string, env map[string]string, want st
 	err := cmd.ExecuteContext(ctx)
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("%v %v: error %v, want one mentioning %q", args, env, err, want)
+	}
+}
+
+// TestEPPObjectivePriorities: --epp-objective-priority's entries become
+// the picker's map, spaces trimmed; none is an empty map.
+func TestEPPObjectivePriorities(t *testing.T) {
+	f := eppFlags{priorities: []string{"premium=10", " batch = -5", "x=0"}}
+	got, err := f.objectivePriorities()
+	if err != nil || len(got) != 3 || got["premium"] != 10 || got["batch"] != -5 || got["x"] != 0 {
+		t.Fatalf("%v %v", got, err)
+	}
+	if got, err := (&eppFlags{}).objectivePriorities(); err != nil || len(got) != 0 {
+		t.Fatalf("none: %v %v", got, err)
 	}
 }

@@ -147,6 +147,8 @@ type EPPConfig struct {
 	Fallbacks    int
 	MaxBodyBytes int64
 	BodyTimeout  time.Duration
+	// Priorities is epp.Config's: router-queue priorities by objective.
+	Priorities map[string]int
 	// OnReady, if set, is called with the picker's address when it serves.
 	OnReady func(addr string)
 	// Server, if set, is called with the picker (tests read its bookings).
@@ -449,7 +451,7 @@ func Run(ctx context.Context, cfg Config) error {
 	g.Go(func() error { return httpserve.Serve(gctx, srv, ln, cfg.ShutdownTimeout) }) // drains in-flight requests
 	if eppLn != nil {
 		picker, err := epp.New(epp.Config{Service: svc, Endpoints: view.endpoints, Group: cfg.EPP.Group, Disagg: cfg.EPP.Disagg,
-			BodyMode: cfg.EPP.BodyMode, Fallbacks: cfg.EPP.Fallbacks, MaxBodyBytes: cfg.EPP.MaxBodyBytes, BodyTimeout: cfg.EPP.BodyTimeout,
+			BodyMode: cfg.EPP.BodyMode, Fallbacks: cfg.EPP.Fallbacks, MaxBodyBytes: cfg.EPP.MaxBodyBytes, BodyTimeout: cfg.EPP.BodyTimeout, Priorities: cfg.EPP.Priorities,
 			Ready: func() bool { ok, _ := ready(); return ok }, Logger: log, Registerer: reg})
 		if err != nil {
 			return err

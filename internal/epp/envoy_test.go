@@ -44,6 +44,8 @@ type req struct {
 	// if set, is the content-length sent, whatever the body's.
 	noLength bool
 	length   string
+	// headers are more request headers: key, value, key, value, ….
+	headers []string
 }
 
 // answer is what the picker answered to a request.
@@ -51,6 +53,7 @@ type answer struct {
 	header, meta, prefiller string
 	status                  int    // of an immediate response, 0 otherwise
 	errBody                 string // an immediate response's body
+	retryAfter              string // an immediate response's retry-after header
 	body                    string // the body passed back (full duplex)
 }
 
@@ -101,6 +104,7 @@ func (x *exchange) request(r req) (answer, error) {
 	if r.id != "" {
 		kv = append(kv, "x-request-id", r.id)
 	}
+	kv = append(kv, r.headers...)
 	first := &extprocv3.ProcessingRequest{Request: &extprocv3.ProcessingRequest_RequestHeaders{RequestHeaders: &extprocv3.HttpHeaders{Headers: hdrs(kv...)}},
 		ProtocolConfig: &extprocv3.ProtocolConfiguration{RequestBodyMode: x.mode, ResponseBodyMode: x.mode}}
 	if r.noConfig {
@@ -215,7 +219,13 @@ func immediateOf(resp *extprocv3.ProcessingResponse) (answer, bool) {
 	if ir == nil {
 		return answer{}, false
 	}
-	return answer{status: int(ir.GetStatus().GetCode()), errBody: string(ir.GetBody())}, true
+	a := answer{status: int(ir.GetStatus().GetCode()), errBody: string(ir.GetBody())}
+	for _, h := range ir.GetHeaders().GetSetHeaders() {
+		if h.GetHeader().GetKey() == "retry-after" {
+			a.retryAfter = string(h.GetHeader().GetRawValue())
+		}
+	}
+	return a, true
 }
 
 func destination(c *extprocv3.CommonResponse, resp *extprocv3.ProcessingResponse) answer {

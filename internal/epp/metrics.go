@@ -19,6 +19,8 @@ type metrics struct {
 	transitions      *prometheus.CounterVec
 	cacheEvictions   prometheus.Counter
 	cacheRefusals    prometheus.Counter
+	shed             *prometheus.CounterVec
+	waitsLeft        prometheus.Counter
 	open             atomic.Int64 // bookings the streams hold
 }
 
@@ -27,7 +29,7 @@ func newMetrics() *metrics {
 		picks: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_epp_picks_total",
 			Help: "Requests the endpoint picker sent to an engine, by the engine's ip:port (the primary endpoint)."}, []string{"endpoint"}),
 		decision: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "prefixd_epp_decision_seconds",
-			Help:    "Time from a request's last body byte at the picker to its answer: reading, tokenizing, selecting and booking.",
+			Help:    "Time from a request's last body byte at the picker to its answer: reading, tokenizing, selecting and booking, and the wait in the router queue when there is one.",
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 16)}),
 		fallbacksOffered: prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_epp_fallbacks_offered_total",
 			Help: "Fallback endpoints listed after the primary in the picker's answers."}),
@@ -47,6 +49,10 @@ func newMetrics() *metrics {
 			Help: "Tokenize answers pushed out of the picker's cache by its entry or byte bound."}),
 		cacheRefusals: prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_epp_tokenize_cache_refusals_total",
 			Help: "Tokenize answers the picker did not cache: larger than a sixteenth of the cache's byte bound."}),
+		shed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "prefixd_epp_shed_total",
+			Help: "Requests the router queue would not hold, answered 429 with Retry-After, by reason: queue_full (refused on arrival or pushed out by a higher priority), wait_expired."}, []string{"reason"}),
+		waitsLeft: prometheus.NewCounter(prometheus.CounterOpts{Name: "prefixd_epp_waits_abandoned_total",
+			Help: "Requests whose stream ended while they waited in the router queue (the client left, the gateway reset the stream): they left the queue, nothing booked."}),
 	}
 }
 
@@ -63,7 +69,7 @@ func (m *metrics) register(r prometheus.Registerer, s *Server) error {
 			Help: "Bytes the picker's tokenize cache holds."}, func() float64 { b, _ := s.cache.Size(); return float64(b) }),
 	}
 	for _, c := range append([]prometheus.Collector{m.picks, m.decision, m.fallbacksOffered, m.fallbacksUsed, m.servedElsewhere, m.errors, m.bodiesRefused,
-		m.tokenize, m.transitions, m.cacheEvictions, m.cacheRefusals}, gauges...) {
+		m.tokenize, m.transitions, m.cacheEvictions, m.cacheRefusals, m.shed, m.waitsLeft}, gauges...) {
 		if err := r.Register(c); err != nil {
 			return err
 		}

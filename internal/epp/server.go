@@ -20,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/prefixd/prefixd/api"
 	"github.com/prefixd/prefixd/catalog"
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
@@ -51,7 +52,17 @@ const (
 	PrefillerHeader = "x-prefiller-host-port"
 	// RequestIDHeader is the request's id, the booking's.
 	RequestIDHeader = "x-request-id"
+	// PriorityHeader is the request's router-queue priority (an integer,
+	// -MaxPriority to MaxPriority, higher first); ObjectiveHeader names
+	// the request's InferenceObjective (GIE), whose priority
+	// Config.Priorities gives when PriorityHeader is absent.
+	PriorityHeader  = api.PriorityHeader
+	ObjectiveHeader = "x-gateway-inference-objective"
 )
+
+// MaxPriority bounds a request's priority either way: PriorityHeader's
+// and Config.Priorities'.
+const MaxPriority = 1000
 
 // Config configures a Server. Zero fields take the defaults noted.
 type Config struct {
@@ -91,6 +102,13 @@ type Config struct {
 	Engines *http.Client
 	// Ready says whether the daemon is ready (readiness); nil is always.
 	Ready func() bool
+	// Priorities maps an InferenceObjective's name (ObjectiveHeader) to
+	// the router-queue priority of its requests, -MaxPriority to
+	// MaxPriority; an objective not listed, or none, is priority 0.
+	// PriorityHeader wins over it. The priorities order the requests
+	// that wait (Service's ServiceConfig.Queue) and decide which are
+	// shed first; without a queue they do nothing.
+	Priorities map[string]int
 	// HealthInterval is how often readiness is read for the health
 	// service (default 1 s).
 	HealthInterval time.Duration
@@ -132,6 +150,14 @@ func New(cfg Config) (*Server, error) {
 		return nil, fmt.Errorf("epp: Config.Fallbacks %d: at most %d", cfg.Fallbacks, MaxFallbacks)
 	}
 	cfg.Fallbacks = max(cfg.Fallbacks, 0)
+	prios := make(map[string]int, len(cfg.Priorities))
+	for name, p := range cfg.Priorities {
+		if name == "" || p < -MaxPriority || p > MaxPriority {
+			return nil, fmt.Errorf("epp: Config.Priorities[%q] = %d: want a name and a priority from %d to %d", clip.String(name), p, -MaxPriority, MaxPriority)
+		}
+		prios[name] = p
+	}
+	cfg.Priorities = prios // a copy: the caller's map may change
 	switch cfg.BodyMode {
 	case filterv3.ProcessingMode_NONE:
 		cfg.BodyMode = filterv3.ProcessingMode_FULL_DUPLEX_STREAMED
@@ -220,6 +246,8 @@ type exchange struct {
 	immediate         atomic.Bool // an immediate response ended the request (read by the timer)
 	trailers          bool        // the request had trailers
 	model             string
+	priority          int           // the request's router-queue priority
+	retryAfter        time.Duration // a shed request's Retry-After, 0 if none
 
 	pick        *picked
 	booked      bool // a reservation or plan is held
@@ -303,7 +331,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 		return x.fail(http.StatusInternalServerError, "",
 			fmt.Sprintf("the gateway sends request bodies in mode %v: the picker reads FULL_DUPLEX_STREAMED or BUFFERED bodies", x.reqMode))
 	}
-	path := ""
+	path, prio, objective := "", "", ""
+	hasPrio := false
 	for _, hv := range h.GetHeaders().GetHeaders() {
 		switch strings.ToLower(hv.GetKey()) {
 		case ":path":
@@ -312,7 +341,20 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			x.id = headerValue(hv)
 		case "content-length":
 			x.length, _ = strconv.ParseInt(headerValue(hv), 10, 64)
+		case PriorityHeader:
+			prio, hasPrio = headerValue(hv), true
+		case ObjectiveHeader:
+			objective = headerValue(hv)
 		}
+	}
+	switch p, err := strconv.Atoi(prio); {
+	case hasPrio && (err != nil || p < -MaxPriority || p > MaxPriority):
+		return x.fail(http.StatusBadRequest, PriorityHeader,
+			fmt.Sprintf("header %s %q: want an integer from %d to %d", PriorityHeader, clip.String(prio), -MaxPriority, MaxPriority))
+	case hasPrio:
+		x.priority = p
+	default:
+		x.priority = x.s.cfg.Priorities[objective] // 0 when not listed
 	}
 	if len(x.id) > 128 {
 		x.id = x.id[:128]
@@ -390,6 +432,9 @@ func (x *exchange) decide(eos bool) error {
 	}
 	start := time.Now()
 	pk, status, param, msg := x.pickFor()
+	if pk == nil && status == 0 {
+		return nil // the stream ended while the request waited: nobody to answer
+	}
 	if pk == nil {
 		return x.fail(status, param, msg)
 	}
@@ -498,7 +543,13 @@ func (x *exchange) fail(status int, param, msg string) error {
 	x.immediate.Store(true)
 	x.s.m.errors.WithLabelValues(strconv.Itoa(status)).Inc()
 	x.dropBody()
-	return x.send(immediate(status, param, msg))
+	r := immediate(status, param, msg)
+	if x.retryAfter > 0 {
+		h := r.GetImmediateResponse().Headers
+		h.SetHeaders = append(h.SetHeaders, &corev3.HeaderValueOption{Header: &corev3.HeaderValue{Key: "retry-after",
+			RawValue: strconv.AppendInt(nil, int64(x.retryAfter/time.Second), 10)}})
+	}
+	return x.send(r)
 }
 
 // immediate is the immediate response of status, with OpenAI's error
@@ -513,8 +564,10 @@ func immediate(status int, param, msg string) *extprocv3.ProcessingResponse {
 	}}}
 }
 
-// pickFor reads the body, tokenizes and books: the pick, or the
-// immediate response's status, param and message.
+// pickFor reads the body, tokenizes and books, waiting in the router
+// queue if the Service has one and every engine is busy: the pick, or
+// the immediate response's status, param and message; neither (status
+// 0) when the stream ended while the request waited.
 func (x *exchange) pickFor() (pk *picked, status int, param, msg string) {
 	s := x.s
 	req, err := tokenize.Read(x.route, x.body)
@@ -542,13 +595,25 @@ func (x *exchange) pickFor() (pk *picked, status int, param, msg string) {
 	if s.cfg.Disagg {
 		return x.plan(req.Model, tokens, ids)
 	}
+	// The request may wait in its pool's router queue (a Service
+	// without one books or refuses at once): the stream answers when it
+	// is placed, and a stream that ends meanwhile takes it out of the
+	// queue, or frees what it was given.
 	sr := coordinator.SelectRequest{ID: x.id, Pool: coordinator.PoolKey{Model: req.Model, Group: s.cfg.Group, Role: coordinator.RoleAggregated},
-		Tokens: tokens, Allowed: ids, Fallbacks: s.cfg.Fallbacks}
-	c, err := s.cfg.Service.SelectAndReserve(sr)
+		Tokens: tokens, Allowed: ids, Fallbacks: s.cfg.Fallbacks, Wait: &coordinator.Wait{Priority: x.priority}}
+	ctx := x.stream.Context()
+	c, err := s.cfg.Service.SelectAndReserveWait(ctx, sr)
 	if errors.Is(err, coordinator.ErrDuplicateReservation) {
 		x.id += "-" + newID() // a client's id reused while its first request runs
 		sr.ID = x.id
-		c, err = s.cfg.Service.SelectAndReserve(sr)
+		c, err = s.cfg.Service.SelectAndReserveWait(ctx, sr)
+	}
+	if shed := (*coordinator.ShedError)(nil); errors.As(err, &shed) {
+		return x.shed(shed, req.Model)
+	}
+	if err != nil && ctx.Err() != nil && errors.Is(err, ctx.Err()) {
+		s.m.waitsLeft.Inc()
+		return nil, 0, "", ""
 	}
 	if err != nil {
 		st, param, msg := statusOf(err, req.Model)
@@ -573,6 +638,19 @@ func (x *exchange) pickFor() (pk *picked, status int, param, msg string) {
 	}
 	x.pick = pk
 	return pk, 0, "", ""
+}
+
+// shed is the 429 of a request the router queue would not hold: its
+// Retry-After in whole seconds (at least 1), its reason counted.
+func (x *exchange) shed(e *coordinator.ShedError, model string) (*picked, int, string, string) {
+	why, reason := "the router queue is full", "queue_full"
+	if errors.Is(e, coordinator.ErrWaitExpired) {
+		why, reason = "the request waited past its deadline", "wait_expired"
+	}
+	x.s.m.shed.WithLabelValues(reason).Inc()
+	x.retryAfter = max((e.RetryAfter + time.Second - 1).Truncate(time.Second), time.Second)
+	return nil, http.StatusTooManyRequests, "", fmt.Sprintf("every engine of model %q in routing group %q is busy and %s (priority %d): retry after %d s",
+		clip.String(model), e.Pool.Group, why, e.Priority, int64(x.retryAfter/time.Second))
 }
 
 // plan books a decode-first plan: the decode engine is the destination,

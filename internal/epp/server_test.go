@@ -35,11 +35,18 @@ type picker struct {
 
 func startPicker(t testing.TB, cfg epp.Config, pcfg coordinator.PoolConfig, engines map[uint64]string) *picker {
 	t.Helper()
-	svc := coordinator.NewService(coordinator.ServiceConfig{Pool: pcfg})
+	return startPickerWith(t, cfg, coordinator.ServiceConfig{Pool: pcfg}, engines, 0)
+}
+
+// startPickerWith is startPicker over a Service of scfg, its engines
+// given batched as their max_num_batched_tokens (0: unknown).
+func startPickerWith(t testing.TB, cfg epp.Config, scfg coordinator.ServiceConfig, engines map[uint64]string, batched uint64) *picker {
+	t.Helper()
+	svc := coordinator.NewService(scfg)
 	eps := epp.NewEndpoints(nil, 0)
 	for id, base := range engines {
 		w := catalog.Worker{WorkerID: id, ModelName: model, RoutingGroup: catalog.DefaultRoutingGroup, Endpoint: base, BlockSize: 16,
-			Attributes: catalog.Attributes{TotalKVBlocks: 512}}.WithDefaults()
+			Attributes: catalog.Attributes{TotalKVBlocks: 512, MaxNumBatchedTokens: batched}}.WithDefaults()
 		if err := svc.SetRecord(w); err != nil {
 			t.Fatal(err)
 		}
