@@ -52,6 +52,9 @@ type FleetInfo struct {
 	// PeerSpread is the replicas' spread while they share bookings
 	// (Config.PeerSpread; with Sync only).
 	PeerSpread float64 `json:"peer_spread,omitempty"`
+	// Queue is PrefixdQueued's router queue, when it ran: its threshold,
+	// order and aging.
+	Queue string `json:"queue,omitempty"`
 }
 
 // Knee is one policy's saturation point in a sweep, at one replica count.
@@ -78,6 +81,13 @@ func NewReport(traceName string, requests int, cfg Config, results []Result) Rep
 		EventDelayMS: ms(cfg.EventDelay), PredictedTTLS: cfg.PredictedTTL.Seconds(), ApproxTTLS: cfg.ApproxTTL.Seconds(),
 		OverlapWeight: cfg.Options.OverlapCredit, Seed: cfg.Seed, ScrapeIntervalMS: ms(cfg.ScrapeInterval),
 		ArrivalJitterMS: ms(cfg.ArrivalJitter)}}
+	if slices.ContainsFunc(results, func(r Result) bool { return r.Policy == PrefixdQueued }) {
+		aging := cfg.Queue.Aging
+		if aging <= 0 {
+			aging = coordinator.DefaultQueueAging
+		}
+		rep.Fleet.Queue = fmt.Sprintf("threshold %g, %v, aging %v", cfg.QueueThreshold, cfg.Queue.Order, aging)
+	}
 	if cfg.Sync {
 		d := ms(cfg.SyncDelay)
 		rep.Fleet.SyncDelayMS = &d
@@ -168,6 +178,9 @@ func (rep Report) WriteTable(w io.Writer) error {
 	}
 	if f.SyncDelayMS != nil && f.PeerSpread > 0 {
 		fmt.Fprintf(&b, ", each spreading its picks by %g", f.PeerSpread)
+	}
+	if f.Queue != "" {
+		fmt.Fprintf(&b, "; router queue (prefixd-queued): %s", f.Queue)
 	}
 	b.WriteString(".\n")
 	for _, sp := range speedupsOf(rep.Results) {
