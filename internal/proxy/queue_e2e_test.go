@@ -33,7 +33,7 @@ import (
 // pass at once.
 type gate struct {
 	mu       sync.Mutex
-	open     chan struct{} // closed while the gate is open
+	open     chan struct{} // closed when the gate opens
 	isOpen   bool
 	arrivals int      // generation requests that reached the gate
 	bodies   []string // their bodies
@@ -93,15 +93,6 @@ func (g *gate) release() {
 	if !g.isOpen {
 		close(g.open)
 		g.isOpen = true
-	}
-}
-
-// shut closes the gate again: requests from now on are held.
-func (g *gate) shut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.isOpen {
-		g.open, g.isOpen = make(chan struct{}), false
 	}
 }
 
@@ -177,12 +168,6 @@ func (q *queueStack) arrived() int {
 func (q *queueStack) release() {
 	for _, g := range q.gates {
 		g.release()
-	}
-}
-
-func (q *queueStack) shut() {
-	for _, g := range q.gates {
-		g.shut()
 	}
 }
 
