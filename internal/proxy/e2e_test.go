@@ -54,6 +54,8 @@ type spec struct {
 	// gate, when not nil, stands in front of the engine's HTTP API (the
 	// endpoint registered is the gate's).
 	gate *gate
+	// timing prices the engine's steps (zero: as fast as it runs).
+	timing mocker.Timing
 }
 
 // stack is a real etcd, prefixd serve, mock engines speaking vLLM's
@@ -157,7 +159,7 @@ func (s *stack) startEngine(sp spec) {
 	if sp.noEndpoint {
 		w.Endpoint = ""
 	}
-	cfg := mocker.Config{TotalBlocks: 512, BlockSize: 16, Worker: w}
+	cfg := mocker.Config{TotalBlocks: 512, BlockSize: 16, Worker: w, Timing: sp.timing}
 	fleet := s.fleet
 	if sp.unindexed {
 		// An engine whose events prefixd never sees: its HTTP API is

@@ -23,6 +23,7 @@ import (
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/internal/daemon"
 	"github.com/prefixd/prefixd/internal/proxy"
+	"github.com/prefixd/prefixd/internal/sim/mocker"
 	"github.com/prefixd/prefixd/internal/testsupport"
 )
 
@@ -115,14 +116,21 @@ type queueStack struct {
 
 func startQueueStack(t *testing.T, maxLen int) *queueStack {
 	t.Helper()
+	return startQueueStackTimed(t, maxLen, mocker.Timing{})
+}
+
+// startQueueStackTimed is startQueueStack with the engines' steps priced
+// by timing.
+func startQueueStackTimed(t *testing.T, maxLen int, timing mocker.Timing) *queueStack {
+	t.Helper()
 	q := &queueStack{reg: prometheus.NewRegistry(), gates: []*gate{newGate(), newGate()}}
 	q.stack = startStackDaemon(t, func(c *daemon.Config) {
 		c.Registry = q.reg
 		c.Queue = daemon.QueueConfig{Threshold: 0.5, Queue: coordinator.QueueConfig{Order: coordinator.QueueFCFS, Aging: time.Second,
 			MaxLen: maxLen, MaxWait: time.Minute}}
 	}, proxy.Config{}, coordinator.CoordinatorConfig{},
-		spec{id: 1, role: catalog.RoleAggregated, batched: 64, gate: q.gates[0]},
-		spec{id: 2, role: catalog.RoleAggregated, batched: 64, gate: q.gates[1]})
+		spec{id: 1, role: catalog.RoleAggregated, batched: 64, gate: q.gates[0], timing: timing},
+		spec{id: 2, role: catalog.RoleAggregated, batched: 64, gate: q.gates[1], timing: timing})
 	return q
 }
 
@@ -311,6 +319,46 @@ func TestQueueThroughProxy(t *testing.T) {
 	if got := q.arrived(); got != clients+1-n429 {
 		t.Errorf("%d requests reached the engines, want %d: none of the refused", got, clients+1-n429)
 	}
+}
+
+// TestQueueUnderLoadThroughProxy: the engines run at their own pace (a
+// prompt of some 200 tokens prefills in 4 steps of 64 tokens, about half a
+// second), nothing held back: twelve clients at once are each served 200
+// or answered 429 with Retry-After, never more 429s than the clients
+// beyond the two engines and the queue of 3; some were served having
+// waited; then nothing waits and nothing stays booked.
+func TestQueueUnderLoadThroughProxy(t *testing.T) {
+	const clients, maxLen = 12, 3
+	q := startQueueStackTimed(t, maxLen, mocker.Timing{MaxNumBatchedTokens: 64, MaxNumSeqs: 16, StepOverhead: 50 * time.Millisecond,
+		PrefillPerToken: time.Millisecond, DecodePerSeq: time.Millisecond})
+	q.release()
+	var rs replies
+	for i := range clients {
+		rs.start(q, context.Background(), 100+i)
+	}
+	ok, n429 := 0, 0
+	for _, r := range rs.wait(t) {
+		switch secs, err := strconv.Atoi(r.retryAfter); {
+		case r.err == nil && r.code == http.StatusOK:
+			decodeCompletion(t, r.body)
+			ok++
+		case r.err == nil && r.code == http.StatusTooManyRequests && err == nil && secs >= 1:
+			n429++
+		default:
+			t.Errorf("client %d: %d Retry-After %q %s %v; want 200, or 429 with Retry-After", r.seed, r.code, r.retryAfter, r.body, r.err)
+		}
+	}
+	t.Logf("%d served, %d refused, %d served after waiting", ok, n429, q.waits("placed"))
+	if n429 > clients-2-maxLen {
+		t.Errorf("%d 429s: more than the %d clients beyond the engines and the queue", n429, clients-2-maxLen)
+	}
+	if shed := testsupport.MetricSum(t, q.reg, "prefixd_queue_shed_total", "reason", "queue_full"); int(shed) != n429 {
+		t.Errorf("prefixd_queue_shed_total{reason=queue_full} %v, want the %d 429s", shed, n429)
+	}
+	if n := q.waits("placed"); n == 0 || n > uint64(ok) {
+		t.Errorf("%d waits placed, want some of the %d served", n, ok)
+	}
+	testsupport.Eventually(t, 10*time.Second, "the queue drained", func() bool { return q.waiting() == 0 && q.live() == 0 })
 }
 
 // TestQueueClientLeavesThroughProxy: a client that disconnects while its
