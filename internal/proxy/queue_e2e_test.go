@@ -398,6 +398,17 @@ func TestQueueClientLeavesThroughProxy(t *testing.T) {
 	if n := q.live(); n != held {
 		t.Fatalf("%d reservations live after the waiting client left, want the %d at the engines", n, held)
 	}
+	// The proxy counts it as the client's leaving, not prefixd's failure.
+	testsupport.Eventually(t, 10*time.Second, "the departed client counted", func() bool {
+		_, page := q.get("/metrics")
+		return strings.Contains(page, `prefixd_proxy_requests_total{outcome="client_gone",route="completions"} 1`)
+	})
+	if _, page := q.get("/metrics"); strings.Contains(page, "prefixd_proxy_fallbacks_total{") {
+		t.Errorf("the departed client counted as a fallback")
+	}
+	if n := q.logs.Count("proxy: prefixd did not choose; routing by load"); n != 0 {
+		t.Errorf("the departed client logged as prefixd failing to choose")
+	}
 	q.release()
 	for _, r := range rs.wait(t) {
 		switch {
