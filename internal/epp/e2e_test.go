@@ -52,6 +52,8 @@ type engineSpec struct {
 	id     uint64
 	role   catalog.Role
 	blocks int // KV blocks of 16 tokens (default 512)
+	// batched is the engine's max_num_batched_tokens (0: not registered).
+	batched uint64
 }
 
 func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *stack {
@@ -86,7 +88,7 @@ func startStack(t testing.TB, edit func(*daemon.Config), specs ...engineSpec) *s
 			t.Fatal(err)
 		}
 		blocks := cmp.Or(sp.blocks, 512)
-		w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: "http://" + ln.Addr().String(), Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: uint64(blocks)}}
+		w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: "http://" + ln.Addr().String(), Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: uint64(blocks), MaxNumBatchedTokens: sp.batched}}
 		if _, err := fleet.Start(context.Background(), mocker.Config{TotalBlocks: blocks, BlockSize: 16, Worker: w}, ln); err != nil {
 			t.Fatal(err)
 		}

@@ -49,6 +49,13 @@ type spec struct {
 	// noEndpoint engines are registered without their HTTP endpoint:
 	// indexed, but not schedulable.
 	noEndpoint bool
+	// batched is the engine's max_num_batched_tokens (0: not registered).
+	batched uint64
+	// gate, when not nil, stands in front of the engine's HTTP API (the
+	// endpoint registered is the gate's).
+	gate *gate
+	// timing prices the engine's steps (zero: as fast as it runs).
+	timing mocker.Timing
 }
 
 // stack is a real etcd, prefixd serve, mock engines speaking vLLM's
@@ -74,11 +81,22 @@ func startStack(t testing.TB, pcfg proxy.Config, coord coordinator.CoordinatorCo
 // routes with apiToken (serve --api-token).
 func startStackToken(t testing.TB, apiToken string, pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
 	t.Helper()
+	return startStackDaemon(t, func(c *daemon.Config) { c.APIToken = apiToken }, pcfg, coord, specs...)
+}
+
+// startStackDaemon is startStack with prefixd serve's configuration
+// edited by edit (nil: none).
+func startStackDaemon(t testing.TB, edit func(*daemon.Config), pcfg proxy.Config, coord coordinator.CoordinatorConfig, specs ...spec) *stack {
+	t.Helper()
 	etcd := storetest.StartEtcd(t)
 	addr, _ := testsupport.Ready(t, "daemon", func(ctx context.Context, ready func(string)) error {
-		return daemon.Run(ctx, daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0", APIToken: apiToken,
+		cfg := daemon.Config{Etcd: etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second}, Listen: "127.0.0.1:0",
 			OnReady: ready, ReadyTimeout: 30 * time.Second, Coordinator: coord, Logger: slog.New(slog.DiscardHandler),
-			Subscriber: stream.SubscriberConfig{ProbeInterval: 100 * time.Millisecond, IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond}})
+			Subscriber: stream.SubscriberConfig{ProbeInterval: 100 * time.Millisecond, IdleTimeout: 500 * time.Millisecond, RetryMax: 200 * time.Millisecond}}
+		if edit != nil {
+			edit(&cfg)
+		}
+		return daemon.Run(ctx, cfg)
 	})
 	ctx := context.Background()
 	store, err := etcdstore.New(ctx, etcdstore.Config{Endpoints: etcd.Endpoints(), DialTimeout: 5 * time.Second})
@@ -130,7 +148,10 @@ func (s *stack) startEngine(sp spec) {
 		s.t.Fatal(err)
 	}
 	url := "http://" + ln.Addr().String()
-	w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: url, Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: 512}}
+	if sp.gate != nil {
+		url = sp.gate.start(s.t, url)
+	}
+	w := catalog.Worker{WorkerID: sp.id, ModelName: model, Endpoint: url, Attributes: catalog.Attributes{Role: sp.role, TotalKVBlocks: 512, MaxNumBatchedTokens: sp.batched}}
 	if sp.domain != "" {
 		w.TopologyDomains = map[string]string{"rack": sp.domain}
 		w.KVTransferDomain, w.KVTransferEnforcement = "rack", catalog.EnforcementRequired
@@ -138,7 +159,7 @@ func (s *stack) startEngine(sp spec) {
 	if sp.noEndpoint {
 		w.Endpoint = ""
 	}
-	cfg := mocker.Config{TotalBlocks: 512, BlockSize: 16, Worker: w}
+	cfg := mocker.Config{TotalBlocks: 512, BlockSize: 16, Worker: w, Timing: sp.timing}
 	fleet := s.fleet
 	if sp.unindexed {
 		// An engine whose events prefixd never sees: its HTTP API is

@@ -269,6 +269,9 @@ func (x *exchange) aggregated() string {
 	for attempt := 0; ; attempt++ {
 		target, sid, status, msg := x.chooseAggregated(es, tokens, haveTokens, tried, attempt)
 		if status != 0 {
+			if x.r.Context().Err() != nil {
+				return "client_gone"
+			}
 			return x.fail(status, "%s", msg)
 		}
 		resp, err := x.call(target, x.req.Route.Path(), x.req.Body)
@@ -367,6 +370,11 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 			return e, "", http.StatusNotFound, errMsg(err)
 		case errors.Is(err, client.ErrInvalid):
 			return e, "", invalidStatus(err), "prefixd cannot route the request: " + errMsg(err)
+		case x.ctx.Err() != nil:
+			// The client left, or the request's deadline passed, while
+			// prefixd held it in its queue: not prefixd's failure, and no
+			// engine is to run it.
+			return e, "", http.StatusGatewayTimeout, "the request's deadline passed while it waited for an engine"
 		case errors.Is(err, client.ErrUnauthorized):
 			// Logged once, when prefixd started refusing (access.set).
 			p.m.fallbacks.WithLabelValues("unauthorized").Inc()
