@@ -97,11 +97,13 @@ type SelectRequest struct {
 	// without it, or without a queue, the request never waits.
 	Wait *Wait `json:"wait,omitempty"`
 	// SessionID names the conversation the request belongs to. With
-	// serve --session-ttl, /select_and_reserve sends a session's
-	// requests back to the worker its last one was booked on while that
-	// worker is under the busy thresholds (and the queue's, for a request
-	// with a wait), and moves the session when it is not. /select ignores
-	// it. Ids longer than 256 bytes are remembered by their SHA-256.
+	// session affinity on (coordinator.ServiceConfig.SessionTTL),
+	// /select_and_reserve sends a session's requests back to the worker
+	// its last one was booked on while that worker is eligible and under
+	// the busy thresholds (and the queue's, for a request with a wait),
+	// and moves the session when it is not: a conversation's turns find
+	// their prefix cached. /select ignores it. Ids longer than 256 bytes
+	// are remembered by their SHA-256.
 	SessionID string `json:"session_id,omitempty"`
 }
 
