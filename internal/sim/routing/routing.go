@@ -134,8 +134,9 @@ const (
 	// DefaultQueueThreshold is PrefixdQueued's busy threshold (serve
 	// --queue-threshold's default).
 	DefaultQueueThreshold = 0.5
-	// DefaultSessionTTL is PrefixdSession's session TTL: longer than the
-	// trace's gaps between a conversation's turns at ×1.
+	// DefaultSessionTTL is PrefixdSession's session TTL, on the replay's
+	// clock: at ×1 it spans over 90 % of the shipped trace's gaps between
+	// a conversation's turns (median 2 min, p90 8 min).
 	DefaultSessionTTL = 10 * time.Minute
 	// MaxReplicas bounds Config.Replicas.
 	MaxReplicas = 64
@@ -211,7 +212,8 @@ type Config struct {
 	QueueThreshold float64
 	Queue          coordinator.QueueConfig
 	// SessionTTL is PrefixdSession's session affinity TTL
-	// (coordinator.ServiceConfig.SessionTTL), in trace time.
+	// (coordinator.ServiceConfig.SessionTTL), on the replay's clock
+	// (the trace's times divided by Speedup).
 	SessionTTL time.Duration
 }
 
