@@ -96,6 +96,15 @@ type SelectRequest struct {
 	// router queue while every worker is busy (serve --queue-threshold);
 	// without it, or without a queue, the request never waits.
 	Wait *Wait `json:"wait,omitempty"`
+	// SessionID names the conversation the request belongs to. With
+	// session affinity on (coordinator.ServiceConfig.SessionTTL),
+	// /select_and_reserve sends a session's requests back to the worker
+	// its last one was booked on while that worker is eligible and under
+	// the busy thresholds (and the queue's, for a request with a wait),
+	// and moves the session when it is not: a conversation's turns find
+	// their prefix cached. /select ignores it. Ids longer than 256 bytes
+	// are remembered by their SHA-256.
+	SessionID string `json:"session_id,omitempty"`
 }
 
 // Wait is how long, and at what priority, a /select_and_reserve may wait
@@ -115,6 +124,11 @@ type Wait struct {
 // PriorityHeader carries a request's queue priority (an integer, higher
 // first) to /select_and_reserve, prefixd proxy and the endpoint picker.
 const PriorityHeader = "x-prefixd-priority"
+
+// SessionHeader names a request's session (SelectRequest.SessionID) to
+// prefixd proxy; without it the proxy reads the OpenAI body's "user",
+// then vLLM's "session_id".
+const SessionHeader = "x-session-id"
 
 // OverlapInfo is the chosen rank's cached prefix, in tokens, tiers cumulative.
 type OverlapInfo struct {

@@ -177,6 +177,9 @@ type Query struct {
 	// busy, if set, are further busy thresholds for this query (the
 	// Service's router queue, for a request that may wait).
 	busy *Thresholds
+	// prefer, if set and a candidate after every filter, is chosen
+	// without sampling (the Service's session affinity, session.go).
+	prefer *indexer.Rank
 	// Fallbacks asks for up to this many next-best ranks after the
 	// chosen one (SelectFallbacks, SelectAndReserveFallbacks): the
 	// candidates that passed every filter, cheapest first, the chosen
@@ -497,10 +500,12 @@ func (p *Pool) sel(q *Query) (Selection, []Selection, []uint64, error) {
 	for i, ws := range cands {
 		sc[i] = p.score(ws, q, &opt, seq, minPrefill)
 	}
-	var i int
-	if p.spread != nil && *p.spread > 0 && opt.Temperature <= 0 {
+	i := preferred(sc, q.prefer)
+	switch {
+	case i >= 0:
+	case p.spread != nil && *p.spread > 0 && opt.Temperature <= 0:
 		i = spreadSample(sc, *p.spread*float64(max(1, len(seq))), p.rng)
-	} else {
+	default:
 		i = sample(sc, opt.Temperature, p.rng)
 	}
 	var fb []Selection
@@ -508,6 +513,18 @@ func (p *Pool) sel(q *Query) (Selection, []Selection, []uint64, error) {
 		fb = nextBest(sc, i, q.Fallbacks)
 	}
 	return sc[i].sel, fb, seq, nil
+}
+
+// preferred is the index of rank in sc, or -1 (also for a nil rank).
+func preferred(sc []scored, rank *indexer.Rank) int {
+	if rank != nil {
+		for i := range sc {
+			if sc[i].ws.w.Rank == *rank {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // nextBest returns up to n selections of sc other than chosen, cheapest

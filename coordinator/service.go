@@ -111,6 +111,13 @@ type ServiceConfig struct {
 	QueueBusy Thresholds
 	// QueueObserver, if set, is told what the queues do.
 	QueueObserver QueueObserver
+	// SessionTTL turns session affinity on (session.go): a request
+	// naming a session goes back to the rank its session's last booking
+	// was on, within this long, while that rank may take it. 0: off.
+	SessionTTL time.Duration
+	// MaxSessions bounds the sessions remembered, least recently booked
+	// forgotten first; 0 is DefaultMaxSessions.
+	MaxSessions int
 }
 
 // A Service is the coordinator for concurrent callers: one mutex over the
@@ -148,6 +155,7 @@ type Service struct {
 	finished   *simplelru.LRU[string, Plan]
 	sync       peerSync // bookings shared with other replicas (peers.go)
 	wait       waiting  // the router queues (waiting.go)
+	sess       sessions // session affinity (session.go)
 }
 
 // NewService returns a Service with no engines.
@@ -174,6 +182,7 @@ func NewService(cfg ServiceConfig) *Service {
 	s.c = NewCoordinator(s.pools, serviceSource{s}, cfg.Coordinator)
 	s.sync = newPeerSync(cfg.Origin, cfg.OnBooking, cfg.Pool.PeerSpread)
 	s.wait = newWaiting(cfg.Queue, cfg.QueueBusy, cfg.QueueObserver)
+	s.sess = newSessions(cfg.SessionTTL, cfg.MaxSessions)
 	if cfg.OnBooking != nil {
 		s.pools.onBook = s.booked
 	}
@@ -341,6 +350,7 @@ func (s *Service) Expire(now time.Time) {
 	}
 	s.forgetExpiredPeers()
 	s.expireWaiters(now)
+	s.expireSessions(now)
 	s.drainLocked()
 }
 
@@ -383,6 +393,15 @@ type SelectRequest struct {
 	// Wait, if set, lets Enqueue and SelectAndReserveWait queue the
 	// request while every eligible worker is busy (waiting.go).
 	Wait *Wait
+	// Session, if set, names the conversation the request belongs to:
+	// with ServiceConfig.SessionTTL, SelectAndReserve, Reserve and the
+	// queue's bookings keep a session on one rank while it may take the
+	// request (session.go). Select and plans ignore it. An id longer than
+	// MaxSessionIDLen is remembered by its hash.
+	Session string
+	// waits marks Enqueue's immediate booking of a request with a Wait:
+	// its session's rank must be under QueueBusy too.
+	waits bool
 }
 
 // A Choice is a selection made through the Service: the pool's Selection
@@ -449,10 +468,12 @@ func (s *Service) reserveLocked(r *SelectRequest, op SelectOp) (Choice, error) {
 		return Choice{}, err
 	}
 	now := s.now()
+	st := s.stick(r, p, &q, now)
 	sel, fb, err := p.SelectAndReserveFallbacks(r.ID, q, now)
 	if err != nil {
 		return Choice{}, s.poolError(r.Pool, err)
 	}
+	s.sessionBooked(r, st, sel.Rank, now)
 	if s.pred != nil {
 		s.pred.Book(r.ID, indexer.PartitionKey{Model: r.Pool.Model, Group: r.Pool.Group}, sel.Rank, q.Prompt.Hashes, now)
 	}

@@ -161,6 +161,7 @@ func (s *Service) Enqueue(r SelectRequest) (Choice, *Ticket, error) {
 	if r.Wait == nil || s.wait.cfg == nil || r.Pin != nil || !s.mustWait(r.Pool) {
 		direct := r
 		direct.Wait = nil
+		direct.waits = r.Wait != nil && s.wait.cfg != nil
 		c, err := s.reserveLocked(&direct, OpSelectAndReserve)
 		return c, nil, err
 	}

@@ -40,6 +40,7 @@ func (o *routingOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.Float64Var(&o.QueueThreshold, "queue-threshold", o.QueueThreshold, "prefixd-queued: requests wait in the router while every engine holds more prefill than this fraction of its max_num_batched_tokens (serve --queue-threshold)")
 	fs.DurationVar(&o.Queue.Aging, "queue-aging", o.Queue.Aging, "prefixd-queued: a request that has waited this long goes ahead of every later one of its priority (serve --queue-aging)")
 	fs.Var(queueOrderFlag{&o.Queue.Order}, "queue-order", "prefixd-queued: the queue's order, fcfs or shortest-work (serve --queue-order)")
+	fs.DurationVar(&o.SessionTTL, "session-ttl", o.SessionTTL, "prefixd-session: a session's requests go back to its engine while it is under the busy thresholds and the session was used within this long, on the replay's clock (after --speedups compress it); sessions come from the trace's hash ids")
 	fs.DurationVar(&o.ArrivalJitter, "arrival-jitter", o.ArrivalJitter, "delay each request's arrival by up to this much (uniform, from the seed; before --speedups): 3s spreads the shipped trace's 3-second timestamp buckets")
 	fs.IntVar(&o.Engines, "engines", o.Engines, "engines in the simulated fleet")
 	fs.IntVar(&o.PrefillEngines, "prefill-engines", o.PrefillEngines, "of them, prefill engines under prefixd-disagg (0: half)")

@@ -56,7 +56,7 @@ func rank(r *api.WorkerRef) *indexer.Rank {
 func selectRequest(r *api.SelectRequest, role coordinator.Role) coordinator.SelectRequest {
 	return coordinator.SelectRequest{ID: r.SelectionID, Pool: coordinator.PoolKey{Model: r.ModelName, Group: r.RoutingGroup, Role: role},
 		Tokens: r.TokenIDs, Lora: r.LoraName, Salt: r.CacheSalt, Hashes: r.BlockHashes, PromptTokens: r.ISLTokens,
-		Pin: rank(r.PinnedWorker), Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints), Temperature: r.Temperature}
+		Pin: rank(r.PinnedWorker), Allowed: r.AllowedWorkerIDs, Constraints: constraints(r.RoutingConstraints), Temperature: r.Temperature, Session: r.SessionID}
 }
 
 // reserveRequest maps a validated /reservations body.

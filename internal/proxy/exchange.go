@@ -344,7 +344,7 @@ func (x *exchange) chooseAggregated(es []engine, tokens []uint32, haveTokens boo
 			sid = fmt.Sprintf("%s-%d", x.id, attempt)
 		}
 		sr := api.SelectRequest{Prompt: api.Prompt{TokenIDs: tokens}, ModelName: x.req.Model, RoutingGroup: p.cfg.RoutingGroup, SelectionID: sid,
-			Wait: &api.Wait{TimeoutMS: p.cfg.QueueWait.Milliseconds(), Priority: x.priority}}
+			Wait: &api.Wait{TimeoutMS: p.cfg.QueueWait.Milliseconds(), Priority: x.priority}, SessionID: sessionOf(x.r.Header, x.req)}
 		if len(tried) > 0 {
 			for _, o := range left {
 				sr.AllowedWorkerIDs = append(sr.AllowedWorkerIDs, o.id)

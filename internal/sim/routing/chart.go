@@ -36,6 +36,7 @@ var palette = []color.RGBA{
 	{0x00, 0x00, 0x00, 0xff}, // oracle: black
 	{0x2c, 0xa0, 0x2c, 0xff}, // prefixd-disagg: green
 	{0xe3, 0x77, 0xc2, 0xff}, // prefixd-queued: pink
+	{0x7f, 0x7f, 0x7f, 0xff}, // prefixd-session: grey
 }
 
 // style gives each policy one colour and dash, the same in every chart;

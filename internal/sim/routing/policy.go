@@ -5,12 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"slices"
+	"strconv"
 
 	"github.com/zeebo/xxh3"
 
 	"github.com/prefixd/prefixd/coordinator"
 	"github.com/prefixd/prefixd/indexer"
 	"github.com/prefixd/prefixd/internal/sim/mocker"
+	"github.com/prefixd/prefixd/internal/sim/trace"
 )
 
 type randomRouter struct{ s *sim }
@@ -151,11 +153,13 @@ type queued struct {
 }
 
 // queuedRouter routes as svcRouter does, through the router queue: a
-// request that finds every engine busy waits.
+// request that finds every engine busy waits. Under PrefixdSession it
+// names the request's session.
 type queuedRouter struct{ svcRouter }
 
 func (p queuedRouter) route(r *request) (int, error) {
-	c, t, err := p.svc.Enqueue(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens, Wait: &coordinator.Wait{}})
+	c, t, err := p.svc.Enqueue(coordinator.SelectRequest{ID: r.id, Pool: aggregated, Tokens: r.tokens, Wait: &coordinator.Wait{},
+		Session: r.session})
 	switch {
 	case err != nil:
 		return 0, err
@@ -165,4 +169,31 @@ func (p queuedRouter) route(r *request) (int, error) {
 		return 0, errQueued
 	}
 	return p.s.byRank[c.Rank], nil
+}
+
+// Sessions derives each request's session from its hash ids, as the
+// Mooncake trace names none: the first hash id after the longest prefix
+// of hash ids every request shares (on the shipped trace one block, the
+// common system prompt; a conversation's turns then share the next id,
+// their first message). A request with no id past that prefix has no
+// session ("").
+func Sessions(reqs []trace.Request) []string {
+	common := 0
+	if len(reqs) > 0 {
+		common = len(reqs[0].HashIDs)
+		for _, r := range reqs[1:] {
+			n := 0
+			for n < common && n < len(r.HashIDs) && r.HashIDs[n] == reqs[0].HashIDs[n] {
+				n++
+			}
+			common = n
+		}
+	}
+	out := make([]string, len(reqs))
+	for i, r := range reqs {
+		if len(r.HashIDs) > common {
+			out[i] = strconv.FormatUint(r.HashIDs[common], 10)
+		}
+	}
+	return out
 }

@@ -80,10 +80,18 @@ const (
 	// in the router, in the queue's order, and is placed when an engine
 	// frees, on the caches of that moment.
 	PrefixdQueued Policy = "prefixd-queued"
+	// PrefixdSession is PrefixdQueued with session affinity (serve
+	// --session-ttl, Config.SessionTTL): a request goes back to the
+	// engine its session's last request was booked on while that engine
+	// is under the busy thresholds. The trace names no sessions: a
+	// request's session is its first hash id after the prefix every
+	// request of the trace shares (Sessions), which a conversation's
+	// turns share.
+	PrefixdSession Policy = "prefixd-session"
 )
 
 // Policies lists every policy, in report order.
-var Policies = []Policy{Random, RoundRobin, LeastLoaded, ConsistentHash, Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued}
+var Policies = []Policy{Random, RoundRobin, LeastLoaded, ConsistentHash, Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued, PrefixdSession}
 
 // ParsePolicy returns the policy named s.
 func ParsePolicy(s string) (Policy, error) {
@@ -126,6 +134,10 @@ const (
 	// DefaultQueueThreshold is PrefixdQueued's busy threshold (serve
 	// --queue-threshold's default).
 	DefaultQueueThreshold = 0.5
+	// DefaultSessionTTL is PrefixdSession's session TTL, on the replay's
+	// clock: at ×1 it spans over 90 % of the shipped trace's gaps between
+	// a conversation's turns (median 2 min, p90 8 min).
+	DefaultSessionTTL = 10 * time.Minute
 	// MaxReplicas bounds Config.Replicas.
 	MaxReplicas = 64
 	// DefaultVocab is Llama 3's vocabulary size: trace hash ids expand to
@@ -199,6 +211,10 @@ type Config struct {
 	// replay never sheds: Queue's MaxLen and MaxWait hold the whole trace.
 	QueueThreshold float64
 	Queue          coordinator.QueueConfig
+	// SessionTTL is PrefixdSession's session affinity TTL
+	// (coordinator.ServiceConfig.SessionTTL), on the replay's clock
+	// (the trace's times divided by Speedup).
+	SessionTTL time.Duration
 }
 
 // DefaultConfig returns the benchmark's fleet: 16 engines of 16,384
@@ -208,7 +224,8 @@ func DefaultConfig() Config {
 	return Config{Engines: DefaultEngines, TotalBlocks: DefaultTotalBlocks, BlockSize: DefaultBlockSize,
 		Timing: mocker.H100Llama8B, EventDelay: DefaultEventDelay, Speedup: 1, Options: coordinator.ServedOptions(),
 		PredictedTTL: DefaultPredictedTTL, ApproxTTL: DefaultApproxTTL, Seed: 1, ReplicaSpread: DefaultReplicaSpread,
-		SyncDelay: DefaultSyncDelay, PeerSpread: coordinator.DefaultPeerSpread, QueueThreshold: DefaultQueueThreshold, Queue: coordinator.DefaultQueueConfig()}
+		SyncDelay: DefaultSyncDelay, PeerSpread: coordinator.DefaultPeerSpread, QueueThreshold: DefaultQueueThreshold, Queue: coordinator.DefaultQueueConfig(),
+		SessionTTL: DefaultSessionTTL}
 }
 
 // replicas is how many routers the replay has.
@@ -297,6 +314,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("peer spread %v: want 0 to 100", c.PeerSpread)
 	case !(c.QueueThreshold > 0) || c.QueueThreshold > 1000:
 		return fmt.Errorf("queue threshold %v: want more than 0, at most 1000", c.QueueThreshold)
+	case c.SessionTTL <= 0 || c.SessionTTL > 24*time.Hour:
+		return fmt.Errorf("session TTL %v: want more than 0, at most 24h", c.SessionTTL)
 	}
 	return c.Timing.WithDefaults().Validate()
 }
@@ -366,7 +385,12 @@ type Result struct {
 	PeerDropped int `json:"peer_dropped,omitempty"`
 	// Queued counts requests that waited in a router queue
 	// (PrefixdQueued).
-	Queued       int `json:"queued,omitempty"`
+	Queued int `json:"queued,omitempty"`
+	// SessionHits counts requests booked back on their session's engine,
+	// SessionMoves those whose session's engine was busy, booked
+	// elsewhere (PrefixdSession), over every replica.
+	SessionHits  int `json:"session_hits,omitempty"`
+	SessionMoves int `json:"session_moves,omitempty"`
 	ScrapeErrors int `json:"scrape_errors,omitempty"`
 	// Fallbacks counts Disagg plans that ran in bypass (prefill on the
 	// decode engine).

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -71,9 +72,10 @@ func TestCISlice(t *testing.T) {
 			// blocks beyond the truth (routed, or booked and still
 			// pending): they can, and do here at ×4 and on the whole
 			// trace at ×16 (docs/benchmarks.md). PrefixdQueued chooses
-			// when, and which waiting request, a freed engine takes:
-			// the oracle of the cost function alone does not bound it.
-			if p != Approx && p != PrefixdPredicted && p != PrefixdQueued && r.HitRate > by[Oracle].HitRate {
+			// when, and which waiting request, a freed engine takes,
+			// PrefixdSession where a session's request goes: the
+			// oracle of the cost function alone does not bound them.
+			if p != Approx && p != PrefixdPredicted && p != PrefixdQueued && p != PrefixdSession && r.HitRate > by[Oracle].HitRate {
 				t.Errorf("×%g: %s's hit rate %.4f beats the oracle's %.4f", sp, p, r.HitRate, by[Oracle].HitRate)
 			}
 			if r.TTFT.P50 <= 0 || r.TTFT.P99 < r.TTFT.P50 || r.E2E.P50 < r.TTFT.P50 {
@@ -278,4 +280,47 @@ func TestBenchWritesReport(t *testing.T) {
 	if err := Bench(context.Background(), o, &out); err == nil || !strings.Contains(err.Error(), "line 2") {
 		t.Errorf("Bench of a bad trace: %v, want an error naming line 2", err)
 	}
+}
+
+// TestSessions: a request's session is its first hash id past the prefix
+// every request shares; none without one.
+func TestSessions(t *testing.T) {
+	reqs := []trace.Request{{HashIDs: []uint64{0, 1, 5}}, {HashIDs: []uint64{0, 1, 6, 7}}, {HashIDs: []uint64{0, 1}}, {HashIDs: []uint64{0, 1, 5, 9}}}
+	if got, want := Sessions(reqs), []string{"5", "6", "", "5"}; !slices.Equal(got, want) {
+		t.Errorf("sessions %q, want %q", got, want)
+	}
+	if got := Sessions(reqs[:1]); !slices.Equal(got, []string{""}) {
+		t.Errorf("one request: sessions %q, want none past its own prompt", got)
+	}
+	all, _ := sliceOf(t)
+	sessions := Sessions(all)
+	distinct := map[string]bool{}
+	for _, s := range sessions {
+		if s == "" {
+			t.Fatal("a request of the slice without a session")
+		}
+		distinct[s] = true
+	}
+	if len(distinct) == len(all) || len(distinct) < 2 {
+		t.Errorf("%d sessions for %d requests: want conversations of several turns", len(distinct), len(all))
+	}
+}
+
+// TestSessionSlice: prefixd-session completes the slice with nothing
+// left booked, and its sessions go back to their engine.
+func TestSessionSlice(t *testing.T) {
+	reqs, prompts := sliceOf(t)
+	cfg := DefaultConfig()
+	cfg.Speedup = 4
+	r, err := Run(cfg, reqs, prompts, PrefixdSession)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Completed != len(reqs) || r.Failed != 0 || r.Bookings != 0 {
+		t.Fatalf("%d completed, %d failed of %d, %d bookings left", r.Completed, r.Failed, len(reqs), r.Bookings)
+	}
+	if r.SessionHits == 0 {
+		t.Errorf("no session went back to its engine (%d moved)", r.SessionMoves)
+	}
+	t.Logf("×4: %d sticky, %d moved; hit %.1f %%, TTFT p50 %.0f ms", r.SessionHits, r.SessionMoves, 100*r.HitRate, r.TTFT.P50)
 }

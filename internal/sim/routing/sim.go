@@ -125,8 +125,9 @@ type request struct {
 	replica int // the router it arrived at
 	engine  int // of the current sequence
 	seq     *mocker.Seq
-	decode  int // Disagg: the plan's decode engine
-	hit     int // prompt tokens served by a prefix cache
+	decode  int    // Disagg: the plan's decode engine
+	hit     int    // prompt tokens served by a prefix cache
+	session string // PrefixdSession: the conversation (Sessions)
 
 	firstToken, finished time.Time
 	failed               bool
@@ -227,10 +228,17 @@ func newSim(cfg Config, reqs []trace.Request, prompts [][]uint32, policy Policy)
 		order[i] = i
 	}
 	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(arrival[a], arrival[b]) })
+	var sessions []string
+	if policy == PrefixdSession {
+		sessions = Sessions(reqs)
+	}
 	for k, i := range order {
 		r := reqs[i]
 		s.reqs = append(s.reqs, &request{i: i, id: strconv.Itoa(i), tokens: prompts[i], output: max(r.OutputLength, 1),
 			arrival: epoch.Add(time.Duration(float64(arrival[i]) / cfg.Speedup)), replica: k % len(s.replicas)})
+		if sessions != nil {
+			s.reqs[k].session = sessions[i]
+		}
 	}
 	return s, s.setPolicy()
 }
@@ -254,7 +262,7 @@ func (s *sim) setPolicy() error {
 			rep.router = &roundRobin{s: s}
 		case LeastLoaded:
 			rep.router = leastLoaded{s: s, rep: rep.i}
-		case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued:
+		case Approx, Prefixd, PrefixdPredicted, Oracle, Disagg, PrefixdQueued, PrefixdSession:
 			if err := s.newService(rep); err != nil {
 				return err
 			}
@@ -276,7 +284,7 @@ func (s *sim) newService(rep *replica) error {
 	scfg := coordinator.ServiceConfig{Pool: pcfg, Now: func() time.Time { return s.now },
 		Rand: rand.New(rand.NewPCG(s.cfg.Seed^1, s.cfg.Seed^2^uint64(rep.i)))}
 	switch s.policy {
-	case Prefixd, PrefixdPredicted, Disagg, PrefixdQueued:
+	case Prefixd, PrefixdPredicted, Disagg, PrefixdQueued, PrefixdSession:
 		s.events = true
 		rep.ix = indexer.New(indexer.Options{})
 		k := indexer.PartitionKey{Model: model, Group: group}
@@ -294,11 +302,14 @@ func (s *sim) newService(rep *replica) error {
 		scfg.Source = oracle{s}
 	}
 	scfg.Predicted = rep.pred
-	if s.policy == PrefixdQueued {
+	if s.policy == PrefixdQueued || s.policy == PrefixdSession {
 		q := s.cfg.Queue
 		q.MaxLen, q.MaxWait = max(q.MaxLen, len(s.reqs)), max(q.MaxWait, time.Hour*24*365)
 		scfg.Queue = &q
 		scfg.QueueBusy.PrefillTokensFrac = s.cfg.QueueThreshold
+	}
+	if s.policy == PrefixdSession {
+		scfg.SessionTTL = s.cfg.SessionTTL
 	}
 	if s.cfg.Sync && len(s.replicas) > 1 {
 		// OnBooking runs under the Service's lock: it only queues the
@@ -320,7 +331,7 @@ func (s *sim) newService(rep *replica) error {
 	}
 	switch s.policy {
 	case Disagg:
-	case PrefixdQueued:
+	case PrefixdQueued, PrefixdSession:
 		rep.router = queuedRouter{svcRouter{s: s, svc: rep.svc}}
 	default:
 		rep.router = svcRouter{s: s, svc: rep.svc}
@@ -692,6 +703,13 @@ func (s *sim) fail(r *request) {
 func (s *sim) result() Result {
 	res := Result{Policy: s.policy, Replicas: len(s.replicas), Speedup: s.cfg.Speedup, Weight: s.cfg.Options.OverlapCredit,
 		Requests: len(s.reqs), Bypass: s.bypass, PeerDropped: s.peerDropped, ScrapeErrors: s.scrapeErrors, Queued: s.queued}
+	for _, rep := range s.replicas {
+		if rep.svc != nil {
+			st := rep.svc.SessionStats()
+			res.SessionHits += int(st.Hits)
+			res.SessionMoves += int(st.Moves)
+		}
+	}
 	var ttft, e2e []float64
 	var prompt, hit, out int
 	var last time.Time
