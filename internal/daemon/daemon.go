@@ -129,6 +129,13 @@ type Config struct {
 	EngineLoad engineload.Config
 	// Queue configures the router queue; Threshold 0 = no queue (the default).
 	Queue QueueConfig
+	// SessionTTL turns session affinity on: a request naming a session
+	// goes back to its session's worker, used within SessionTTL, while
+	// that worker is under the busy thresholds (coordinator
+	// ServiceConfig.SessionTTL). 0 (the default): off. MaxSessions bounds
+	// the sessions remembered (0: coordinator's default).
+	SessionTTL  time.Duration
+	MaxSessions int
 }
 
 // EPPConfig configures the endpoint picker.
@@ -341,7 +348,7 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	qm := newQueueMetrics(reg)
 	svcCfg := coordinator.ServiceConfig{Pool: pcfg, Coordinator: cfg.Coordinator, Source: coordinator.IndexOverlaps{Index: ix},
-		Predicted: pred, Observer: newPlanMetrics(reg)}
+		Predicted: pred, Observer: newPlanMetrics(reg), SessionTTL: cfg.SessionTTL, MaxSessions: cfg.MaxSessions}
 	if queue != nil {
 		svcCfg.Queue, svcCfg.QueueObserver = queue, qm
 		svcCfg.QueueBusy = coordinator.Thresholds{PrefillTokensFrac: cfg.Queue.Threshold}
@@ -350,6 +357,9 @@ func Run(ctx context.Context, cfg Config) error {
 		svcCfg.Origin, svcCfg.OnBooking = replicaID, hub.Booked
 	}
 	svc := coordinator.NewService(svcCfg)
+	if cfg.SessionTTL > 0 {
+		registerSessionMetrics(reg, svc)
+	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "prefixd_reservations_live",
 		Help: "Reservations every pool holds: /select_and_reserve bookings and the plans' bookings, made here or by a peer replica (prefixd_replica_peer_bookings of them are peers')."}, func() float64 { return float64(svc.Reservations()) }))
 	maxRanks := cfg.MaxRanks
@@ -412,6 +422,10 @@ func Run(ctx context.Context, cfg Config) error {
 			"threshold", cfg.Queue.Threshold, "order", queue.Order.String(), "aging", queue.Aging,
 			"max_len", queue.MaxLen, "max_wait", queue.MaxWait, "bands", len(queue.Bands))
 		g.Go(func() error { return qm.runLog(gctx, log, shedLogInterval) })
+	}
+	if cfg.SessionTTL > 0 {
+		log.Info("session affinity on: a request naming a session goes back to its worker while that worker is not busy",
+			"ttl", cfg.SessionTTL, "max_sessions", cmp.Or(cfg.MaxSessions, coordinator.DefaultMaxSessions))
 	}
 	if peers != nil {
 		// It stops with the others: its record is revoked, so the peers

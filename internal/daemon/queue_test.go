@@ -29,6 +29,7 @@ import (
 // more than 32 prefill tokens are booked on it.
 type queueFixture struct {
 	t    *testing.T
+	logs *testlog.Recorder
 	url  string
 	reg  *prometheus.Registry
 	next int // distinct prompts and ids
@@ -36,7 +37,7 @@ type queueFixture struct {
 
 const queueTestMNBT = 64
 
-func startQueueFixture(t *testing.T, maxLen int) *queueFixture {
+func startQueueFixture(t *testing.T, maxLen int, edits ...func(*Config)) *queueFixture {
 	t.Helper()
 	etcd := storetest.StartEtcd(t)
 	reg := prometheus.NewRegistry()
@@ -45,6 +46,9 @@ func startQueueFixture(t *testing.T, maxLen int) *queueFixture {
 		c.Registry, c.Logger = reg, log
 		c.Queue = QueueConfig{Threshold: 0.5, Queue: coordinator.QueueConfig{Order: coordinator.QueueFCFS, Aging: time.Second,
 			MaxLen: maxLen, MaxWait: time.Minute}}
+		for _, e := range edits {
+			e(c)
+		}
 	})
 	store := storetest.NewEtcdStore(t, etcd.Endpoints(), catalog.DefaultPrefix)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -68,7 +72,7 @@ func startQueueFixture(t *testing.T, maxLen int) *queueFixture {
 	}
 	logs.Wait(t, 20*time.Second, "router queue on: requests that may wait wait while every engine of their pool is busy",
 		"threshold=0.5", "order=fcfs", "aging=1s", "max_len="+strconv.Itoa(maxLen), "max_wait=1m0s", "bands=0")
-	f := &queueFixture{t: t, url: d.url, reg: reg}
+	f := &queueFixture{t: t, logs: logs, url: d.url, reg: reg}
 	testsupport.Eventually(t, 20*time.Second, "both engines schedulable", func() bool {
 		for w := 1; w <= 2; w++ {
 			code, _ := call(t, "POST", d.url+"/select", "", map[string]any{"model_name": "m", "token_ids": f.prompt(16), "allowed_worker_ids": []int{w}})

@@ -247,6 +247,7 @@ type exchange struct {
 	trailers          bool        // the request had trailers
 	model             string
 	priority          int           // the request's router-queue priority
+	session           string        // its x-session-id (serve --session-ttl)
 	retryAfter        time.Duration // a shed request's Retry-After, 0 if none
 
 	pick        *picked
@@ -345,6 +346,8 @@ func (x *exchange) requestHeaders(req *extprocv3.ProcessingRequest, h *extprocv3
 			prio, hasPrio = headerValue(hv), true
 		case ObjectiveHeader:
 			objective = headerValue(hv)
+		case api.SessionHeader:
+			x.session = headerValue(hv)
 		}
 	}
 	switch p, err := strconv.Atoi(prio); {
@@ -600,7 +603,7 @@ func (x *exchange) pickFor() (pk *picked, status int, param, msg string) {
 	// is placed, and a stream that ends meanwhile takes it out of the
 	// queue, or frees what it was given.
 	sr := coordinator.SelectRequest{ID: x.id, Pool: coordinator.PoolKey{Model: req.Model, Group: s.cfg.Group, Role: coordinator.RoleAggregated},
-		Tokens: tokens, Allowed: ids, Fallbacks: s.cfg.Fallbacks, Wait: &coordinator.Wait{Priority: x.priority}}
+		Tokens: tokens, Allowed: ids, Fallbacks: s.cfg.Fallbacks, Wait: &coordinator.Wait{Priority: x.priority}, Session: x.session}
 	ctx := x.stream.Context()
 	c, err := s.cfg.Service.SelectAndReserveWait(ctx, sr)
 	if errors.Is(err, coordinator.ErrDuplicateReservation) {
