@@ -44,21 +44,9 @@ const (
 	WaitFailed
 )
 
-func (o WaitOutcome) String() string {
-	switch o {
-	case WaitPlaced:
-		return "placed"
-	case WaitShed:
-		return "shed"
-	case WaitExpired:
-		return "expired"
-	case WaitCancelled:
-		return "cancelled"
-	case WaitFailed:
-		return "failed"
-	}
-	return fmt.Sprintf("WaitOutcome(%d)", uint8(o))
-}
+var waitOutcomeNames = []string{WaitPlaced: "placed", WaitShed: "shed", WaitExpired: "expired", WaitCancelled: "cancelled", WaitFailed: "failed"}
+
+func (o WaitOutcome) String() string { return nameOf(waitOutcomeNames, o, "WaitOutcome") }
 
 // QueueObserver is told what the router queues do. It runs under the
 // Service's lock and must not block or call the Service.
@@ -216,13 +204,13 @@ func (s *Service) push(r *SelectRequest) (*Ticket, error) {
 			}
 			s.wait.obs.Waited(k, r.Wait.Priority, 0, o)
 		}
-		return nil, &ShedError{Pool: k, Priority: r.Wait.Priority, RetryAfter: q.RetryAfter(r.Wait.Priority, now), Err: err}
+		return nil, shedError(k, q, r.Wait.Priority, err, now)
 	}
 	s.wait.tickets[r.ID] = t
 	for _, w := range shed {
 		if st := s.wait.tickets[w.ID]; st != nil {
 			delete(s.wait.tickets, w.ID)
-			s.finish(st, Choice{}, &ShedError{Pool: k, Priority: w.Priority, RetryAfter: q.RetryAfter(w.Priority, now), Err: ErrQueueFull}, WaitShed, now)
+			s.finish(st, Choice{}, shedError(k, q, w.Priority, ErrQueueFull, now), WaitShed, now)
 		}
 	}
 	if s.wait.obs != nil {
@@ -265,11 +253,7 @@ func (s *Service) drainLocked() {
 		if q.Len() == 0 {
 			continue
 		}
-		n := q.Len()
 		for s.placeNext(k, q, now) {
-		}
-		if q.Len() != n && s.wait.obs != nil {
-			s.wait.obs.QueueLen(k, q.Len())
 		}
 	}
 }
@@ -353,13 +337,29 @@ func (s *Service) placeNext(k PoolKey, q *Queue, now time.Time) bool {
 
 // placed takes t out of q with its booking c, or err.
 func (s *Service) placed(q *Queue, t *Ticket, c Choice, err error, now time.Time) {
-	q.Remove(t.id)
-	delete(s.wait.tickets, t.id)
 	o := WaitPlaced
 	if err != nil {
 		o = WaitFailed
 	}
+	s.withdraw(t, c, err, o, now)
+}
+
+// withdraw takes waiting t out of its queue and ends its wait with
+// (c, err).
+func (s *Service) withdraw(t *Ticket, c Choice, err error, o WaitOutcome, now time.Time) {
+	q := s.wait.queues[t.pool]
+	q.Remove(t.id)
+	delete(s.wait.tickets, t.id)
 	s.finish(t, c, err, o, now)
+	if s.wait.obs != nil {
+		s.wait.obs.QueueLen(t.pool, q.Len())
+	}
+}
+
+// shedError is the *ShedError of a request of priority p that k's queue
+// q turns away with err (ErrQueueFull, ErrWaitExpired).
+func shedError(k PoolKey, q *Queue, p int, err error, now time.Time) *ShedError {
+	return &ShedError{Pool: k, Priority: p, RetryAfter: q.RetryAfter(p, now), Err: err}
 }
 
 // expireWaiters sheds the waiters past their deadline at now.
@@ -372,7 +372,7 @@ func (s *Service) expireWaiters(now time.Time) {
 				continue
 			}
 			delete(s.wait.tickets, w.ID)
-			s.finish(t, Choice{}, &ShedError{Pool: k, Priority: w.Priority, RetryAfter: q.RetryAfter(w.Priority, now), Err: ErrWaitExpired}, WaitExpired, now)
+			s.finish(t, Choice{}, shedError(k, q, w.Priority, ErrWaitExpired, now), WaitExpired, now)
 		}
 		if len(gone) > 0 && s.wait.obs != nil {
 			s.wait.obs.QueueLen(k, q.Len())
@@ -388,14 +388,7 @@ func (s *Service) Cancel(t *Ticket) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.wait.tickets[t.id] == t {
-		delete(s.wait.tickets, t.id)
-		q := s.wait.queues[t.pool]
-		q.Remove(t.id)
-		now := s.now()
-		s.finish(t, Choice{}, fmt.Errorf("reservation %s: %w", t.id, ErrWaitCancelled), WaitCancelled, now)
-		if s.wait.obs != nil {
-			s.wait.obs.QueueLen(t.pool, q.Len())
-		}
+		s.withdraw(t, Choice{}, fmt.Errorf("reservation %s: %w", t.id, ErrWaitCancelled), WaitCancelled, s.now())
 		return true
 	}
 	if t.err == nil {
@@ -438,11 +431,8 @@ func (s *Service) SelectAndReserveWait(ctx context.Context, r SelectRequest) (Ch
 		s.mu.Lock()
 		s.expireWaiters(s.now())
 		if s.wait.tickets[t.id] == t { // the clock is behind the timer
-			delete(s.wait.tickets, t.id)
-			q := s.wait.queues[t.pool]
-			q.Remove(t.id)
 			now := s.now()
-			s.finish(t, Choice{}, &ShedError{Pool: t.pool, Priority: t.priority, RetryAfter: q.RetryAfter(t.priority, now), Err: ErrWaitExpired}, WaitExpired, now)
+			s.withdraw(t, Choice{}, shedError(t.pool, s.wait.queues[t.pool], t.priority, ErrWaitExpired, now), WaitExpired, now)
 		}
 		s.mu.Unlock()
 		<-t.done

@@ -223,30 +223,9 @@ func TestPickerQueueSheds(t *testing.T) {
 	if err := testutil.GatherAndCompare(reg2, strings.NewReader(want(0, 1)), "prefixd_epp_shed_total"); err != nil {
 		t.Error(err)
 	}
-	if n := counter(t, reg, "prefixd_epp_errors_total", "429"); n != 2 {
+	if n := testsupport.MetricSum(t, reg, "prefixd_epp_errors_total", "status", "429"); n != 2 {
 		t.Errorf("prefixd_epp_errors_total{status=429} %v, want 2", n)
 	}
-}
-
-// counter reads the counter name (with label value, if its one label
-// has one) from reg: 0 when it has not been counted.
-func counter(t *testing.T, reg *prometheus.Registry, name, label string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			if label == "" || len(m.GetLabel()) == 1 && m.GetLabel()[0].GetValue() == label {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }
 
 // TestPickerQueueStreamEnds: a stream that ends while its request waits
@@ -265,7 +244,7 @@ func TestPickerQueueStreamEnds(t *testing.T) {
 		t.Errorf("a cancelled stream answered: %+v", r.a)
 	}
 	testsupport.Eventually(t, 10*time.Second, "the abandoned wait counted", func() bool {
-		return counter(t, reg, "prefixd_epp_waits_abandoned_total", "") == 1
+		return testsupport.MetricSum(t, reg, "prefixd_epp_waits_abandoned_total") == 1
 	})
 	if r, b := p.svc.Reservations(), p.srv.Bookings(); r != 1 || b != 1 {
 		t.Fatalf("after the waiting stream ended: %d reservations, %d bookings; want the held one", r, b)
